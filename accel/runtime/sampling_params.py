@@ -1,0 +1,62 @@
+"""Per-request sampling parameters (the contract between the engine, the sampler and the server).
+
+Semantics follow vLLM / the OpenAI API:
+  temperature == 0      greedy (argmax); top_k / top_p / min_p / seed are then irrelevant
+  top_k is None         no top-k filter
+  top_p == 1.0          no nucleus filter
+  min_p == 0.0          no min-p filter
+  repetition_penalty    HF/CTRL style on prompt + output tokens (1.0 = off)
+  presence_penalty      OpenAI style, subtracted once per token present in the output
+  frequency_penalty     OpenAI style, subtracted per occurrence in the output
+  seed                  per-request generator: the same seed gives the same tokens whatever else is in the batch
+  logprobs is None      no logprobs; 0 = logprob of the sampled token only; k = plus the top-k alternatives
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("max_tokens", self.max_tokens >= 1, "an integer >= 1"),
+            ("temperature", 0.0 <= self.temperature <= 100.0, "a number in [0, 100] (0 = greedy)"),
+            ("top_k", self.top_k is None or self.top_k >= 1, "None (off) or an integer >= 1"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "a number in (0, 1]"),
+            ("min_p", 0.0 <= self.min_p <= 1.0, "a number in [0, 1]"),
+            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "a number in (0, 10]"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "a number in [-2, 2]"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "a number in [-2, 2]"),
+            ("min_tokens", 0 <= self.min_tokens <= self.max_tokens, "an integer in [0, max_tokens]"),
+            ("stop", len(self.stop) <= MAX_STOP_STRINGS and all(isinstance(s, str) and s for s in self.stop),
+             f"at most {MAX_STOP_STRINGS} non-empty strings"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"None or an integer in [0, {MAX_LOGPROBS}]"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"sampling parameter {name}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from accel.cli import app
+from accel.recipe import Recipe, RecipeError, dump_recipe, load_recipe, parse_recipe, recipe_json_schema
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_three_line_recipe_gets_defaults():
+    r = parse_recipe({"name": "demo", "model": {"path": "smollm2-135m"}})
+    assert r.name == "demo"
+    assert r.quantization.budget.max_mean_kl == 0.02  # default budget
+    assert r.runtime.block_size == 16
+    assert r.run_dir() == Path("runs/demo")
+
+
+def test_round_trip_load_dump_load(tmp_path):
+    r = parse_recipe({
+        "name": "rt", "calibration": {"allocation": "weights", "weights": {"code": 2.0, "chat": 1.0}},
+        "quantization": {"budget": {"target_avg_bits": 5.0}, "overrides": {r"layers\.0\.": "fp16"}},
+        "speculation": {"method": "draft_model", "draft_model": "some/folder", "num_speculative_tokens": 3},
+        "eval": {"workloads": [{"name": "w", "prompt_tokens": [8, 64], "output_tokens": [4, 4], "concurrency": 2}]},
+    })
+    p = tmp_path / "r.yaml"
+    p.write_text(dump_recipe(r))
+    r2 = load_recipe(p)
+    assert r2 == r
+    assert dump_recipe(r2) == dump_recipe(r)
+    assert r2.quantization.budget.max_mean_kl is None and r2.quantization.budget.target_avg_bits == 5.0
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_are_valid(path):
+    assert isinstance(load_recipe(path), Recipe)
+
+
+BROKEN = [
+    # (recipe, substrings the error must contain)
+    ({"quantizaton": {}}, ["quantizaton", "unknown field", "did you mean 'quantization'"]),
+    ({"quantization": {"int4_group_size": 100}}, ["quantization.int4_group_size", "100", "32, 64 or 128"]),
+    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "'int4', 'int8' or 'fp16'"]),
+    ({"quantization": {"budget": {"max_mean_kl": 0.1, "target_avg_bits": 5}}},
+     ["quantization.budget", "exactly one budget"]),
+    ({"quantization": {"budget": {"max_mean_kl": -1}}}, ["quantization.budget.max_mean_kl", "-1", "greater than 0"]),
+    ({"quantization": {"overrides": {"(": "int8"}}}, ["quantization.overrides", "not a valid regex"]),
+    ({"calibration": {"num_samples": "many"}}, ["calibration.num_samples", "'many'", "integer"]),
+    ({"calibration": {"num_samples": 0}}, ["calibration.num_samples", "greater than or equal to 1"]),
+    ({"calibration": {"length_buckets": [256, 64]}}, ["calibration.length_buckets", "strictly increasing"]),
+    ({"calibration": {"allocation": "weights"}}, ["calibration", "needs calibration.weights"]),
+    ({"speculation": {"method": "draft_model"}}, ["speculation", "needs speculation.draft_model"]),
+    ({"speculation": {"method": "medusa"}}, ["speculation.method", "medusa", "'ngram'"]),
+    ({"speculation": {"num_speculative_tokens": 99}}, ["speculation.num_speculative_tokens", "99", "16"]),
+    ({"speculation": {"ngram": {"min_n": 5, "max_n": 2}}}, ["speculation.ngram", "min_n (5) must be <= ngram.max_n (2)"]),
+    ({"runtime": {"block_size": 7}}, ["runtime.block_size", "7"]),
+    ({"runtime": {"max_num_seqs": 0}}, ["runtime.max_num_seqs", "greater than or equal to 1"]),
+    ({"eval": {"workloads": [{"name": "w", "prompt_tokens": [10, 5]}]}}, ["eval.workloads.0", "min <= max"]),
+    ({"eval": {"variants": ["turbo"]}}, ["eval.variants.0", "turbo"]),
+    ({"gates": {"min_top1_agreement": 1.5}}, ["gates.min_top1_agreement", "1.5", "less than or equal to 1"]),
+    ({"name": "has space"}, ["name", "has space", "pattern"]),
+    ({"model": {"dtype": "float8"}}, ["model.dtype", "float8"]),
+    (["not", "a", "mapping"], ["must be a mapping"]),
+]
+
+
+@pytest.mark.parametrize("data,expected", BROKEN, ids=[str(i) for i in range(len(BROKEN))])
+def test_broken_recipes_name_path_value_and_allowed(data, expected):
+    with pytest.raises(RecipeError) as ei:
+        parse_recipe(data)
+    msg = str(ei.value)
+    for s in expected:
+        assert s in msg, f"{s!r} not in {msg!r}"
+
+
+def test_every_problem_is_listed():
+    with pytest.raises(RecipeError) as ei:
+        parse_recipe({"runtime": {"block_size": 7, "max_num_seqs": 0}, "modle": {}})
+    assert len(ei.value.problems) == 3
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: [unclosed\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(p)
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_schema_lists_sections():
+    schema = recipe_json_schema()
+    assert set(schema["properties"]) >= {"model", "calibration", "quantization", "speculation", "runtime", "eval",
+                                         "export", "gates"}
+    assert schema["additionalProperties"] is False
+
+
+runner = CliRunner()
+
+
+def test_cli_recipe_check_broken_exits_2(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text(yaml.safe_dump({"name": "x", "quantization": {"int4_group_size": 100}}))
+    res = runner.invoke(app, ["recipe", "check", str(p)])
+    assert res.exit_code == 2
+    assert "quantization.int4_group_size" in res.output and "100" in res.output
+
+
+def test_cli_recipe_check_ok_and_show():
+    res = runner.invoke(app, ["recipe", "check", str(ROOT / "recipes" / "default.yaml"), "--show"])
+    assert res.exit_code == 0, res.output
+    assert "block_size: 16" in res.output
+
+
+def test_cli_optimize_broken_recipe_fails_before_work(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("name: x\nruntime: {blok_size: 16}\n")
+    res = runner.invoke(app, ["optimize", str(p)])
+    assert res.exit_code == 2
+    assert "runtime.blok_size" in res.output and "block_size" in res.output
+    assert not (tmp_path / "runs").exists()
