@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from accel.recipe import parse_recipe
+from accel.stages import MANIFEST, Stage, run_stages
+
+
+def _stages(calls, crash_in=None):
+    def calibrate(ctx):
+        calls.append("calibrate")
+        (ctx.out_dir / "calibration.jsonl").write_text(f"seed={ctx.recipe.calibration.seed}\n")
+        return {"n": 1}
+
+    def plan(ctx):
+        calls.append("plan")
+        (ctx.out_dir / "plan.json").write_text("{partial")
+        if crash_in == "plan":
+            raise KeyboardInterrupt
+        (ctx.out_dir / "plan.json").write_text(json.dumps({"budget": ctx.recipe.quantization.budget.max_mean_kl,
+                                                           "upstream": ctx.summaries["calibrate"]["n"]}))
+        return {}
+
+    def export(ctx):
+        calls.append("export")
+        (ctx.out_dir / "checkpoint").mkdir()
+        (ctx.out_dir / "checkpoint" / "w.bin").write_bytes(b"w")
+        return {}
+
+    return [
+        Stage("calibrate", calibrate, sections=("model", "calibration"), outputs=("calibration.jsonl",)),
+        Stage("plan", plan, sections=("quantization",), after=("calibrate",), outputs=("plan.json",)),
+        Stage("export", export, sections=("export",), after=("plan",), outputs=("checkpoint",)),
+    ]
+
+
+def test_rerun_reuses_every_stage(tmp_path):
+    recipe = parse_recipe({"name": "t"})
+    calls = []
+    recs = run_stages(_stages(calls), recipe, tmp_path)
+    assert calls == ["calibrate", "plan", "export"] and all(r.status == "ran" for r in recs.values())
+    calls.clear()
+    recs = run_stages(_stages(calls), recipe, tmp_path)
+    assert calls == [] and all(r.status == "reused" for r in recs.values())
+    assert recs["calibrate"].summary == {"n": 1}
+
+
+def test_changed_section_reruns_that_stage_and_downstream_only(tmp_path):
+    calls = []
+    run_stages(_stages(calls), parse_recipe({"name": "t"}), tmp_path)
+    calls.clear()
+    run_stages(_stages(calls), parse_recipe({"name": "t", "quantization": {"budget": {"max_mean_kl": 0.5}}}),
+               tmp_path)
+    assert calls == ["plan", "export"]  # plan.json changed, so export (downstream) runs again
+    assert json.loads((tmp_path / "plan.json").read_text())["budget"] == 0.5
+    calls.clear()
+    run_stages(_stages(calls), parse_recipe({"name": "t", "calibration": {"seed": 3},
+                                             "quantization": {"budget": {"max_mean_kl": 0.5}}}), tmp_path)
+    assert calls == ["calibrate", "plan", "export"]
+
+
+def test_interrupt_keeps_finished_stages_and_leaves_no_partial_file(tmp_path):
+    recipe = parse_recipe({"name": "t"})
+    calls = []
+    with pytest.raises(KeyboardInterrupt):
+        run_stages(_stages(calls, crash_in="plan"), recipe, tmp_path)
+    assert (tmp_path / "calibration.jsonl").is_file()
+    assert not (tmp_path / "plan.json").exists()
+    assert not list(tmp_path.glob(".stage-*"))
+    manifest = json.loads((tmp_path / MANIFEST).read_text())["stages"]
+    assert list(manifest) == ["calibrate"]
+    calls.clear()
+    run_stages(_stages(calls), recipe, tmp_path)
+    assert calls == ["plan", "export"]
+
+
+def test_tampered_output_is_rebuilt(tmp_path):
+    recipe = parse_recipe({"name": "t"})
+    calls = []
+    run_stages(_stages(calls), recipe, tmp_path)
+    (tmp_path / "checkpoint" / "w.bin").write_bytes(b"tampered")
+    calls.clear()
+    run_stages(_stages(calls), recipe, tmp_path)
+    assert calls == ["export"]
+
+
+def test_stage_must_write_declared_outputs(tmp_path):
+    st = [Stage("lazy", lambda ctx: {}, outputs=("x.json",))]
+    with pytest.raises(RuntimeError, match="did not write"):
+        run_stages(st, parse_recipe({}), tmp_path)
