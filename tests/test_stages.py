@@ -58,7 +58,8 @@ def test_changed_section_reruns_that_stage_and_downstream_only(tmp_path):
     calls.clear()
     run_stages(_stages(calls), parse_recipe({"name": "t", "calibration": {"seed": 3},
                                              "quantization": {"budget": {"max_mean_kl": 0.5}}}), tmp_path)
-    assert calls == ["calibrate", "plan", "export"]
+    # plan runs again on the new calibration but writes the same plan.json, so export is reused (content-addressed)
+    assert calls == ["calibrate", "plan"]
 
 
 def test_interrupt_keeps_finished_stages_and_leaves_no_partial_file(tmp_path):
