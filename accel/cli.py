@@ -20,7 +20,9 @@ models_app = typer.Typer(help="List and pull models into the local cache ($ACCEL
                          no_args_is_help=True)
 recipe_app = typer.Typer(help="Validate recipes and print their JSON schema.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+export_app = typer.Typer(help="Export optimized checkpoints and verify them.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
+app.add_typer(export_app, name="export")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -140,10 +142,27 @@ def eval_(model: Annotated[str, typer.Argument(help="Model to evaluate.")]) -> N
     _not_built("`accel eval` (quality evaluation)", 6)
 
 
-@app.command()
-def export(run_dir: Annotated[Path, typer.Argument(help="Run folder of `accel optimize`.")]) -> None:
-    """Export or verify an optimized checkpoint that transformers and vLLM load."""
-    _not_built("`accel export`", 8)
+@export_app.command("verify")
+def export_verify(
+    directory: Annotated[Path, typer.Argument(help="An exported checkpoint folder (with accel.json).")],
+    load: Annotated[bool, typer.Option(help="Also load it with transformers and run a forward.")] = True,
+) -> None:
+    """Check the sha256 of every file against accel.json and load the checkpoint; exit 1 on any problem."""
+    from accel.export import verify_export
+
+    res = verify_export(directory, load=load)
+    for p in res.problems:
+        err_console.print(f"[red]problem:[/] {p}", highlight=False)
+    if not res.ok:
+        raise typer.Exit(1)
+    console.print(f"[green]ok:[/] {res.checked_files} files match accel.json"
+                  + ("; loads in transformers" if res.loaded else ""))
+
+
+@export_app.command("run")
+def export_run(run_dir: Annotated[Path, typer.Argument(help="Run folder of `accel optimize`.")]) -> None:
+    """Export the checkpoint of a finished run folder."""
+    _not_built("`accel export run`", 8)
 
 
 @app.command()

@@ -1,0 +1,139 @@
+"""Write and verify exported checkpoints.
+
+An export is a Hugging Face folder that transformers (`AutoModelForCausalLM.from_pretrained`) and vLLM load:
+safetensors weights, `config.json` (with a compressed-tensors `quantization_config` when quantized), tokenizer
+files, `generation_config.json`, and `accel.json` — the resolved recipe, the plan, the draft pairing with its measured
+acceptance, the eval summary, package versions and the sha256 of every other file. A draft model, when there is
+one, is exported beside it as `draft/` (its files are hashed too). The folder is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accel.fsutil import atomic_dir, sha256_file
+
+MANIFEST_NAME = "accel.json"
+FORMAT_VERSION = 1
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("accel", "torch", "transformers", "compressed-tensors", "llmcompressor", "safetensors"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _hash_files(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_NAME}
+
+
+def write_export(out_dir: Path, model_dir: Path, *, recipe: dict | None = None, plan: dict | None = None,
+                 draft_dir: Path | None = None, draft_pairing: dict | None = None, eval_summary: dict | None = None,
+                 overwrite: bool = True) -> Path:
+    """Copy a (quantized) HF folder into `out_dir` with a manifest, atomically.
+
+    `model_dir` must already be loadable by transformers (llm-compressor's compressed-tensors output, or a plain
+    HF folder for a 16-bit export).
+    """
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a Hugging Face folder (no config.json)")
+    with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
+        for p in model_dir.iterdir():
+            if p.is_file() and p.name != MANIFEST_NAME:
+                shutil.copy2(p, tmp / p.name)
+        if draft_dir is not None:
+            shutil.copytree(draft_dir, tmp / "draft")
+        config = json.loads((tmp / "config.json").read_text())
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "quantization_format": (config.get("quantization_config") or {}).get("quant_method", "none"),
+            "recipe": recipe or {},
+            "plan": plan or {},
+            "draft": ({"path": "draft", **(draft_pairing or {})} if draft_dir is not None else None),
+            "eval": eval_summary or {},
+            "versions": package_versions(),
+            "files": _hash_files(tmp),
+        }
+        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return Path(out_dir)
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+    checked_files: int = 0
+    loaded: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | None = None) -> VerifyResult:
+    """Check every file's sha256 against `accel.json`, then (if `load`) load it with transformers and run a forward.
+
+    With `prompts`, greedy continuations from transformers are returned in `details["greedy"]` so callers can compare
+    them with another engine (the runtime).
+    """
+    root = Path(export_dir)
+    res = VerifyResult(ok=True)
+    mpath = root / MANIFEST_NAME
+    if not mpath.is_file():
+        return VerifyResult(ok=False, problems=[f"{mpath} is missing: not an accel export"])
+    manifest = json.loads(mpath.read_text())
+    expected: dict[str, str] = manifest.get("files", {})
+    actual = _hash_files(root)
+    for rel, digest in expected.items():
+        if rel not in actual:
+            res.problems.append(f"missing file {rel}")
+        elif actual[rel] != digest:
+            res.problems.append(f"sha256 mismatch for {rel}")
+    for rel in sorted(set(actual) - set(expected)):
+        res.problems.append(f"unexpected file {rel} (not in {MANIFEST_NAME})")
+    res.checked_files = len(expected)
+    if res.problems:
+        res.ok = False
+        return res
+    if load:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32).eval()
+            tok = AutoTokenizer.from_pretrained(root)
+            ids = tok("Hello, world!", return_tensors="pt").input_ids
+            with torch.inference_mode():
+                logits = model(ids).logits
+            if not torch.isfinite(logits).all():
+                res.problems.append("transformers forward gave non-finite logits")
+            res.loaded = True
+            if prompts:
+                res.details["greedy"] = _greedy(model, tok, prompts)
+        except Exception as e:  # noqa: BLE001 - any load failure is a verification failure, reported as such
+            res.problems.append(f"transformers could not load the export: {type(e).__name__}: {e}")
+    res.ok = not res.problems
+    return res
+
+
+def _greedy(model, tok, prompts: list[str], max_new_tokens: int = 16) -> list[list[int]]:
+    import torch
+
+    outs = []
+    for p in prompts:
+        ids = tok(p, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        outs.append(out[0, ids.shape[1]:].tolist())
+    return outs
