@@ -25,7 +25,7 @@ app.add_typer(recipe_app, name="recipe")
 app.add_typer(export_app, name="export")
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 EXIT_USAGE = 2  # bad input, or a capability that is not built yet
 
@@ -125,9 +125,30 @@ def optimize(recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (see 
 
 
 @app.command()
-def serve(model: Annotated[str, typer.Argument(help="Model name, HF folder, .gguf file or exported checkpoint.")]) -> None:
+def serve(
+    model: Annotated[str, typer.Argument(help="Model name, HF folder, .gguf file or exported checkpoint.")],
+    host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes it beyond this machine.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(envvar="ACCEL_API_KEY", help="Require this Bearer key.")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="Draft model for speculative decoding.")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send.")] = None,
+    max_queue: Annotated[int, typer.Option(min=1, help="Waiting requests before 429.")] = 256,
+    max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
+    kv_cache_memory_gb: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+) -> None:
     """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API."""
-    _not_built("`accel serve` (OpenAI-compatible server)", 7)
+    from accel.models import ModelNotFoundError
+    from accel.server import run_server
+
+    if draft is not None:
+        _not_built("`accel serve --draft` (speculative decoding in the server)", 5)
+    try:
+        run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+                   max_queue=max_queue, max_num_seqs=max_num_seqs,
+                   kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device)
+    except (ModelNotFoundError, ValueError) as e:
+        _fail(str(e))
 
 
 @app.command()
@@ -175,10 +196,55 @@ def quantize(recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")]) 
 @app.command()
 def generate(
     model: Annotated[str, typer.Argument(help="Model name, HF folder or .gguf file.")],
-    prompt: Annotated[str, typer.Argument(help="The prompt (a user message when --chat).")],
+    prompt: Annotated[str, typer.Argument(help="The prompt (a user message unless --raw).")],
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option()] = 1.0,
+    top_k: Annotated[Optional[int], typer.Option()] = None,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+    raw: Annotated[bool, typer.Option(help="Send the prompt as is, without the chat template.")] = False,
+    quant: Annotated[Optional[str], typer.Option(help="Quantize every Linear on load: int8 or int4.")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Generate text for one prompt with the embedded runtime, streaming to the terminal."""
-    _not_built("`accel generate` (embedded runtime)", 3)
+    import time
+
+    from accel.models import ModelNotFoundError, resolve_model
+    from accel.runtime.engine import Engine, stream_generate
+    from accel.runtime.sampling_params import SamplingParams
+
+    if quant not in (None, "int8", "int4"):
+        _fail(f"--quant {quant!r} is invalid; allowed: int8, int4")
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        path = resolve_model(model)
+    except (ValueError, ModelNotFoundError) as e:
+        _fail(str(e))
+    plan = None
+    if quant:
+        from transformers import AutoConfig
+
+        n = AutoConfig.from_pretrained(path).num_hidden_layers
+        names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                 "mlp.up_proj", "mlp.down_proj"]
+        plan = {f"model.layers.{i}.{m}": quant for i in range(n) for m in names}
+    engine = Engine.from_pretrained(path, device=device, quant_plan=plan, max_num_seqs=1)
+    tok = engine.tokenizer
+    if tok is None:
+        _fail(f"{path} has no tokenizer files; accel generate needs one")
+    text = prompt if raw or not tok.chat_template else tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    t0 = time.perf_counter()
+    first, n = None, 0
+    for delta in stream_generate(engine, tok(text, add_special_tokens=False).input_ids, params):
+        first = first or time.perf_counter()
+        n += 1
+        print(delta, end="", flush=True)
+    print()
+    if first is not None:
+        dt = time.perf_counter() - first
+        err_console.print(f"[dim]TTFT {1000 * (first - t0):.0f} ms, {n} chunks, "
+                          f"{(n - 1) / dt if dt > 0 and n > 1 else 0:.1f} chunks/s after the first[/]")
 
 
 def main() -> None:  # pragma: no cover

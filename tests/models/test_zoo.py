@@ -141,5 +141,5 @@ def test_cli_pull_unknown_model_exits_2(home):
 
 
 def test_cli_unbuilt_commands_say_so(tmp_path):
-    res = CliRunner().invoke(app, ["serve", "smollm2-135m"])
+    res = CliRunner().invoke(app, ["serve", "smollm2-135m", "--draft", "x"])
     assert res.exit_code == 2 and "not built yet" in res.output

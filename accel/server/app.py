@@ -1,0 +1,195 @@
+"""The FastAPI app: OpenAI-compatible routes over an AsyncEngine, errors always as OpenAI-style 4xx bodies.
+
+Routes: POST /v1/completions, POST /v1/chat/completions (both stream as server-sent events ending in
+`data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus, vLLM names).
+With an API key, /v1/* needs `Authorization: Bearer <key>` (401 otherwise); /health and /metrics stay open
+for probes and scrapers, as in vLLM.
+
+Request bodies are parsed by hand (bytes -> strict UTF-8 -> strict pydantic JSON) rather than by FastAPI's
+body injection, so malformed JSON, wrong types and invalid UTF-8 all become the same 400 body naming the bad
+parameter, and nothing reaches a 500.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hmac
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from accel.server.async_engine import AsyncEngine
+from accel.server.handlers import OpenAIHandlers
+from accel.server.metrics import ServerMetrics
+from accel.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    ignored_fields,
+    invalid,
+)
+
+log = logging.getLogger("accel.server")
+
+MAX_BODY_BYTES = 4 << 20  # far above any prompt that fits a context; tokenizing more would stall the event loop
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                503: "service_unavailable"}
+
+
+def _error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _clean_loc(loc) -> str | None:
+    # pydantic adds the union member tried ('str', 'list[int]') to the location; the client knows no such thing
+    parts = [str(p) for p in loc if isinstance(p, int) or ("[" not in p and p not in _UNION_TAGS)]
+    return ".".join(parts) or None
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def describe_validation_errors(errors: list[dict]) -> tuple[str | None, str]:
+    """(param, message) for the first bad parameter; the alternatives of a union are listed together."""
+    param = _clean_loc(errors[0]["loc"])
+    msgs = list(dict.fromkeys(err["msg"] for err in errors if _clean_loc(err["loc"]) == param))
+    others = sorted({p for p in (_clean_loc(err["loc"]) for err in errors) if p != param} - {None})
+    if errors[0]["type"] == "missing":
+        message = f"{param}: this field is required"
+    else:
+        message = f"{param or 'body'}: {errors[0].get('input')!r:.80} is invalid: " + "; or ".join(msgs)
+    if others:
+        message += f" (also invalid: {', '.join(others)})"
+    return param, message
+
+
+async def parse_body(request: Request, model_cls):
+    """Read and validate a JSON body into `model_cls`; every failure is a 400 naming what was wrong."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body has {declared} bytes; allowed: at most {MAX_BODY_BYTES}")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body has {len(raw)} bytes; allowed: at most {MAX_BODY_BYTES}")
+    if not raw.strip():
+        raise invalid("the request body is empty; send a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid(f"the request body is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})") from e
+    try:
+        req = model_cls.model_validate_json(text)
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err["type"] == "json_invalid":
+            raise invalid(f"the request body is not valid JSON: {err['msg']}") from e
+        param, message = describe_validation_errors(e.errors())
+        raise invalid(message, param) from e
+    if log.isEnabledFor(logging.DEBUG):
+        with contextlib.suppress(Exception):
+            extra = ignored_fields(req, json.loads(text))
+            if extra:
+                log.debug("ignored unknown request fields: %s", extra)
+    return req
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as an OpenAI-style body: our APIErrors, FastAPI's validation errors, unknown routes
+    and methods (404 / 405), and, for a bug, a 500 that still has the OpenAI shape."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return _error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError):
+        errs = list(e.errors())
+        param, message = describe_validation_errors(errs) if errs else (None, "invalid request")
+        return _error_response(invalid(message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        return _error_response(APIError(e.status_code, str(e.detail), _ERROR_TYPES.get(e.status_code, "error"),
+                                        headers=dict(e.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):  # a bug; still an OpenAI-shaped body
+        log.exception("unhandled error on %s", request.url.path)
+        return _error_response(APIError(500, f"internal error: {type(e).__name__}", "internal_error"))
+
+
+def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
+              kv_pressure_threshold: float | None = None, served_model_names: list[str] | None = None,
+              drain_timeout_s: float = 30.0) -> FastAPI:
+    """The app over a (not necessarily started) AsyncEngine; the app's lifespan starts and drains it.
+
+    max_queue / kv_pressure_threshold override the engine's AdmissionPolicy when given.
+    served_model_names: names accepted in `model` (default: [model_name]).
+    """
+    overrides = {k: v for k, v in (("max_queue", max_queue), ("kv_pressure_threshold", kv_pressure_threshold))
+                 if v is not None}
+    if overrides:
+        async_engine.policy = dataclasses.replace(async_engine.policy, **overrides)  # re-validates
+    names = list(served_model_names or [model_name])
+    metrics = async_engine.metrics or ServerMetrics(model_name)
+    async_engine.metrics = metrics
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async_engine.start()
+        yield
+        await async_engine.shutdown(drain_timeout_s)
+
+    app = FastAPI(title="accel OpenAI-compatible server", lifespan=lifespan)
+    app.state.async_engine = async_engine
+    app.state.metrics = metrics
+
+    install_error_handlers(app)
+
+    def check_auth(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'",
+                           "authentication_error", headers={"WWW-Authenticate": "Bearer"})
+
+    handlers = OpenAIHandlers(async_engine, metrics, names)
+
+    @app.get("/health")
+    async def health():
+        if not async_engine.accepting or not async_engine.is_running:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_auth(request)
+        return ModelList(data=[ModelCard(id=n, max_model_len=async_engine.max_model_len) for n in names])
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        check_auth(request)
+        return await handlers.completions(await parse_body(request, CompletionRequest), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        check_auth(request)
+        return await handlers.chat(await parse_body(request, ChatCompletionRequest), request)
+
+    return app

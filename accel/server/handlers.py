@@ -1,0 +1,248 @@
+"""The OpenAI endpoints' request handling: validate, admit into the AsyncEngine, answer (JSON or SSE stream).
+
+A request is fully validated (schema, model, prompt, context length, sampling values) BEFORE admission, so a
+bad request is a 400 even when the server is overloaded. Streaming responses start only after the engine has
+accepted the request, so a refusal is still a proper 429 / 503 status, not an error inside a 200 stream.
+A client that disconnects is noticed by Starlette (streams) or by a watcher on the connection (non-streaming);
+either way the request is aborted and its KV blocks are freed before the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from accel.runtime.scheduler import QueueFullError
+from accel.server import serving
+from accel.server.async_engine import AdmissionError, AsyncEngine, RequestFailed, RequestStream
+from accel.server.metrics import ServerMetrics
+from accel.server.protocol import (
+    APIError,
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    invalid,
+    random_id,
+)
+
+ADMISSION_ERROR_TYPES = {429: "rate_limit_error", 503: "service_unavailable"}
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs show what happened
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client has gone (after the body was read, receive() only yields http.disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, object]]:
+    """(choice index, RequestOutput) from n streams as they come; leaving early aborts every unfinished one."""
+    if len(streams) == 1:  # the common case: no pump tasks
+        try:
+            async for out in streams[0]:
+                yield 0, out
+        finally:
+            streams[0].abort()  # no-op when finished; closing this generator must not wait for GC to abort
+        return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                q.put_nowait((i, out))
+        except RequestFailed as e:
+            q.put_nowait((i, e))
+        q.put_nowait((i, None))  # this choice is done
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await q.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            s.abort()  # no-op for a finished stream
+
+
+async def collect(streams: list[RequestStream], request: Request) -> list | None:
+    """Run a non-streaming request's n choices to their end (last output of each, by index); abort them all
+    and return None if the client disconnects first."""
+
+    async def consume():
+        last: dict[int, object] = {}
+        async for i, out in merged(streams):
+            last[i] = out
+        return [last[i] for i in range(len(streams))]
+
+    consumer = asyncio.ensure_future(consume())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if consumer in done:
+        try:
+            return consumer.result()
+        except RequestFailed as e:
+            raise APIError(e.status, e.message, e.type) from e
+    consumer.cancel()
+    for s in streams:
+        s.abort()
+    return None
+
+
+async def _sse_with_errors(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The events, an error event if the request failed mid-way, then `[DONE]` (as vLLM does)."""
+    try:
+        async for e in events:
+            yield e
+    except RequestFailed as e:
+        yield serving.sse(APIError(e.status, e.message, e.type).body())
+    yield serving.SSE_DONE
+
+
+class OpenAIHandlers:
+    """/v1/completions and /v1/chat/completions over one AsyncEngine."""
+
+    def __init__(self, async_engine: AsyncEngine, metrics: ServerMetrics, served_model_names: list[str]) -> None:
+        self.engine = async_engine
+        self.metrics = metrics
+        self.names = served_model_names
+
+    async def admit(self, ids: list[int], params, request_id: str, priority: int) -> RequestStream:
+        """Into the engine, or an APIError: 429/503 with Retry-After when refused, 400 for the engine's checks."""
+        retry = {"Retry-After": str(self.engine.policy.retry_after_s)}
+        try:
+            return await self.engine.add(ids, params, request_id, priority)
+        except AdmissionError as e:
+            self.metrics.reject(e.reason)
+            raise APIError(e.status, e.message, ADMISSION_ERROR_TYPES[e.status],
+                           headers={"Retry-After": str(e.retry_after)}) from e
+        except QueueFullError as e:
+            self.metrics.reject("queue_full")
+            raise APIError(429, str(e), "rate_limit_error", headers=retry) from e
+        except RequestFailed as e:
+            raise APIError(e.status, e.message, e.type, headers=retry) from e
+        except ValueError as e:  # the engine's own checks (token ids, KV capacity)
+            raise invalid(str(e), "max_tokens" if "max_tokens" in str(e) else "prompt") from e
+
+    async def admit_n(self, ids: list[int], params, request_id: str, priority: int, n: int) -> list[RequestStream]:
+        """n engine requests for the n choices (all or none: a refusal aborts the ones already admitted).
+
+        With a seed, choice i uses seed + i, so the choices differ yet the request stays reproducible.
+        """
+        streams: list[RequestStream] = []
+        try:
+            for i in range(n):
+                p = params if n == 1 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+                streams.append(await self.admit(ids, p, request_id if n == 1 else f"{request_id}-{i}", priority))
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
+        return streams
+
+    # ---- /v1/completions -----------------------------------------------------------------------------------
+    async def completions(self, req: CompletionRequest, request: Request):
+        serving.check_model(req.model, self.names)
+        ids = serving.completion_prompt_ids(req, self.engine.tokenizer)
+        params = serving.sampling_params(
+            req, serving.resolve_max_tokens(req.max_tokens, len(ids), self.engine.max_model_len))
+        rid = random_id("cmpl")
+        streams = await self.admit_n(ids, params, rid, req.priority, req.n)
+        echo = self.engine.tokenizer.decode(ids) if req.echo and self.engine.tokenizer is not None else ""
+        created = int(time.time())
+
+        def chunk(choices: list[CompletionChoice], usage=None) -> CompletionResponse:
+            return CompletionResponse(id=rid, created=created, model=req.model, choices=choices, usage=usage)
+
+        def choice(i: int, text: str, out=None) -> CompletionChoice:
+            done = out is not None and out.finished
+            return CompletionChoice(index=i, text=text, finish_reason=out.finish_reason if done else None,
+                                    stop_reason=out.stop_reason if done else None)
+
+        if req.stream:
+            async def events():
+                last: dict[int, object] = {}
+                for i in range(req.n if echo else 0):
+                    yield serving.sse(chunk([choice(i, echo)]))
+                async for i, out in merged(streams):
+                    last[i] = out
+                    if out.text_delta or out.finished:
+                        yield serving.sse(chunk([choice(i, out.text_delta, out)]))
+                if _include_usage(req) and len(last) == req.n:
+                    yield serving.sse(chunk([], usage=serving.usage(list(last.values()))))
+
+            return StreamingResponse(_sse_with_errors(events()), media_type="text/event-stream")
+
+        outs = await collect(streams, request)
+        if outs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        return chunk([choice(i, echo + o.text, o) for i, o in enumerate(outs)], usage=serving.usage(outs))
+
+    # ---- /v1/chat/completions ------------------------------------------------------------------------------
+    async def chat(self, req: ChatCompletionRequest, request: Request):
+        serving.check_model(req.model, self.names)
+        ids = serving.chat_prompt_ids(req, self.engine.tokenizer)
+        requested, param = ((req.max_completion_tokens, "max_completion_tokens")
+                            if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
+        params = serving.sampling_params(
+            req, serving.resolve_max_tokens(requested, len(ids), self.engine.max_model_len, param))
+        rid = random_id("chatcmpl")
+        streams = await self.admit_n(ids, params, rid, req.priority, req.n)
+        created = int(time.time())
+
+        if req.stream:
+            def chunk(i: int | None, delta: DeltaMessage | None = None, finish_reason=None,
+                      usage=None) -> ChatCompletionChunk:
+                choices = [] if i is None else [ChatStreamChoice(index=i, delta=delta, finish_reason=finish_reason)]
+                return ChatCompletionChunk(id=rid, created=created, model=req.model, choices=choices, usage=usage)
+
+            async def events():
+                last: dict[int, object] = {}
+                for i in range(req.n):
+                    yield serving.sse(chunk(i, DeltaMessage(role="assistant", content="")))
+                async for i, out in merged(streams):
+                    last[i] = out
+                    if out.text_delta:
+                        yield serving.sse(chunk(i, DeltaMessage(content=out.text_delta)))
+                    if out.finished:
+                        yield serving.sse(chunk(i, DeltaMessage(), out.finish_reason))
+                if _include_usage(req) and len(last) == req.n:
+                    yield serving.sse(chunk(None, usage=serving.usage(list(last.values()))))
+
+            return StreamingResponse(_sse_with_errors(events()), media_type="text/event-stream")
+
+        outs = await collect(streams, request)
+        if outs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        return ChatCompletionResponse(
+            id=rid, created=created, model=req.model, usage=serving.usage(outs),
+            choices=[ChatChoice(index=i, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
+                                stop_reason=o.stop_reason) for i, o in enumerate(outs)])
+
+
+def _include_usage(req) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)

@@ -1,0 +1,87 @@
+"""`accel serve`: load the engine, build the app, run uvicorn (127.0.0.1 unless told otherwise).
+
+Graceful shutdown: on SIGINT/SIGTERM the engine stops admitting at once (new requests get 503 while uvicorn
+closes its listener), in-flight requests run on for up to `drain_timeout_s`, then are aborted and told
+(an error event on a stream, a 503 body otherwise); uvicorn waits a little longer than that for connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+
+import uvicorn
+
+from accel.server.app import build_app
+from accel.server.async_engine import AdmissionPolicy, AsyncEngine
+
+log = logging.getLogger("accel.server")
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn.Server that tells the engine to stop admitting the moment a shutdown signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, async_engine: AsyncEngine, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.async_engine = async_engine
+        self.drain_timeout_s = drain_timeout_s
+
+    def handle_exit(self, sig, frame) -> None:
+        self.async_engine.begin_shutdown(self.drain_timeout_s)
+        super().handle_exit(sig, frame)
+
+
+def make_server(async_engine: AsyncEngine, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+                api_key: str | None = None, drain_timeout_s: float = 30.0, log_level: str = "warning",
+                **app_kwargs) -> uvicorn.Server:
+    """A configured (not yet running) uvicorn server over the async engine."""
+    app = build_app(async_engine, model_name, api_key=api_key, drain_timeout_s=drain_timeout_s, **app_kwargs)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=int(drain_timeout_s) + 5)
+    return _DrainingServer(config, async_engine, drain_timeout_s)
+
+
+def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+               draft: str | None = None, served_model_name: str | None = None, max_queue: int = 256,
+               kv_pressure_threshold: float = 0.95, drain_timeout_s: float = 30.0, log_level: str = "info",
+               **engine_kwargs) -> None:
+    """Serve `model` (a model name known to accel.models, or an HF folder / exported checkpoint) until stopped.
+
+    engine_kwargs are EngineConfig fields (max_num_seqs, num_kv_blocks, max_model_len, dtype, ...).
+    `draft` (speculative decoding) is not wired yet: passing one raises until the runtime takes a draft.
+    """
+    from accel.runtime.engine import Engine
+
+    if draft is not None:
+        raise NotImplementedError("--draft: speculative decoding is not available in the runtime yet")
+    path = _resolve(model)
+    name = served_model_name or (model if not Path(model).exists() else Path(model).name)
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
+    engine = Engine.from_pretrained(path, **engine_kwargs)
+    async_engine = AsyncEngine(engine, AdmissionPolicy(max_queue=max_queue,
+                                                       kv_pressure_threshold=kv_pressure_threshold))
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("binding %s: the server is reachable from other machines%s", host,
+                    "" if api_key else " and has NO API key (pass --api-key)")
+    server = make_server(async_engine, name, host=host, port=port, api_key=api_key,
+                         drain_timeout_s=drain_timeout_s, log_level=log_level.lower())
+    log.info("serving %s (%s) on http://%s:%d/v1", name, path, host, port)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it drained on; the shutdown was already clean
+        log.info("server stopped")
+
+
+def _resolve(model: str) -> Path:
+    """A registry name, an HF folder or a .gguf file -> a local HF folder (accel.models does the work)."""
+    from accel.models import resolve_model
+
+    return Path(resolve_model(model))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral TCP port that is free right now (for tests and benchmarks)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,161 @@
+"""Turn OpenAI requests into (prompt token ids, SamplingParams) and engine outputs into OpenAI responses.
+
+Pure functions over the protocol models: every check that can reject a request lives here and raises
+`APIError` (a 4xx with the offending parameter named), so the handlers in handlers.py stay thin.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from accel.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams
+from accel.server.metrics import spec_counters
+from accel.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    PromptTokensDetails,
+    SpecDecodeUsage,
+    UsageInfo,
+    invalid,
+)
+
+MAX_N = 16  # choices per request; each is a separate engine request sharing the prompt (prefix cache)
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]; the engine would take more, the API does not
+
+
+def check_model(requested: str, served: list[str]) -> None:
+    if requested not in served:
+        raise APIError(404, f"the model {requested!r} does not exist; this server serves {served}",
+                       "invalid_request_error", "model")
+
+
+def _check_common(req: CompletionRequest | ChatCompletionRequest) -> None:
+    if not 1 <= req.n <= MAX_N:
+        raise invalid(f"n={req.n} is invalid; allowed: an integer in [1, {MAX_N}]", "n")
+    if req.temperature is not None and not 0.0 <= req.temperature <= MAX_TEMPERATURE:
+        raise invalid(f"temperature={req.temperature} is invalid; allowed: a number in [0, {MAX_TEMPERATURE}]",
+                      "temperature")
+    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+        raise invalid(f"top_p={req.top_p} is invalid; allowed: a number in (0, 1]", "top_p")
+    stops = req.stop_list()
+    if len(stops) > MAX_STOP_STRINGS:
+        raise invalid(f"{len(stops)} stop strings were given; allowed: at most {MAX_STOP_STRINGS}", "stop")
+    if any(s == "" for s in stops):
+        raise invalid("stop strings must be non-empty", "stop")
+    if req.top_k is not None and req.top_k < -1:
+        raise invalid(f"top_k={req.top_k} is invalid; allowed: -1 or 0 (off) or an integer >= 1", "top_k")
+
+
+def completion_prompt_ids(req: CompletionRequest, tokenizer) -> list[int]:
+    """The one prompt of a completion request as token ids (a batch of more than one prompt is a 400)."""
+    _check_common(req)
+    if req.suffix is not None:
+        raise invalid("suffix is not supported by this server", "suffix")
+    if req.best_of not in (None, 1):
+        raise invalid(f"best_of={req.best_of} is not supported; allowed: 1", "best_of")
+    if req.logprobs is not None:
+        raise invalid("logprobs is not supported by this server yet; omit it", "logprobs")
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise invalid(f"a batch of {len(prompt)} prompts was sent; allowed: one prompt per request", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid("prompt is empty; send at least one character", "prompt")
+        if tokenizer is None:
+            raise invalid("this model has no tokenizer; send the prompt as a list of token ids", "prompt")
+        try:
+            ids = tokenizer.encode(prompt)
+        except Exception as e:  # noqa: BLE001 - text the tokenizer cannot take is the client's input
+            raise invalid(f"the prompt could not be tokenized: {e}", "prompt") from e
+    else:
+        ids = list(prompt)
+    if not ids:
+        raise invalid("prompt is empty; send at least one token", "prompt")
+    return ids
+
+
+def chat_prompt_ids(req: ChatCompletionRequest, tokenizer) -> list[int]:
+    """The chat template of the tokenizer applied to the messages, with the assistant's turn opened."""
+    _check_common(req)
+    if req.logprobs or req.top_logprobs:
+        raise invalid("logprobs is not supported by this server yet; omit it", "logprobs")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise invalid("this model has no chat template; use /v1/completions", "messages")
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001 - jinja raises for conversations the template refuses
+        raise invalid(f"the chat template rejected these messages: {e}", "messages") from e
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise invalid("the messages render to an empty prompt", "messages")
+    return ids
+
+
+def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,
+                       param: str = "max_tokens") -> int:
+    """max_tokens checked against the context: None means the rest of it (vLLM / OpenAI chat behaviour)."""
+    room = max_model_len - num_prompt_tokens
+    if room < 1:
+        raise invalid(f"this model's maximum context length is {max_model_len} tokens, but the prompt has "
+                      f"{num_prompt_tokens} tokens; shorten the prompt", "prompt")
+    if requested is None:
+        return room
+    if requested < 1:
+        raise invalid(f"{param}={requested} is invalid; allowed: an integer >= 1", param)
+    if requested > room:
+        raise invalid(f"this model's maximum context length is {max_model_len} tokens; you requested "
+                      f"{num_prompt_tokens + requested} ({num_prompt_tokens} in the prompt, {requested} in the "
+                      f"completion); lower {param} to at most {room}", param)
+    return requested
+
+
+_PARAM_RE = re.compile(r"sampling parameter (\w+)=")
+
+
+def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+    """SamplingParams from the request; the engine's own validation errors become 400s naming the field."""
+    top_k = None if req.top_k in (None, 0, -1) else req.top_k
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop_list(),
+            stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
+    except ValueError as e:
+        m = _PARAM_RE.search(str(e))
+        raise invalid(str(e), m.group(1) if m else None) from e
+
+
+def usage(outs: list) -> UsageInfo:
+    """The usage block over the last outputs of a request's n choices (one prompt, counted once), with the
+    summed spec-decode counters when speculating."""
+    n_prompt = len(outs[0].prompt_token_ids)
+    n_out = sum(len(o.token_ids) for o in outs)
+    specs = [s for s in (spec_counters(o) for o in outs) if s is not None]
+    spec = None
+    if specs:
+        width = max(len(s.num_accepted_tokens_per_pos) for s in specs)
+        spec = SpecDecodeUsage(
+            num_drafts=sum(s.num_drafts for s in specs), num_draft_tokens=sum(s.num_draft_tokens for s in specs),
+            num_accepted_tokens=sum(s.num_accepted_tokens for s in specs),
+            num_accepted_tokens_per_pos=[sum(s.num_accepted_tokens_per_pos[k] for s in specs
+                                             if k < len(s.num_accepted_tokens_per_pos)) for k in range(width)])
+    return UsageInfo(
+        prompt_tokens=n_prompt, completion_tokens=n_out, total_tokens=n_prompt + n_out,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=getattr(outs[0], "num_cached_tokens", 0) or 0),
+        spec_decode=spec)
+
+
+def sse(data) -> str:
+    """One server-sent event carrying a pydantic model or a dict as JSON."""
+    payload = data.model_dump_json(exclude_none=False) if hasattr(data, "model_dump_json") else json.dumps(data)
+    return f"data: {payload}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

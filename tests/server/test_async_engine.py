@@ -1,0 +1,127 @@
+"""AsyncEngine without HTTP: streams, aborts, failures and shutdown, driven with asyncio.run (bounded)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from accel.runtime.sampling_params import SamplingParams
+from accel.server.async_engine import AdmissionError, AdmissionPolicy, AsyncEngine, RequestFailed
+from tests.server.conftest import wait_until
+from tests.server.fake_engine import FakeEngine
+
+
+def run(coro, timeout: float = 20.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def test_generate_streams_deltas_then_the_final_output():
+    async def main():
+        ae = AsyncEngine(FakeEngine())
+        ae.start()
+        outs = [o async for o in ae.generate(ids("ab"), SamplingParams(max_tokens=4), "r1")]
+        await ae.shutdown(1)
+        return outs
+
+    outs = run(main())
+    assert [o.text_delta for o in outs] == ["H", "e", "l", "l"]
+    assert [o.finished for o in outs] == [False, False, False, True] and outs[-1].finish_reason == "length"
+
+
+def test_concurrent_requests_each_get_their_own_stream():
+    async def main():
+        ae = AsyncEngine(FakeEngine(reply="xyz"))
+        ae.start()
+
+        async def one(rid, n):
+            return "".join([o.text_delta async for o in ae.generate(ids("p"), SamplingParams(max_tokens=n), rid)])
+
+        texts = await asyncio.gather(*(one(f"r{i}", i + 1) for i in range(6)))
+        await ae.shutdown(1)
+        return texts
+
+    assert run(main()) == ["x", "xy", "xyz", "xyzx", "xyzxy", "xyzxyz"]
+
+
+def test_closing_the_stream_early_aborts_and_frees_blocks():
+    engine = FakeEngine(step_delay=0.005)
+
+    async def main():
+        ae = AsyncEngine(engine)
+        ae.start()
+        agen = ae.generate(ids("p"), SamplingParams(max_tokens=100), "r1")
+        await agen.__anext__()
+        await agen.aclose()
+        ok = await asyncio.to_thread(wait_until, lambda: engine.kv.num_held_blocks() == 0, 5)
+        await ae.shutdown(1)
+        return ok
+
+    assert run(main())
+    assert engine.aborted == ["r1"] and engine.num_steps < 100
+
+
+def test_add_errors_go_to_the_caller_and_the_loop_keeps_serving():
+    async def main():
+        ae = AsyncEngine(FakeEngine(vocab_size=10))
+        ae.start()
+        with pytest.raises(ValueError, match="invalid"):
+            await ae.add([99], SamplingParams(max_tokens=2), "bad")
+        outs = [o async for o in ae.generate([1], SamplingParams(max_tokens=2), "good")]
+        await ae.shutdown(1)
+        return outs
+
+    assert run(main())[-1].token_ids == ids("He")
+
+
+def test_step_failure_fails_the_requests_inside_and_later_requests_succeed():
+    engine = FakeEngine()
+
+    async def main():
+        ae = AsyncEngine(engine)
+        ae.start()
+        with pytest.raises(RequestFailed, match="BOOM"):
+            async for _ in ae.generate(ids("BOOM"), SamplingParams(max_tokens=3), "boom"):
+                pass
+        outs = [o async for o in ae.generate(ids("ok"), SamplingParams(max_tokens=3), "ok")]
+        await ae.shutdown(1)
+        return ae, outs
+
+    ae, outs = run(main())
+    assert outs[-1].text == "Hel" and engine.kv.num_held_blocks() == 0 and ae.num_in_flight == 0
+
+
+def test_after_shutdown_new_requests_are_refused_with_503():
+    async def main():
+        ae = AsyncEngine(FakeEngine(), AdmissionPolicy(retry_after_s=3))
+        ae.start()
+        await ae.shutdown(1)
+        with pytest.raises(AdmissionError) as e:
+            await ae.add([1], SamplingParams(max_tokens=2), "late")
+        return e.value
+
+    err = run(main())
+    assert (err.status, err.reason, err.retry_after) == (503, "shutting_down", 3)
+
+
+def test_shutdown_deadline_tells_in_flight_requests():
+    engine = FakeEngine(step_delay=0.01)
+
+    async def main():
+        ae = AsyncEngine(engine)
+        ae.start()
+        stream = await ae.add([1], SamplingParams(max_tokens=120), "long")
+        shutdown = asyncio.ensure_future(ae.shutdown(0.1))
+        with pytest.raises(RequestFailed) as e:
+            async for _ in stream:
+                pass
+        await shutdown
+        return e.value
+
+    err = run(main())
+    assert err.status == 503 and "shutting down" in err.message
+    assert engine.kv.num_held_blocks() == 0 and engine.aborted == ["long"]

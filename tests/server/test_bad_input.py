@@ -1,0 +1,124 @@
+"""Every malformed request gets a 4xx with an OpenAI-style error body naming the bad parameter; never a 500,
+and the engine loop keeps serving afterwards."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.conftest import MODEL, serve_in_thread
+from tests.server.fake_engine import FakeEngine
+
+MAX_LEN = 128  # FakeEngine's max_model_len
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+def cmpl(**kw):
+    return {"model": MODEL, "prompt": "abc", **kw}
+
+
+def chat(**kw):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+# (route, body: dict -> JSON, bytes -> sent raw, expected status, expected param)
+CASES = [
+    ("malformed_json", C, b'{"model": "fake-model", "prompt": ', 400, None),
+    ("not_an_object", C, b"[1, 2]", 400, None),
+    ("empty_body", C, b"", 400, None),
+    ("invalid_utf8", C, b'{"model": "fake-model", "prompt": "\xff\xfe"}', 400, None),
+    ("missing_model", C, {"prompt": "abc"}, 400, "model"),
+    ("missing_prompt", C, {"model": MODEL}, 400, "prompt"),
+    ("unknown_model", C, cmpl(model="gpt-9"), 404, "model"),
+    ("max_tokens_string", C, cmpl(max_tokens="16"), 400, "max_tokens"),
+    ("max_tokens_float", C, cmpl(max_tokens=1.5), 400, "max_tokens"),
+    ("temperature_string", C, cmpl(temperature="hot"), 400, "temperature"),
+    ("stream_not_bool", C, cmpl(stream="yes"), 400, "stream"),
+    ("prompt_wrong_type", C, cmpl(prompt=5), 400, "prompt"),
+    ("empty_prompt", C, cmpl(prompt=""), 400, "prompt"),
+    ("empty_token_list", C, cmpl(prompt=[]), 400, "prompt"),
+    ("batch_of_prompts", C, cmpl(prompt=["a", "b"]), 400, "prompt"),
+    ("token_id_out_of_vocab", C, cmpl(prompt=[1, 10**9]), 400, "prompt"),
+    ("prompt_longer_than_context", C, cmpl(prompt="x" * MAX_LEN), 400, "prompt"),
+    ("max_tokens_zero", C, cmpl(max_tokens=0), 400, "max_tokens"),
+    ("max_tokens_negative", C, cmpl(max_tokens=-5), 400, "max_tokens"),
+    ("max_tokens_beyond_context", C, cmpl(max_tokens=MAX_LEN - 3 + 1), 400, "max_tokens"),
+    ("temperature_negative", C, cmpl(temperature=-0.1), 400, "temperature"),
+    ("temperature_too_high", C, cmpl(temperature=2.5), 400, "temperature"),
+    ("top_p_zero", C, cmpl(top_p=0.0), 400, "top_p"),
+    ("top_p_above_one", C, cmpl(top_p=1.5), 400, "top_p"),
+    ("n_zero", C, cmpl(n=0), 400, "n"),
+    ("n_too_many", C, cmpl(n=17), 400, "n"),
+    ("too_many_stop_strings", C, cmpl(stop=[f"s{i}" for i in range(17)]), 400, "stop"),
+    ("empty_stop_string", C, cmpl(stop=[""]), 400, "stop"),
+    ("presence_penalty_out_of_range", C, cmpl(presence_penalty=3.0), 400, "presence_penalty"),
+    ("min_tokens_above_max_tokens", C, cmpl(max_tokens=2, min_tokens=5), 400, "min_tokens"),
+    ("top_k_below_minus_one", C, cmpl(top_k=-2), 400, "top_k"),
+    ("logprobs_unsupported", C, cmpl(logprobs=1), 400, "logprobs"),
+    ("best_of", C, cmpl(best_of=3), 400, "best_of"),
+    ("chat_no_messages", CHAT, chat(messages=[]), 400, "messages"),
+    ("chat_bad_role", CHAT, chat(messages=[{"role": "robot", "content": "x"}]), 400, "messages.0.role"),
+    ("chat_content_wrong_type", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages.0.content"),
+    ("chat_template_rejects", CHAT, chat(messages=[{"role": "user", "content": "REJECT"}]), 400, "messages"),
+    ("chat_max_completion_tokens_zero", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    ("chat_max_tokens_beyond_context", CHAT, chat(max_tokens=MAX_LEN), 400, "max_tokens"),
+    ("chat_messages_not_a_list", CHAT, chat(messages="hi"), 400, "messages"),
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve_in_thread(FakeEngine(max_model_len=MAX_LEN)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.base_url, timeout=10) as c:
+        yield c
+
+
+def post(http, route, body):
+    if isinstance(body, bytes):
+        return http.post(route, content=body, headers={"content-type": "application/json"})
+    return http.post(route, json=body)
+
+
+@pytest.mark.parametrize("name,route,body,status,param", CASES, ids=[c[0] for c in CASES])
+def test_bad_request_gets_openai_error(http, name, route, body, status, param):
+    r = post(http, route, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param
+    assert err["type"] == ("invalid_request_error" if status in (400, 404) else err["type"])
+    assert err["message"]
+    assert err["code"] == status
+
+
+def test_unknown_route_and_wrong_method_are_openai_shaped(http):
+    r = http.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = http.get(C)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_engine_still_serves_after_the_whole_table(server, http):
+    for _, route, body, status, _ in CASES:
+        assert post(http, route, body).status_code == status
+    r = http.post(C, json=cmpl(max_tokens=5))
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Hello"
+    assert server.engine.kv.num_held_blocks() == 0 and server.async_engine.num_in_flight == 0
+
+
+def test_unknown_fields_are_ignored(http):
+    r = http.post(C, json=cmpl(max_tokens=2, user="u1", frobnicate=True))
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "He"
+
+
+def test_oversized_body_is_a_413(http):
+    from accel.server.app import MAX_BODY_BYTES
+
+    r = post(http, C, cmpl(prompt="x" * (MAX_BODY_BYTES + 10)))
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
