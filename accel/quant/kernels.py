@@ -1,0 +1,449 @@
+"""Weight-only quantized Linear layers (INT8 per-channel, INT4 group-wise) and a per-layer plan applier.
+
+Two verbs, as in gpt-fast: *quantize* a float weight offline (pure functions below, which are also the float
+reference), then *convert* it into a module whose forward calls the fastest correct kernel for its device.
+
+Quantization conventions (the "canonical" layout every other part of accel reads and writes):
+
+  int8  symmetric per output channel:   w[o, i] ~= q[o, i] * scale[o]            q int8 in [-127, 127]
+  int4  asymmetric per group of g inputs: w[o, i] ~= (q[o, i] - zero[o, i // g]) * scale[o, i // g]
+        q and zero are unsigned integers in [0, 15] (zero is an integer zero point, so 0.0 is exact)
+
+compressed-tensors (what llm-compressor's GPTQ writes) stores the same math in signed form: int4 values and
+zero points in [-8, 7] ("pack-quantized": eight 4-bit values per int32 along the input dim, lowest nibble
+first; group zero points packed the same way along the *output* dim) and int8 channel-wise values as a plain
+int8 `weight` with `weight_scale` [out, 1]. `int4_from_compressed_tensors` converts: ours = theirs + 8.
+
+Kernels, chosen per device and per number of rows M of the activation (`kernel_for`; measured with
+scripts/bench_kernels.py on the 2-core AVX2 CPU of the dev box, numbers in that script's docstring):
+
+  "int8pack" / "int4pack"   CPU, M < dequant_min_rows (int8: 64, int4: 128): aten._weight_int8pack_mm /
+                            aten._weight_int4pack_mm_for_cpu with bf16 activations. The weight is read as 1 / 0.5
+                            byte per element, which is what wins memory-bound decode. Their fp32-activation
+                            variants exist but are 5-50x slower (not vectorised), so x is cast to bf16 and back
+                            (~3e-3 relative error per matmul).
+  "gemm"                    CPU, M >= dequant_min_rows: dequantize to fp32 on the fly, chunked over output rows,
+                            then MKL sgemm (compute-bound prefill; bf16 GEMM is 5-10x slower than fp32 on a CPU
+                            without native bf16): 0.6-0.9x the speed of fp32 nn.Linear at M >= 64 (noisy). We do NOT
+                            cache a dequantized fp32 copy: it would hold 5 (int8) / 4.5 (int4) bytes per weight,
+                            more than the fp32 model, to win back only that prefill margin. The chunking bounds
+                            the transient copy (lm_head is 49152 x 576).
+  "generic"                 CUDA and any other device: dequantize to the activation dtype and F.linear (gpt-fast's
+                            int8 formula `F.linear(x, q.to(x.dtype)) * scale`). Correct everywhere, not tuned:
+                            no GPU was available to validate tinygemm (`_weight_int4pack_mm`) packing.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SCHEMES = ("int8", "int4", "fp16", "bf16", "fp32")
+FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+# Rows of x at which the CPU switches from the int-pack kernels to dequantize + fp32 GEMM (see module docstring);
+# measured crossover on the dev box: int8 between 32 and 64 rows, int4 between 128 and 256.
+INT8_DEQUANT_MIN_ROWS = 64
+INT4_DEQUANT_MIN_ROWS = 128
+# Output rows dequantized at once on the GEMM path: bounds the transient fp32 weight to 8192 * in * 4 bytes.
+_DEQUANT_CHUNK_ROWS = 8192
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure quantize / dequantize functions (the float reference).
+# ----------------------------------------------------------------------------------------------------------
+
+
+def quantize_int8_per_channel(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-output-channel RTN: w [out, in] float -> (q int8 [out, in] in [-127, 127], scales fp32 [out])."""
+    _check_weight(w)
+    w = w.float()
+    amax = w.abs().amax(dim=1)  # [out]
+    scales = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))  # all-zero row: any scale, q = 0
+    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def dequantize_int8_per_channel(q: Tensor, scales: Tensor) -> Tensor:
+    """q int8 [out, in], scales [out] -> fp32 [out, in]."""
+    return q.float() * scales.float().reshape(-1)[:, None]
+
+
+def quantize_int4_groupwise(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Asymmetric group-wise RTN.
+
+    w [out, in] float -> (q uint8 [out, in] in [0, 15], scales fp32 [out, in // g], zeros uint8 [out, in // g]
+    in [0, 15]). The range of each group is widened to include 0 so the integer zero point represents 0.0 exactly.
+    """
+    _check_weight(w)
+    _check_group_size(w.shape[1], group_size)
+    out_f, in_f = w.shape
+    wg = w.float().reshape(out_f, in_f // group_size, group_size)  # [out, G, g]
+    lo = wg.amin(dim=-1).clamp(max=0.0)  # [out, G]
+    hi = wg.amax(dim=-1).clamp(min=0.0)
+    scales = (hi - lo) / 15.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # all-zero group: q = zero = 0
+    zeros = torch.round(-lo / scales).clamp_(0, 15)  # [out, G]
+    q = torch.round(wg / scales[..., None] + zeros[..., None]).clamp_(0, 15)  # [out, G, g]
+    return q.reshape(out_f, in_f).to(torch.uint8), scales, zeros.to(torch.uint8)
+
+
+def dequantize_int4_groupwise(q: Tensor, scales: Tensor, zeros: Tensor, group_size: int) -> Tensor:
+    """q [out, in] in [0, 15], scales / zeros [out, in // g] -> fp32 [out, in]."""
+    out_f, in_f = q.shape
+    qg = q.float().reshape(out_f, in_f // group_size, group_size)  # [out, G, g]
+    w = (qg - zeros.float()[..., None]) * scales.float()[..., None]
+    return w.reshape(out_f, in_f)
+
+
+def pack_int4(q: Tensor) -> Tensor:
+    """[out, in] values in [0, 15] -> uint8 [out, in // 2], column 2j in the low nibble, 2j+1 in the high one."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_int4(packed: Tensor) -> Tensor:
+    """Inverse of `pack_int4`: uint8 [out, in // 2] -> uint8 [out, in]."""
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+
+
+def int4_from_compressed_tensors(
+    weight_packed: Tensor, weight_scale: Tensor, weight_shape: tuple[int, int] | Tensor,
+    weight_zero_point: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """compressed-tensors "pack-quantized" 4-bit tensors -> canonical (q [out, in], scales [out, G], zeros [out, G]).
+
+    weight_packed int32 [out, ceil(in / 8)] (signed values + 8, lowest nibble first); weight_scale [out, G];
+    weight_zero_point: None for symmetric (zero point 0 -> ours 8) or int32 [ceil(out / 8), G] packed along dim 0.
+    Activation ordering (`weight_g_idx`) is not supported: GPTQ with actorder must be exported without it.
+    """
+    out_f, in_f = (int(v) for v in weight_shape)
+    q = _unpack_int32_nibbles(weight_packed, dim=1)[:, :in_f]  # already +8 offset: [0, 15]
+    scales = weight_scale.float().reshape(out_f, -1)
+    if weight_zero_point is None:
+        zeros = torch.full_like(scales, 8, dtype=torch.uint8)
+    else:
+        zeros = _unpack_int32_nibbles(weight_zero_point, dim=0)[:out_f]
+    return q, scales, zeros
+
+
+def _unpack_int32_nibbles(packed: Tensor, dim: int) -> Tensor:
+    """Eight 4-bit fields per int32 (lowest first) unpacked along `dim` -> uint8 values in [0, 15]."""
+    if packed.dtype != torch.int32:
+        raise ValueError(f"compressed-tensors packed tensors are int32; got {packed.dtype}")
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)  # [8]
+    fields = (packed.unsqueeze(-1) >> shifts) & 0xF  # [..., 8]
+    if dim == 1:
+        return fields.reshape(packed.shape[0], -1).to(torch.uint8)
+    return fields.permute(0, 2, 1).reshape(-1, packed.shape[1]).to(torch.uint8)
+
+
+def _check_weight(w: Tensor) -> None:
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"expected a float weight [out, in]; got dtype {w.dtype}, shape {tuple(w.shape)}")
+
+
+def _check_group_size(in_features: int, group_size: int) -> None:
+    if group_size not in INT4_GROUP_SIZES or in_features % group_size:
+        allowed = [g for g in INT4_GROUP_SIZES if in_features % g == 0]
+        raise ValueError(f"int4 group_size={group_size} is invalid for in_features={in_features}; allowed: {allowed}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Modules.
+# ----------------------------------------------------------------------------------------------------------
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """Linear with int8 per-channel weights; activations stay float. forward(x [..., in]) -> [..., out], x.dtype.
+
+    Persistent buffers (canonical layout): qweight int8 [out, in], scales fp32 [out], bias (optional, float).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 dequant_min_rows: int = INT8_DEQUANT_MIN_ROWS) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.dequant_min_rows = dequant_min_rows
+        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.register_buffer("_scales_bf16", None, persistent=False)  # kernel operand, built lazily
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **kwargs) -> Self:
+        """Quantize an nn.Linear (RTN). The linear's own weight tensor is left untouched (tied weights stay)."""
+        q, s = quantize_int8_per_channel(linear.weight.detach())
+        b = linear.bias.detach() if linear.bias is not None else None
+        return cls.from_quantized(q, s, b, **kwargs).to(linear.weight.device)
+
+    @classmethod
+    def from_quantized(cls, qweight: Tensor, scales: Tensor, bias: Tensor | None = None, **kwargs) -> Self:
+        """Build from canonical tensors: qweight int8 [out, in], scales [out] or [out, 1] (compressed-tensors)."""
+        if qweight.dim() != 2 or qweight.dtype != torch.int8:
+            raise ValueError(f"qweight must be int8 [out, in]; got {qweight.dtype} {tuple(qweight.shape)}")
+        out_f, in_f = qweight.shape
+        if scales.numel() != out_f:
+            raise ValueError(f"scales must have {out_f} values (one per output channel); got {tuple(scales.shape)}")
+        m = cls(in_f, out_f, bias=bias is not None, **kwargs).to(qweight.device)
+        m.qweight.copy_(qweight)
+        m.scales.copy_(scales.reshape(-1).float())
+        if bias is not None:
+            m.bias = bias.detach().clone().float()
+        return m
+
+    def dequantized(self) -> Tensor:
+        """The float reference weight [out, in] fp32."""
+        return dequantize_int8_per_channel(self.qweight, self.scales)
+
+    def kernel_for(self, rows: int, device: torch.device) -> str:
+        """Which path forward takes for `rows` activation rows on `device`: "int8pack", "gemm" or "generic"."""
+        if device.type != "cpu":
+            return "generic"
+        return "int8pack" if rows < self.dequant_min_rows else "gemm"
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device))  # [M, out], x.dtype
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
+        if kernel == "int8pack":
+            # bf16 in/out is the fast (and only vectorised) CPU variant of this kernel.
+            if self._scales_bf16 is None:
+                self._scales_bf16 = self.scales.bfloat16()
+            return torch.ops.aten._weight_int8pack_mm(x2.to(torch.bfloat16), self.qweight,
+                                                      self._scales_bf16).to(x2.dtype)
+        if kernel == "gemm":
+            return _chunked_dequant_matmul(x2, self.out_features, self._dequant_rows).to(x2.dtype)
+        return F.linear(x2, self.qweight.to(x2.dtype)) * self.scales.to(x2.dtype)
+
+    def _dequant_rows(self, start: int, end: int) -> Tensor:
+        return self.qweight[start:end].float() * self.scales[start:end, None].float()
+
+    def _apply(self, fn, recurse=True):
+        self._scales_bf16 = None  # derived from scales: rebuild after a move / cast
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._scales_bf16 = None
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int4WeightOnlyLinear(nn.Module):
+    """Linear with int4 group-wise asymmetric weights; forward(x [..., in]) -> [..., out] in x.dtype.
+
+    Persistent buffers (canonical layout): qweight uint8 [out, in // 2] (`pack_int4`), scales fp32 [out, G],
+    zeros uint8 [out, G], bias (optional). On CPU the weight is also converted once into the layout of
+    `_weight_int4pack_mm_for_cpu` (a non-persistent cache of the same size, so RAM holds ~1 byte per weight;
+    the checkpoint holds 0.5).
+    """
+
+    def __init__(self, in_features: int, out_features: int, group_size: int = 64, bias: bool = False,
+                 dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS) -> None:
+        super().__init__()
+        _check_group_size(in_features, group_size)
+        if in_features % 2:
+            raise ValueError(f"int4 needs an even in_features; got {in_features}")
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.dequant_min_rows = dequant_min_rows
+        n_groups = in_features // group_size
+        self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("scales", torch.ones(out_features, n_groups))
+        self.register_buffer("zeros", torch.full((out_features, n_groups), 8, dtype=torch.uint8))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        # Kernel-layout cache, built by _prepare() for the device the weights live on.
+        self.register_buffer("_cpu_packed", None, persistent=False)
+        self.register_buffer("_cpu_scales_zeros", None, persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 64, **kwargs) -> Self:
+        """Quantize an nn.Linear (RTN). The linear's own weight tensor is left untouched (tied weights stay)."""
+        q, s, z = quantize_int4_groupwise(linear.weight.detach(), group_size)
+        b = linear.bias.detach() if linear.bias is not None else None
+        return cls.from_quantized(q, s, z, group_size, b, **kwargs).to(linear.weight.device)
+
+    @classmethod
+    def from_quantized(cls, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int,
+                       bias: Tensor | None = None, **kwargs) -> Self:
+        """Build from canonical tensors: qweight [out, in] in [0, 15] (unpacked), scales / zeros [out, in // g]."""
+        if qweight.dim() != 2:
+            raise ValueError(f"qweight must be [out, in] values in [0, 15]; got shape {tuple(qweight.shape)}")
+        out_f, in_f = qweight.shape
+        if int(qweight.min()) < 0 or int(qweight.max()) > 15 or int(zeros.min()) < 0 or int(zeros.max()) > 15:
+            raise ValueError("int4 qweight and zeros must hold values in [0, 15]")
+        m = cls(in_f, out_f, group_size=group_size, bias=bias is not None, **kwargs).to(qweight.device)
+        if scales.shape != m.scales.shape or zeros.shape != m.zeros.shape:
+            raise ValueError(f"scales and zeros must be {tuple(m.scales.shape)}; got {tuple(scales.shape)}, "
+                             f"{tuple(zeros.shape)}")
+        m.qweight.copy_(pack_int4(qweight))
+        m.scales.copy_(scales.float())
+        m.zeros.copy_(zeros.to(torch.uint8))
+        if bias is not None:
+            m.bias = bias.detach().clone().float()
+        return m
+
+    def dequantized(self) -> Tensor:
+        """The float reference weight [out, in] fp32."""
+        return dequantize_int4_groupwise(unpack_int4(self.qweight), self.scales, self.zeros, self.group_size)
+
+    def _prepare_cpu(self) -> None:
+        # The CPU kernel wants int32 [out, in] values in [0, 15] and per group (scale, zero_f) [G, out, 2] with
+        # w = (q - 8) * scale + zero_f, a float zero offset from the mid-point: zero_f = (8 - zero) * scale.
+        q = unpack_int4(self.qweight).to(torch.int32)
+        self._cpu_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 8)  # innerKTiles unused on CPU
+        scales = self.scales.float()  # [out, G]
+        zero_f = (8.0 - self.zeros.float()) * scales
+        self._cpu_scales_zeros = torch.stack([scales, zero_f], dim=-1).transpose(0, 1).contiguous().bfloat16()
+
+    def kernel_for(self, rows: int, device: torch.device) -> str:
+        """Which path forward takes for `rows` activation rows on `device`: "int4pack", "gemm" or "generic"."""
+        if device.type != "cpu":
+            return "generic"
+        # The CPU int4 kernel's packing needs out_features divisible by 16; other shapes use the GEMM path.
+        return "int4pack" if rows < self.dequant_min_rows and self.out_features % 16 == 0 else "gemm"
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device))  # [M, out], x.dtype
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
+        if kernel == "int4pack":
+            if self._cpu_packed is None:
+                self._prepare_cpu()
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.to(torch.bfloat16), self._cpu_packed, self.group_size, self._cpu_scales_zeros
+            ).to(x2.dtype)
+        if kernel == "gemm":
+            return _chunked_dequant_matmul(x2, self.out_features, self._dequant_rows).to(x2.dtype)
+        return F.linear(x2, self._dequant_rows(0, self.out_features).to(x2.dtype))
+
+    def _dequant_rows(self, start: int, end: int) -> Tensor:
+        return dequantize_int4_groupwise(unpack_int4(self.qweight[start:end]), self.scales[start:end],
+                                         self.zeros[start:end], self.group_size)
+
+    def _apply(self, fn, recurse=True):
+        # A device move invalidates the kernel-layout cache (its layout is device specific).
+        self._cpu_packed = self._cpu_scales_zeros = None
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._cpu_packed = self._cpu_scales_zeros = None
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"group_size={self.group_size}, bias={self.bias is not None}")
+
+
+def _chunked_dequant_matmul(x2: Tensor, out_features: int, dequant_rows) -> Tensor:
+    """x2 [M, in] @ W^T with W dequantized to fp32 `_DEQUANT_CHUNK_ROWS` output rows at a time -> fp32 [M, out]."""
+    xf = x2.float()
+    if out_features <= _DEQUANT_CHUNK_ROWS:
+        return F.linear(xf, dequant_rows(0, out_features))
+    y = torch.empty(xf.shape[0], out_features, dtype=torch.float32, device=xf.device)
+    for start in range(0, out_features, _DEQUANT_CHUNK_ROWS):
+        end = min(start + _DEQUANT_CHUNK_ROWS, out_features)
+        torch.matmul(xf, dequant_rows(start, end).T, out=y[:, start:end])
+    return y
+
+
+def concat_quantized(mods: list[nn.Module]) -> nn.Module:
+    """Stack quantized Linears that share their input along the output dim (q/k/v -> qkv, gate/up -> gate_up).
+
+    All must be Int8WeightOnlyLinear, or all Int4WeightOnlyLinear with one group size; one kernel call then
+    replaces several (fewer, larger matmuls are faster at decode). Missing biases count as zeros.
+    """
+    kinds = {(type(m), getattr(m, "group_size", None), m.in_features) for m in mods}
+    if len(kinds) != 1 or not isinstance(mods[0], (Int8WeightOnlyLinear, Int4WeightOnlyLinear)):
+        raise ValueError(f"concat_quantized needs quantized Linears of one scheme, group size and in_features; "
+                         f"got {sorted((t.__name__, g, i) for t, g, i in kinds)}")
+    bias = None
+    if any(m.bias is not None for m in mods):
+        bias = torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, device=m.scales.device)
+                          for m in mods])
+    first = mods[0]
+    if isinstance(first, Int8WeightOnlyLinear):
+        return Int8WeightOnlyLinear.from_quantized(torch.cat([m.qweight for m in mods]),
+                                                   torch.cat([m.scales for m in mods]), bias,
+                                                   dequant_min_rows=first.dequant_min_rows)
+    return Int4WeightOnlyLinear.from_quantized(torch.cat([unpack_int4(m.qweight) for m in mods]),
+                                               torch.cat([m.scales for m in mods]),
+                                               torch.cat([m.zeros for m in mods]), first.group_size, bias,
+                                               dequant_min_rows=first.dequant_min_rows)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Plans.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> nn.Module:
+    """Replace the nn.Linear submodules named in `plan` ({hf_module_name: scheme}) in place; returns `model`.
+
+    "int8" / "int4" swap in the quantized modules (int4 with `group_size`); "fp16" / "bf16" / "fp32" leave the
+    layer unchanged in the model's dtype. Everything is validated before anything is replaced, so a bad plan
+    leaves the model untouched. A tied lm_head is replaced by a module with its own quantized copy; the
+    embedding keeps the original float tensor.
+    """
+    modules = dict(model.named_modules())
+    for name, scheme in plan.items():
+        if scheme not in SCHEMES:
+            raise ValueError(f"plan[{name!r}] = {scheme!r} is not a scheme; allowed: {SCHEMES}")
+        if name not in modules:
+            linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
+            raise ValueError(f"plan names module {name!r}, which the model does not have; "
+                             f"Linear modules are: {linears[:8]}{' ...' if len(linears) > 8 else ''}")
+        if not isinstance(modules[name], nn.Linear):
+            raise ValueError(f"plan names module {name!r} of type {type(modules[name]).__name__}; "
+                             f"only nn.Linear can be quantized")
+        if scheme == "int4":
+            try:
+                _check_group_size(modules[name].in_features, group_size)
+            except ValueError as e:
+                raise ValueError(f"module {name!r}: {e}") from None
+    for name, scheme in plan.items():
+        if scheme == "int8":
+            new = Int8WeightOnlyLinear.from_linear(modules[name])
+        elif scheme == "int4":
+            new = Int4WeightOnlyLinear.from_linear(modules[name], group_size=group_size)
+        else:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    return model
+
+
+_FLOAT_DTYPE_SCHEME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def linear_scheme(module: nn.Module) -> str:
+    """The scheme of a Linear-like module: "int8", "int4", or its float dtype as "fp16" / "bf16" / "fp32"."""
+    if isinstance(module, Int8WeightOnlyLinear):
+        return "int8"
+    if isinstance(module, Int4WeightOnlyLinear):
+        return "int4"
+    if isinstance(module, nn.Linear) and module.weight.dtype in _FLOAT_DTYPE_SCHEME:
+        return _FLOAT_DTYPE_SCHEME[module.weight.dtype]
+    raise ValueError(f"{type(module).__name__} is not a Linear accel knows; expected nn.Linear (fp16/bf16/fp32), "
+                     f"Int8WeightOnlyLinear or Int4WeightOnlyLinear")
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of the module's persistent state (weights, scales, zero points, bias): its checkpoint size.
+
+    Kernel-layout caches are not counted. A tied lm_head nn.Linear counts its (shared) weight.
+    """
+    linear_scheme(module)  # validates the type
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
