@@ -151,10 +151,65 @@ def serve(
         _fail(str(e))
 
 
+def _int_pair(value: str, name: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in value.split(","))
+    except ValueError:
+        _fail(f"--{name} {value!r} is invalid; expected MIN,MAX (two integers, e.g. 16,1024)")
+    if not 1 <= lo <= hi:
+        _fail(f"--{name} {value!r} is invalid; expected 1 <= MIN <= MAX")
+    return lo, hi
+
+
 @app.command()
-def bench() -> None:
+def bench(
+    url: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible server (ours, vLLM, "
+                                                    "llama.cpp); omit to run the runtime in-process.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model name sent to the server, or the model to load "
+                                                      "in-process.")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(min=1, help="Requests in flight.")] = None,
+    rate: Annotated[Optional[float], typer.Option(min=0.0, help="Arrivals per second instead of a concurrency.")] = None,
+    arrival: Annotated[str, typer.Option(help="poisson or gamma.")] = "poisson",
+    burstiness: Annotated[float, typer.Option(min=0.01, help="Gamma shape (1 = Poisson).")] = 1.0,
+    num_requests: Annotated[int, typer.Option(min=1)] = 32,
+    prompt_tokens: Annotated[str, typer.Option(help="MIN,MAX prompt tokens (long-tailed).")] = "16,1024",
+    output_tokens: Annotated[str, typer.Option(help="MIN,MAX output tokens.")] = "16,256",
+    warmup: Annotated[int, typer.Option(min=0, help="Requests sent first and left out of the stats.")] = 2,
+    slo_ttft_ms: Annotated[Optional[float], typer.Option(help="TTFT SLO for goodput.")] = None,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option(help="TPOT SLO for goodput.")] = None,
+    sweep: Annotated[Optional[str], typer.Option(help="Comma-separated concurrencies to sweep (finds the knee).")] = None,
+    endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    api_key: Annotated[Optional[str], typer.Option(envvar="ACCEL_API_KEY")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Write the result JSON here.")] = None,
+    report: Annotated[Optional[Path], typer.Option(help="Write a Markdown + HTML report into this folder.")] = None,
+) -> None:
     """Load-test the runtime in-process or any OpenAI-compatible endpoint with one workload."""
-    _not_built("`accel bench` (load generator)", 6)
+    import sys
+
+    from accel.eval.loadgen import bench as run
+
+    if url is None and model is None:
+        _fail("give --url (a server) or --model (run in-process)")
+    if arrival not in ("poisson", "gamma"):
+        _fail(f"--arrival {arrival!r} is invalid; allowed: poisson, gamma")
+    if endpoint not in ("completions", "chat"):
+        _fail(f"--endpoint {endpoint!r} is invalid; allowed: completions, chat")
+    if concurrency is not None and rate is not None:
+        _fail("give --concurrency or --rate, not both")
+    try:
+        sweep_list = [int(x) for x in sweep.split(",")] if sweep else None
+    except ValueError:
+        _fail(f"--sweep {sweep!r} is invalid; expected comma-separated integers")
+    res = run(url=url, model=model or "default", concurrency=concurrency, rate=rate, arrival=arrival,
+              burstiness=burstiness, num_requests=num_requests, prompt_tokens=_int_pair(prompt_tokens, "prompt-tokens"),
+              output_tokens=_int_pair(output_tokens, "output-tokens"), warmup=warmup, slo_ttft_ms=slo_ttft_ms,
+              slo_tpot_ms=slo_tpot_ms, seed=seed, sweep=sweep_list, out=out, api_key=api_key, endpoint=endpoint)
+    if report is not None:
+        from accel.report import build_report, report_from_bench
+
+        md, html = build_report(report_from_bench(res, command=" ".join(sys.argv)), report)
+        console.print(f"report: {md} {html}")
 
 
 @app.command("eval")
@@ -241,10 +296,9 @@ def generate(
         n += 1
         print(delta, end="", flush=True)
     print()
-    if first is not None:
-        dt = time.perf_counter() - first
-        err_console.print(f"[dim]TTFT {1000 * (first - t0):.0f} ms, {n} chunks, "
-                          f"{(n - 1) / dt if dt > 0 and n > 1 else 0:.1f} chunks/s after the first[/]")
+    ttft = f"TTFT {1000 * (first - t0):.0f} ms" if first is not None else "no text generated"
+    rate = (n - 1) / (time.perf_counter() - first) if first is not None and n > 1 else 0.0
+    err_console.print(f"[dim]{ttft}, {n} text chunks, {rate:.1f} chunks/s after the first[/]")
 
 
 def main() -> None:  # pragma: no cover

@@ -1,0 +1,40 @@
+"""The CLI commands that drive the runtime, on a tiny random model."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from accel.cli import app
+
+runner = CliRunner()
+
+
+def test_bench_in_process_writes_result(tmp_path, tiny_model_dir):
+    out = tmp_path / "bench.json"
+    res = runner.invoke(app, ["bench", "--model", str(tiny_model_dir), "--num-requests", "4", "--concurrency", "2",
+                              "--prompt-tokens", "4,8", "--output-tokens", "2,4", "--warmup", "0",
+                              "--out", str(out), "--report", str(tmp_path / "report")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["num_requests"] == 4 if "num_requests" in data else data
+    assert (tmp_path / "report" / "report.html").is_file()
+
+
+def test_bench_rejects_bad_arguments():
+    res = runner.invoke(app, ["bench", "--model", "x", "--arrival", "uniform"])
+    assert res.exit_code == 2 and "uniform" in res.output and "poisson" in res.output
+    res = runner.invoke(app, ["bench"])
+    assert res.exit_code == 2 and "--url" in res.output
+
+
+def test_generate_streams_text(tiny_model_dir):
+    res = runner.invoke(app, ["generate", str(tiny_model_dir), "The quick brown", "--max-tokens", "5", "--raw"])
+    assert res.exit_code == 0, res.output
+    assert "TTFT" in res.output
+
+
+def test_generate_rejects_bad_sampling_value(tiny_model_dir):
+    res = runner.invoke(app, ["generate", str(tiny_model_dir), "hi", "--top-p", "1.5"])
+    assert res.exit_code == 2 and "top_p" in res.output
