@@ -1,0 +1,134 @@
+"""Adaptive speculation: how many draft tokens each request gets this step (0 = none).
+
+Two decisions, both pure:
+  * per request: estimate its acceptance rate alpha from its recent verification steps and pick the k in
+    [0, k_max] that maximises Leviathan's expected tokens per unit cost (`stats.leviathan_speedup`); k = 0
+    when even one draft token would not pay for itself. A request at k = 0 drafts one token every
+    `probe_interval` steps so that a change in its text (e.g. it starts quoting its prompt) is noticed.
+  * per batch: no speculation at all once `disable_at_batch_size` requests run together; a large batch
+    already fills the hardware and verification of draft tokens would only cost throughput.
+
+Estimating alpha: with i.i.d. acceptance, a step that drafted k and accepted a tokens contributes a
+successes and one failure if a < k (a truncated geometric draw), so the maximum-likelihood estimate is
+successes / (successes + failures). Both are exponentially decayed (`decay` per step) to follow recent text,
+and start from a prior worth `prior_weight` steps at `prior_alpha`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from accel.spec.stats import leviathan_speedup
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """Knobs of adaptive speculation (the recipe's `speculation` section maps onto them).
+
+    k_max                  upper bound on draft tokens per step (recipe: num_speculative_tokens).
+    cost_ratio             cost of one draft token relative to one target decode step, verification of the
+                           extra token included (measure it: ~0 for n-gram lookup on a GPU, more on a CPU).
+    disable_at_batch_size  switch speculation off when this many requests run at once (None: never).
+    adaptive               False: always k_max (below the batch cutoff).
+    """
+
+    k_max: int = 4
+    cost_ratio: float = 0.1
+    disable_at_batch_size: int | None = 16
+    adaptive: bool = True
+    decay: float = 0.9
+    prior_alpha: float = 0.5
+    prior_weight: float = 2.0
+    probe_interval: int = 8
+    min_speedup: float = 1.0  # speculate only when the predicted speedup beats this
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("k_max", self.k_max >= 0, "an integer >= 0"),
+            ("cost_ratio", self.cost_ratio >= 0, ">= 0"),
+            ("disable_at_batch_size", self.disable_at_batch_size is None or self.disable_at_batch_size >= 1,
+             "None or an integer >= 1"),
+            ("decay", 0.0 < self.decay <= 1.0, "in (0, 1]"),
+            ("prior_alpha", 0.0 <= self.prior_alpha <= 1.0, "in [0, 1]"),
+            ("prior_weight", self.prior_weight > 0, "> 0"),
+            ("probe_interval", self.probe_interval >= 1, "an integer >= 1"),
+            ("min_speedup", self.min_speedup > 0, "> 0"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"adaptive speculation {name}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+
+
+def best_speculation_length(alpha: float, cost_ratio: float, k_max: int, min_speedup: float = 1.0) -> int:
+    """The k in [0, k_max] with the highest predicted speedup; 0 unless some k beats `min_speedup`."""
+    best_k, best = 0, min_speedup
+    for k in range(1, k_max + 1):
+        s = leviathan_speedup(alpha, k, cost_ratio)
+        if s > best + 1e-12:
+            best_k, best = k, s
+    return best_k
+
+
+def speculation_enabled(batch_size: int, disable_at_batch_size: int | None) -> bool:
+    """False once `batch_size` running requests reach the cutoff (None: always enabled)."""
+    return disable_at_batch_size is None or batch_size < disable_at_batch_size
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Decayed acceptance evidence of one request; see the module docstring."""
+
+    successes: float
+    failures: float
+    steps_without_draft: int = 0
+
+    @classmethod
+    def prior(cls, config: AdaptiveConfig) -> AcceptanceEstimate:
+        return cls(successes=config.prior_alpha * config.prior_weight,
+                   failures=(1.0 - config.prior_alpha) * config.prior_weight)
+
+    @property
+    def alpha(self) -> float:
+        total = self.successes + self.failures
+        return self.successes / total if total > 0 else 0.0
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int, decay: float) -> None:
+        if num_draft_tokens == 0:
+            self.steps_without_draft += 1
+            return
+        self.steps_without_draft = 0
+        self.successes = decay * self.successes + num_accepted_tokens
+        self.failures = decay * self.failures + (1.0 if num_accepted_tokens < num_draft_tokens else 0.0)
+
+
+@dataclass
+class AdaptiveSpeculation:
+    """Per-request speculation lengths for a running batch (state: one `AcceptanceEstimate` per request)."""
+
+    config: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
+
+    def num_speculative_tokens(self, request_id: str, batch_size: int) -> int:
+        """Draft tokens to propose for `request_id` this step, with `batch_size` requests running."""
+        cfg = self.config
+        if not speculation_enabled(batch_size, cfg.disable_at_batch_size):
+            return 0
+        if not cfg.adaptive:
+            return cfg.k_max
+        est = self.estimates.setdefault(request_id, AcceptanceEstimate.prior(cfg))
+        k = best_speculation_length(est.alpha, cfg.cost_ratio, cfg.k_max, cfg.min_speedup)
+        if k == 0 and cfg.k_max > 0 and est.steps_without_draft + 1 >= cfg.probe_interval:
+            return 1  # probe: keep measuring a request whose drafts stopped paying off
+        return k
+
+    def observe(self, request_id: str, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Feed back one step of `request_id` (num_draft_tokens = 0 for a step it did not speculate)."""
+        if not 0 <= num_accepted_tokens <= num_draft_tokens:
+            raise ValueError(f"num_accepted_tokens={num_accepted_tokens} is invalid for num_draft_tokens="
+                             f"{num_draft_tokens}; allowed: 0 <= accepted <= drafted")
+        est = self.estimates.setdefault(request_id, AcceptanceEstimate.prior(self.config))
+        est.update(num_draft_tokens, num_accepted_tokens, self.config.decay)
+
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's state."""
+        self.estimates.pop(request_id, None)
