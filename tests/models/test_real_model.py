@@ -35,6 +35,8 @@ def test_real_model_answers_a_chat_prompt(real_model_path):
     tok = AutoTokenizer.from_pretrained(real_model_path)
     model = AutoModelForCausalLM.from_pretrained(real_model_path, dtype=torch.float32).eval()
     assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576
+    # the GGUF tokenizer conversion gets eos wrong (<|im_start|>); the pull fixes it to the config's <|im_end|>
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == model.config.eos_token_id == 2
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.inference_mode():
