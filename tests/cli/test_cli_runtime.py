@@ -38,3 +38,17 @@ def test_generate_streams_text(tiny_model_dir):
 def test_generate_rejects_bad_sampling_value(tiny_model_dir):
     res = runner.invoke(app, ["generate", str(tiny_model_dir), "hi", "--top-p", "1.5"])
     assert res.exit_code == 2 and "top_p" in res.output
+
+
+def test_eval_prints_table_and_writes_json(tmp_path, tiny_model_dir):
+    out = tmp_path / "eval.json"
+    res = runner.invoke(app, ["eval", str(tiny_model_dir), "--baseline", str(tiny_model_dir), "--domains", "code",
+                              "--window", "32", "--max-windows", "1", "--no-tasks", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["overall"]["kl_mean"] == 0.0 or abs(data["overall"]["kl_mean"]) < 1e-6
+
+
+def test_eval_unknown_domain_is_a_clear_error(tiny_model_dir):
+    res = runner.invoke(app, ["eval", str(tiny_model_dir), "--domains", "poetry", "--no-tasks"])
+    assert res.exit_code == 2 and "poetry" in res.output
