@@ -1,0 +1,314 @@
+"""Bit allocation: choose int4 / int8 / fp16 per Linear under the recipe's budget, then check it for real.
+
+`allocate` is greedy by damage per bit saved. It starts from every Linear at its most precise candidate and
+repeatedly takes the cheapest demotion (a Linear moves to a lower candidate) ranked by
+    added damage / bits saved       (bits saved = delta bits per weight x parameter count)
+while the budget still holds. Damage is assumed ADDITIVE across Linears (the joint KL of a plan is estimated as
+the sum of the single-layer KLs); this is first-order accurate for small perturbations, and
+`check_and_fallback` corrects what it misses by measuring the joint KL of the plan on held-out tokens.
+
+Budgets (exactly one):
+- max_mean_kl: estimated mean KL <= budget.
+- max_ppl_increase_pct p: converted to a KL budget ln(1 + p/100), because for a calibrated model the expected
+  increase of cross-entropy from a perturbation is about its KL; the fallback then measures perplexity itself.
+- target_avg_bits: demote until the parameter-weighted average bits <= target (size budget, no quality check).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from accel.quant.schemes import SCHEME_INFO, SCHEMES, check_scheme, fake_quantized
+from accel.quant.sensitivity import SensitivityResult, kl_sum
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Mirror of recipe.BudgetConfig (exactly one field set)."""
+
+    max_mean_kl: float | None = None
+    max_ppl_increase_pct: float | None = None
+    target_avg_bits: float | None = None
+
+    def __post_init__(self):
+        given = [k for k, v in asdict(self).items() if v is not None]
+        if len(given) != 1:
+            raise ValueError(f"set exactly one budget (max_mean_kl, max_ppl_increase_pct, target_avg_bits), got {given}")
+
+    @classmethod
+    def from_config(cls, cfg) -> Budget:
+        return cls(cfg.max_mean_kl, cfg.max_ppl_increase_pct, cfg.target_avg_bits)
+
+    def kl_limit(self) -> float | None:
+        if self.max_mean_kl is not None:
+            return self.max_mean_kl
+        if self.max_ppl_increase_pct is not None:
+            return math.log1p(self.max_ppl_increase_pct / 100.0)
+        return None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Explicit rules outside the allocation: lm_head / embeddings schemes and regex overrides (applied last)."""
+
+    lm_head: str = "int8"
+    embeddings: str = "fp16"
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg) -> Rules:
+        return cls(lm_head=cfg.lm_head, embeddings=cfg.embeddings, overrides=dict(cfg.overrides))
+
+
+@dataclass
+class Plan:
+    """The bit plan. `schemes` covers the quantizable Linears; lm_head / embeddings are in `rules`."""
+
+    schemes: dict[str, str]
+    group_size: int
+    avg_bits: float
+    estimated_kl: float
+    lm_head: str = "fp16"
+    embeddings: str = "fp16"
+    measured_kl: float | None = None
+    measured_ppl_increase_pct: float | None = None
+    promoted: list[str] = field(default_factory=list)
+    """Linears promoted by the accuracy-driven fallback, in order."""
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for v in self.schemes.values() if v == s) for s in SCHEMES}
+
+    def all_schemes(self) -> dict[str, str]:
+        """{module: scheme} including lm_head (what the runtime's apply_plan takes)."""
+        return {**self.schemes, "lm_head": self.lm_head}
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        data = asdict(self)
+        data["counts"] = self.counts()
+        text = json.dumps(data, indent=1)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Plan:
+        p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
+        data = json.loads(p.read_text() if p is not None else str(text_or_path))
+        data.pop("counts", None)
+        return cls(**data)
+
+
+def average_bits(schemes: dict[str, str], param_counts: dict[str, int], in_features: dict[str, int],
+                 group_size: int) -> float:
+    """Parameter-count-weighted mean bits per weight (metadata included, see schemes.py)."""
+    total = sum(param_counts[n] for n in schemes)
+    bits = sum(SCHEME_INFO[s].bits_per_weight(in_features[n], group_size) * param_counts[n] for n, s in schemes.items())
+    return bits / total
+
+
+def estimated_kl(sens: SensitivityResult, schemes: dict[str, str]) -> float:
+    return sum(sens.damage[n].get(s, 0.0) if s != "fp16" else 0.0 for n, s in schemes.items())
+
+
+def _ordered(candidates: Sequence[str]) -> list[str]:
+    return [s for s in SCHEMES if s in candidates]
+
+
+def apply_overrides(schemes: dict[str, str], overrides: dict[str, str]) -> dict[str, str]:
+    out = dict(schemes)
+    for pattern, scheme in overrides.items():
+        check_scheme(scheme)
+        rx = re.compile(pattern)
+        for n in out:
+            if rx.search(n):
+                out[n] = scheme
+    return out
+
+
+def allocate(
+    sensitivity: SensitivityResult,
+    budget: Budget,
+    param_counts: dict[str, int],
+    rules: Rules = Rules(),
+    in_features: dict[str, int] | None = None,
+) -> Plan:
+    """Greedy allocation by damage per bit saved (module doc); overrides are applied after the allocation."""
+    names = sensitivity.modules()
+    missing = [n for n in names if n not in param_counts]
+    if missing:
+        raise ValueError(f"param_counts lacks {missing[:3]}{'...' if len(missing) > 3 else ''}")
+    cands = _ordered(sensitivity.candidates)
+    gs = sensitivity.group_size
+    in_features = in_features or {n: gs for n in names}  # only int8 metadata depends on it (tiny)
+    fixed = apply_overrides({n: "" for n in names}, rules.overrides)
+    free = [n for n in names if not fixed[n]]
+    schemes = {n: (fixed[n] or cands[-1]) for n in names}
+
+    def dmg(n, s):
+        return 0.0 if s == "fp16" else sensitivity.damage[n][s]
+
+    def bits(n, s):
+        return SCHEME_INFO[s].bits_per_weight(in_features[n], gs) * param_counts[n]
+
+    total_params = sum(param_counts[n] for n in names)
+    kl_limit = budget.kl_limit()
+    cur_kl = estimated_kl(sensitivity, schemes)
+    cur_bits = sum(bits(n, s) for n, s in schemes.items())
+
+    def done() -> bool:
+        return budget.target_avg_bits is not None and cur_bits / total_params <= budget.target_avg_bits + 1e-9
+
+    while not done():
+        best = None  # (ratio, name, scheme, d_kl, d_bits)
+        for n in free:
+            i = cands.index(schemes[n])
+            for lower in cands[:i]:
+                d_kl = dmg(n, lower) - dmg(n, schemes[n])
+                d_bits = bits(n, schemes[n]) - bits(n, lower)
+                if kl_limit is not None and cur_kl + d_kl > kl_limit:
+                    continue
+                key = (d_kl / d_bits, n, lower)
+                if best is None or key[0] < best[0]:
+                    best = (key[0], n, lower, d_kl, d_bits)
+        if best is None:
+            break
+        _, n, lower, d_kl, d_bits = best
+        schemes[n] = lower
+        cur_kl += d_kl
+        cur_bits -= d_bits
+    if budget.target_avg_bits is not None and not done():
+        raise ValueError(f"target_avg_bits {budget.target_avg_bits} is unreachable with candidates {cands} "
+                         f"and overrides {rules.overrides}; the lowest is {cur_bits / total_params:.3f}")
+    return Plan(schemes=schemes, group_size=gs, avg_bits=cur_bits / total_params,
+                estimated_kl=estimated_kl(sensitivity, schemes), lm_head=rules.lm_head, embeddings=rules.embeddings)
+
+
+# --- accuracy-driven fallback ---------------------------------------------------------------------------------
+
+@dataclass
+class JointQuality:
+    mean_kl: float
+    ppl_ref: float
+    ppl_quant: float
+
+    @property
+    def ppl_increase_pct(self) -> float:
+        return 100.0 * (self.ppl_quant / self.ppl_ref - 1.0)
+
+
+@dataclass
+class _Reference:
+    logits: list[torch.Tensor]  # per batch [B*S, V]
+    nll: float
+    ntok: int
+
+
+def _nll(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    """Summed next-token NLL; logits [B*S, V] of ids [B, S] (predict token t+1 from position t)."""
+    B, S = ids.shape
+    lp = torch.log_softmax(logits.reshape(B, S, -1)[:, :-1].double(), -1)  # [B, S-1, V]
+    return float(-lp.gather(-1, ids[:, 1:, None]).sum())
+
+
+@torch.inference_mode()
+def _reference(model: nn.Module, batches: Sequence[torch.Tensor]) -> _Reference:
+    all_logits, nll, ntok = [], 0.0, 0
+    for ids in batches:
+        logits = model(ids, use_cache=False).logits.float()
+        flat = logits.reshape(-1, logits.shape[-1])  # [B*S, V]
+        all_logits.append(flat)
+        nll += _nll(flat, ids)
+        ntok += ids.shape[0] * (ids.shape[1] - 1)
+    return _Reference(all_logits, nll, ntok)
+
+
+@torch.inference_mode()
+def joint_quality(model: nn.Module, schemes: dict[str, str], group_size: int, batches: Sequence[torch.Tensor],
+                  ref: _Reference | None = None) -> JointQuality:
+    """Mean KL and perplexities of the whole plan (all Linears fake-quantized at once) on `batches`."""
+    ref = ref or _reference(model, batches)
+    kl, nll, n = 0.0, 0.0, 0
+    with fake_quantized(model, schemes, group_size):
+        for ids, ref_logits in zip(batches, ref.logits):
+            logits = model(ids, use_cache=False).logits.float()
+            flat = logits.reshape(-1, logits.shape[-1])  # [B*S, V]
+            kl += kl_sum(ref_logits, flat)
+            n += flat.shape[0]
+            nll += _nll(flat, ids)
+    return JointQuality(mean_kl=kl / n, ppl_ref=math.exp(ref.nll / ref.ntok), ppl_quant=math.exp(nll / ref.ntok))
+
+
+def _holds(q: JointQuality, budget: Budget) -> bool:
+    if budget.max_mean_kl is not None:
+        return q.mean_kl <= budget.max_mean_kl
+    if budget.max_ppl_increase_pct is not None:
+        return q.ppl_increase_pct <= budget.max_ppl_increase_pct
+    return True  # a size budget has no quality condition
+
+
+def promotion_order(plan: Plan, sensitivity: SensitivityResult, candidates: Sequence[str]) -> list[str]:
+    """Linears that can still be promoted, worst (largest estimated damage at its current scheme) first."""
+    cands = _ordered(candidates)
+    movable = [n for n, s in plan.schemes.items() if s in cands and cands.index(s) < len(cands) - 1]
+    return sorted(movable, key=lambda n: -sensitivity.damage[n].get(plan.schemes[n], 0.0))
+
+
+def check_and_fallback(
+    model: nn.Module,
+    plan: Plan,
+    holdout_batches: Sequence[torch.Tensor],
+    budget: Budget,
+    sensitivity: SensitivityResult,
+    param_counts: dict[str, int],
+    in_features: dict[str, int] | None = None,
+    step: int = 1,
+    max_rounds: int = 50,
+    fixed: Sequence[str] = (),
+    progress: bool = True,
+) -> Plan:
+    """Measure the plan's real joint KL / perplexity on held-out tokens; promote the worst Linears until it holds.
+
+    Each round promotes the `step` Linears with the largest estimated damage by one precision level (int4 -> int8
+    -> fp16 among the candidates) and measures again. `fixed` Linears (overrides) are never promoted.
+    Returns a new Plan with measured_kl / measured_ppl_increase_pct and the promoted Linears in order.
+    """
+    if not holdout_batches:
+        raise ValueError("check_and_fallback needs held-out batches, got none")
+    if step < 1:
+        raise ValueError(f"step must be >= 1, got {step}")
+    from tqdm.auto import tqdm
+
+    cands = _ordered(sensitivity.candidates)
+    in_features = in_features or {n: plan.group_size for n in plan.schemes}
+    schemes = dict(plan.schemes)
+    promoted: list[str] = []
+    ref = _reference(model, holdout_batches)
+    bar = tqdm(desc="fallback check", disable=not progress, leave=False)
+    q = joint_quality(model, {**schemes, "lm_head": plan.lm_head}, plan.group_size, holdout_batches, ref)
+    rounds = 0
+    while not _holds(q, budget) and rounds < max_rounds:
+        cur = Plan(schemes=schemes, group_size=plan.group_size, avg_bits=0, estimated_kl=0)
+        order = [n for n in promotion_order(cur, sensitivity, cands) if n not in fixed]
+        if not order:
+            break
+        for n in order[:step]:
+            schemes[n] = cands[cands.index(schemes[n]) + 1]
+            promoted.append(n)
+        q = joint_quality(model, {**schemes, "lm_head": plan.lm_head}, plan.group_size, holdout_batches, ref)
+        rounds += 1
+        bar.update(1)
+        bar.set_postfix(kl=f"{q.mean_kl:.4f}", ppl=f"{q.ppl_increase_pct:+.2f}%")
+    bar.close()
+    return Plan(schemes=schemes, group_size=plan.group_size,
+                avg_bits=average_bits(schemes, param_counts, in_features, plan.group_size),
+                estimated_kl=estimated_kl(sensitivity, schemes), lm_head=plan.lm_head, embeddings=plan.embeddings,
+                measured_kl=q.mean_kl, measured_ppl_increase_pct=q.ppl_increase_pct,
+                promoted=plan.promoted + promoted)

@@ -1,0 +1,221 @@
+"""Plan -> llm-compressor recipe -> oneshot (GPTQ / RTN / AWQ / SmoothQuant+GPTQ) -> compressed-tensors checkpoint
+-> model with accel's Int8 / Int4 kernel modules.
+
+The quantization algorithms are llm-compressor's (a well-kept library); accel only translates its plan into the
+library's recipe (one config group per scheme, with the exact module names as targets, and an ignore list for
+16-bit layers) and converts the library's checkpoint format into its own kernels.
+
+Formats written: int8 = "int-quantized" (int8 weight [out, in] + fp scale [out, 1], channel-wise symmetric);
+int4 = "pack-quantized" (int32 `weight_packed`, `weight_scale` [out, G], packed int32 `weight_zero_point`,
+`weight_shape`; group-wise asymmetric).
+
+A tied lm_head (SmolLM2: lm_head.weight is embed_tokens.weight) is kept out of llm-compressor's config groups: the
+library would quantize the shared tensor and damage the embeddings. Its scheme from the plan is applied at load
+time by `accel.quant.kernels.apply_plan`, which gives lm_head its own quantized copy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from accel.quant.allocate import Plan
+
+METHODS = ("gptq", "rtn", "awq", "smoothquant+gptq")
+PLAN_FILE = "accel_plan.json"
+
+
+def _weights_args(scheme: str, group_size: int) -> dict:
+    if scheme == "int8":
+        return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+    if scheme == "int4":
+        return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size}
+    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int4")
+
+
+def is_tied(model: nn.Module) -> bool:
+    out = getattr(model, "get_output_embeddings", lambda: None)()
+    inp = getattr(model, "get_input_embeddings", lambda: None)()
+    return out is not None and inp is not None and out.weight is inp.weight
+
+
+def recipe_config(plan: Plan, tied_lm_head: bool) -> dict:
+    """The plan as llm-compressor config groups + ignore list (plain data; `build_modifiers` wraps it).
+
+    {"config_groups": {"int8": {"targets": [...], "weights": {...}, "format": ...}, "int4": {...}},
+     "ignore": [fp16 modules..., "lm_head" when tied or fp16]}
+    Targets are exact module names (no regex), so the checkpoint states precisely what the plan chose.
+    """
+    schemes = dict(plan.schemes)
+    lm_in_groups = plan.lm_head != "fp16" and not tied_lm_head
+    if lm_in_groups:
+        schemes["lm_head"] = plan.lm_head
+    groups = {}
+    for scheme, fmt in (("int8", "int-quantized"), ("int4", "pack-quantized")):
+        targets = [n for n, s in schemes.items() if s == scheme]
+        if targets:
+            groups[scheme] = {"targets": targets, "weights": _weights_args(scheme, plan.group_size), "format": fmt}
+    ignore = [n for n, s in plan.schemes.items() if s == "fp16"]
+    if not lm_in_groups:
+        ignore.append("lm_head")
+    return {"config_groups": groups, "ignore": ignore}
+
+
+def build_modifiers(plan: Plan, method: str, tied_lm_head: bool, dampening: float = 0.01) -> list:
+    """llm-compressor modifiers for `method` applying the plan (see recipe_config)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown quantization method {method!r}; allowed: {', '.join(METHODS)}")
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+
+    cfg = recipe_config(plan, tied_lm_head)
+    if not cfg["config_groups"]:
+        return []
+    groups = {name: QuantizationScheme(targets=g["targets"], weights=QuantizationArgs(**g["weights"]),
+                                       format=g["format"])
+              for name, g in cfg["config_groups"].items()}
+    if method == "rtn":
+        return [QuantizationModifier(config_groups=groups, ignore=cfg["ignore"])]
+    if method == "gptq":
+        return [GPTQModifier(config_groups=groups, ignore=cfg["ignore"], dampening_frac=dampening)]
+    if method == "awq":
+        from llmcompressor.modifiers.transform import AWQModifier
+
+        return [AWQModifier(), QuantizationModifier(config_groups=groups, ignore=cfg["ignore"])]
+    from llmcompressor.modifiers.transform import SmoothQuantModifier
+
+    return [SmoothQuantModifier(smoothing_strength=0.8),
+            GPTQModifier(config_groups=groups, ignore=cfg["ignore"], dampening_frac=dampening)]
+
+
+def _dataloader(batches: Sequence[torch.Tensor]):
+    """One calibration row per item (llm-compressor's pipelines take batch_size=None loaders of dicts)."""
+    from torch.utils.data import DataLoader
+
+    rows = [{"input_ids": b[i:i + 1], "attention_mask": torch.ones_like(b[i:i + 1])} for b in batches
+            for i in range(b.shape[0])]
+    return DataLoader(rows, batch_size=None)
+
+
+@dataclass
+class OneshotResult:
+    model: nn.Module
+    seconds: float
+    method: str
+
+
+def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tensor], method: str = "gptq",
+                     dampening: float = 0.01, processor=None) -> OneshotResult:
+    """Run llm-compressor's oneshot on CPU with our calibration token batches; the model is modified in place.
+
+    The model must have been loaded from a folder (llm-compressor re-reads `config.name_or_path`). `processor` is
+    the tokenizer (llm-compressor requires one when a dataset is passed; it is not used to tokenize here).
+    """
+    from llmcompressor import oneshot
+
+    if not Path(str(model.config.name_or_path)).is_dir():
+        raise ValueError(f"oneshot needs a model loaded from a local folder; config.name_or_path is "
+                         f"{model.config.name_or_path!r}")
+    if processor is None:
+        from transformers import AutoTokenizer
+
+        processor = AutoTokenizer.from_pretrained(model.config.name_or_path)
+    modifiers = build_modifiers(plan, method, is_tied(model), dampening)
+    t0 = time.perf_counter()
+    if modifiers:
+        n = sum(b.shape[0] for b in batches)
+        seq = max(b.shape[1] for b in batches)
+        oneshot(model=model, dataset=_dataloader(batches), processor=processor, recipe=modifiers,
+                num_calibration_samples=n, max_seq_length=seq, tie_word_embeddings=True)
+    return OneshotResult(model=model, seconds=time.perf_counter() - t0, method=method)
+
+
+def save_checkpoint(model: nn.Module, plan: Plan, out_dir: str | Path, processor=None) -> Path:
+    """Write the compressed-tensors checkpoint (+ tokenizer, + the plan as accel_plan.json)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, save_compressed=True)
+    if processor is not None:
+        processor.save_pretrained(out)
+    plan.to_json(out / PLAN_FILE)
+    return out
+
+
+# --- compressed-tensors checkpoint -> accel kernels ------------------------------------------------------------
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors file in {folder}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def _kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int | None, bias) -> nn.Module:
+    from accel.quant import kernels
+
+    if f"{prefix}.weight_packed" in state:
+        if f"{prefix}.weight_g_idx" in state:
+            raise ValueError(f"{prefix}: activation-ordered groups (weight_g_idx) are not supported by accel kernels")
+        q, scales, zeros = kernels.int4_from_compressed_tensors(
+            state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
+            state.get(f"{prefix}.weight_zero_point"))
+        if group_size is None:
+            group_size = q.shape[1] // scales.shape[1]
+        return kernels.Int4WeightOnlyLinear.from_quantized(q, scales, zeros, group_size, bias=bias)
+    w = state[f"{prefix}.weight"]
+    if w.dtype != torch.int8:
+        raise ValueError(f"{prefix}.weight is {w.dtype}; expected int8 for an int-quantized layer")
+    return kernels.Int8WeightOnlyLinear.from_quantized(w, state[f"{prefix}.weight_scale"], bias=bias)
+
+
+def load_quantized_for_runtime(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Load a compressed-tensors checkpoint written by `save_checkpoint` into a HF model whose quantized Linears
+    are accel's Int8WeightOnlyLinear / Int4WeightOnlyLinear (weights stay quantized in memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from accel.quant import kernels
+
+    folder = Path(checkpoint)
+    config = AutoConfig.from_pretrained(folder)
+    qcfg = getattr(config, "quantization_config", None)
+    if qcfg is None:
+        raise ValueError(f"{folder} has no quantization_config; not a compressed-tensors checkpoint")
+    qcfg = qcfg if isinstance(qcfg, dict) else qcfg.to_dict()
+    if qcfg.get("quant_method") != "compressed-tensors":
+        raise ValueError(f"{folder}: quant_method {qcfg.get('quant_method')!r}, expected 'compressed-tensors'")
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # random init, overwritten below
+    state = _read_state(folder)
+    quant_prefixes = {k.rsplit(".", 1)[0] for k in state if k.endswith(".weight_scale")}
+    plain = {k: v for k, v in state.items() if k.rsplit(".", 1)[0] not in quant_prefixes}
+    missing, unexpected = model.load_state_dict(plain, strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    modules = dict(model.named_modules())
+    for prefix in sorted(quant_prefixes):
+        bias = state.get(f"{prefix}.bias")
+        new = _kernel_module(state, prefix, None, bias)
+        parent, _, child = prefix.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+        modules[prefix] = new
+    still_missing = [k for k in missing if k.rsplit(".", 1)[0] not in quant_prefixes
+                     and not (k == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
+    if still_missing:
+        raise ValueError(f"checkpoint {folder} lacks tensors: {still_missing[:5]}")
+    plan_file = folder / PLAN_FILE
+    if plan_file.is_file():
+        plan = Plan.from_json(plan_file)
+        if plan.lm_head != "fp16" and "lm_head" not in quant_prefixes:
+            kernels.apply_plan(model, {"lm_head": plan.lm_head}, plan.group_size)
+    return model.eval()
+

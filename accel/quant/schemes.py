@@ -1,0 +1,151 @@
+"""Quantization schemes: what each precision costs in bits, which Linears are quantizable, and fake quantization.
+
+Glossary
+- scheme: "int4" (weight-only, group-wise asymmetric), "int8" (weight-only, per output channel symmetric),
+  "fp16" (the model's 16-bit dtype; kept in fp32 on CPU, still *counted* as 16 bits).
+- bits per weight include the quantization metadata, with this convention (fp16 scale and fp16 zero point):
+    int8: 8 + 16 / in_features   (one fp16 scale per output row)
+    int4: 4 + 32 / group_size    (one fp16 scale + one fp16 zero point per group of `group_size` weights)
+    fp16: 16
+- average bits: the parameter-count-weighted mean over the quantizable Linears (lm_head and embeddings are
+  reported apart, they follow explicit recipe rules).
+
+Fake quantization (quantize then dequantize in float) reproduces compressed-tensors' numerics exactly for the
+RTN min-max observer (same ranges, same rounding), so the sensitivity measured here is what the library's RTN
+would produce; GPTQ then does better than this per layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+SCHEMES = ("int4", "int8", "fp16")
+"""From cheapest to most precise: allocation demotes towards the left, fallback promotes towards the right."""
+
+# The Linears of a decoder block that weight-only quantization targets (Llama family naming).
+_BLOCK_LINEAR = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)$")
+
+
+@dataclass(frozen=True)
+class SchemeInfo:
+    name: str
+    weight_bits: int
+
+    def bits_per_weight(self, in_features: int, group_size: int) -> float:
+        """Storage bits per weight including scales / zero points (fp16 metadata convention, see module doc)."""
+        if self.name == "int4":
+            return 4.0 + 32.0 / group_size
+        if self.name == "int8":
+            return 8.0 + 16.0 / in_features
+        return 16.0
+
+
+SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int8", 8), ("fp16", 16))}
+
+
+def check_scheme(scheme: str) -> str:
+    if scheme not in SCHEME_INFO:
+        raise ValueError(f"unknown scheme {scheme!r}; allowed: {', '.join(SCHEMES)}")
+    return scheme
+
+
+def check_group_size(in_features: int, group_size: int, name: str = "") -> None:
+    if group_size <= 0 or in_features % group_size:
+        raise ValueError(f"int4 group_size {group_size} does not divide in_features {in_features} of {name or 'a Linear'}"
+                         f"; use a divisor such as 32 or 64")
+
+
+def quantizable_linears(model: nn.Module) -> list[str]:
+    """HF module names of the decoder-block Linears (q/k/v/o, gate/up/down), in model order.
+
+    lm_head and the embeddings are not listed: they follow the recipe's explicit `lm_head` / `embeddings` rules.
+    """
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and _BLOCK_LINEAR.search(n)]
+    if not names:
+        raise ValueError("no quantizable Linear found (expected Llama-style '...layers.N.self_attn.q_proj' names)")
+    return names
+
+
+def layer_index(name: str) -> int:
+    """Decoder layer index of a module name ('model.layers.12.mlp.up_proj' -> 12)."""
+    m = re.search(r"layers\.(\d+)\.", name)
+    if m is None:
+        raise ValueError(f"module name {name!r} has no 'layers.N.' part")
+    return int(m.group(1))
+
+
+def param_counts(model: nn.Module, names: list[str]) -> dict[str, int]:
+    modules = dict(model.named_modules())
+    return {n: modules[n].weight.numel() for n in names}
+
+
+def in_features_of(model: nn.Module, names: list[str]) -> dict[str, int]:
+    modules = dict(model.named_modules())
+    return {n: modules[n].in_features for n in names}
+
+
+# --- fake quantization (RTN, min-max observer, compressed-tensors conventions) ---------------------------------
+
+def fake_quant_int8(w: torch.Tensor) -> torch.Tensor:
+    """Symmetric per-output-channel int8: scale = absmax / 127.5, range [-128, 127] (compressed-tensors)."""
+    w32 = w.float()  # [O, I]
+    scale = (w32.abs().amax(dim=1, keepdim=True) / 127.5).clamp_min(torch.finfo(torch.float32).eps)  # [O, 1]
+    q = torch.clamp(torch.round(w32 / scale), -128, 127)
+    return (q * scale).to(w.dtype)
+
+
+def fake_quant_int4(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Asymmetric group-wise int4 in the signed range [-8, 7] with an integer zero point (compressed-tensors).
+
+    The observed range always contains 0 (min <= 0 <= max), as compressed-tensors' min-max observer does.
+    """
+    out_f, in_f = w.shape
+    check_group_size(in_f, group_size)
+    g = w.float().reshape(out_f, in_f // group_size, group_size)  # [O, G, gs]
+    lo = g.amin(dim=2, keepdim=True).clamp(max=0.0)  # [O, G, 1]
+    hi = g.amax(dim=2, keepdim=True).clamp(min=0.0)
+    scale = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).eps)
+    zp = torch.clamp(-8 - torch.round(lo / scale), -8, 7)
+    q = torch.clamp(torch.round(g / scale) + zp, -8, 7)
+    return ((q - zp) * scale).reshape(out_f, in_f).to(w.dtype)
+
+
+def fake_quant(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
+    """Quantize then dequantize a [out, in] weight with RTN; fp16 returns the weight unchanged."""
+    check_scheme(scheme)
+    if scheme == "int8":
+        return fake_quant_int8(w)
+    if scheme == "int4":
+        return fake_quant_int4(w, group_size)
+    return w
+
+
+@contextlib.contextmanager
+def fake_quantized(model: nn.Module, schemes: dict[str, str], group_size: int) -> Iterator[None]:
+    """Within the block, the named Linears hold fake-quantized weights; the originals come back afterwards.
+
+    Each weight is swapped for a new Parameter (never written in place), so a tied lm_head / embedding pair is
+    never corrupted: quantizing lm_head leaves embed_tokens untouched.
+    """
+    modules = dict(model.named_modules())
+    saved: dict[str, nn.Parameter] = {}
+    try:
+        for name, scheme in schemes.items():
+            if scheme == "fp16":
+                continue
+            if name not in modules:
+                raise KeyError(f"module {name!r} not in model")
+            mod = modules[name]
+            saved[name] = mod.weight
+            with torch.no_grad():
+                mod.weight = nn.Parameter(fake_quant(mod.weight.data, scheme, group_size), requires_grad=False)
+        yield
+    finally:
+        for name, p in saved.items():
+            modules[name].weight = p

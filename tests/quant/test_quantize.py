@@ -1,0 +1,129 @@
+"""Plan -> llm-compressor recipe (exact), and oneshot RTN / GPTQ end to end on a tiny Llama -> kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel.quant.allocate import Plan
+from accel.quant.quantize import (build_modifiers, load_quantized_for_runtime, oneshot_quantize, recipe_config,
+                                  save_checkpoint)
+from accel.quant.schemes import fake_quantized, quantizable_linears
+from tests.conftest import make_tiny_llama
+
+PLAN = Plan(schemes={"model.layers.0.self_attn.q_proj": "int4", "model.layers.0.mlp.up_proj": "int8",
+                     "model.layers.0.mlp.down_proj": "fp16"}, group_size=32, avg_bits=0.0, estimated_kl=0.0,
+            lm_head="int8")
+
+
+def test_recipe_config_exact_untied():
+    cfg = recipe_config(PLAN, tied_lm_head=False)
+    assert cfg == {
+        "config_groups": {
+            "int8": {"targets": ["model.layers.0.mlp.up_proj", "lm_head"], "format": "int-quantized",
+                     "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}},
+            "int4": {"targets": ["model.layers.0.self_attn.q_proj"], "format": "pack-quantized",
+                     "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
+                                 "group_size": 32}},
+        },
+        "ignore": ["model.layers.0.mlp.down_proj"],
+    }
+
+
+def test_recipe_config_tied_lm_head_is_ignored():
+    cfg = recipe_config(PLAN, tied_lm_head=True)
+    assert cfg["config_groups"]["int8"]["targets"] == ["model.layers.0.mlp.up_proj"]
+    assert cfg["ignore"] == ["model.layers.0.mlp.down_proj", "lm_head"]
+
+
+def test_build_modifiers_per_method():
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+
+    (rtn,) = build_modifiers(PLAN, "rtn", tied_lm_head=True)
+    assert type(rtn) is QuantizationModifier
+    assert set(rtn.config_groups) == {"int8", "int4"}
+    assert rtn.ignore == ["model.layers.0.mlp.down_proj", "lm_head"]
+    (gptq,) = build_modifiers(PLAN, "gptq", tied_lm_head=True, dampening=0.05)
+    assert type(gptq) is GPTQModifier and gptq.dampening_frac == 0.05
+    assert [type(m).__name__ for m in build_modifiers(PLAN, "smoothquant+gptq", True)] == [
+        "SmoothQuantModifier", "GPTQModifier"]
+    with pytest.raises(ValueError, match="unknown quantization method 'hqq'"):
+        build_modifiers(PLAN, "hqq", True)
+
+
+def _tokenizer():
+    """A throwaway word-level tokenizer: llm-compressor insists on a processor even for pre-tokenized data."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(256)}, unk_token="t0"))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0")
+
+
+def _saved_tiny(tmp_path, **kw):
+    from transformers import AutoModelForCausalLM
+
+    src = tmp_path / "tiny"
+    make_tiny_llama(initializer_range=0.1, **kw).save_pretrained(src)
+    return AutoModelForCausalLM.from_pretrained(src).eval()
+
+
+def _mixed_plan(model, lm_head="fp16"):
+    names = quantizable_linears(model)
+    schemes = {n: ("int4", "int8", "fp16")[i % 3] for i, n in enumerate(names)}
+    return Plan(schemes=schemes, group_size=32, avg_bits=0.0, estimated_kl=0.0, lm_head=lm_head)
+
+
+CAL = [torch.randint(3, 256, (4, 32), generator=torch.Generator().manual_seed(0))]
+# 8 x 16 = 128 rows: the kernels take their exact fp32 dequant-GEMM path (below INT4/INT8_DEQUANT_MIN_ROWS they use
+# bf16 decode kernels, ~3e-3 relative error)
+X = torch.randint(3, 256, (8, 16), generator=torch.Generator().manual_seed(5))
+
+
+@torch.no_grad()
+def test_rtn_oneshot_matches_our_fake_quant_and_loads_into_kernels(tmp_path):
+    from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+
+    model = _saved_tiny(tmp_path, tie_word_embeddings=True)
+    plan = _mixed_plan(model, lm_head="int8")
+    from accel.quant import kernels
+
+    with fake_quantized(model, plan.schemes, 32):
+        ours = model(X).logits  # our RTN fake-quant, body only (lm_head fp32)
+        hidden = model.model(X).last_hidden_state  # [B, S, H]
+    # the tied lm_head is quantized at load time by the kernels' own int8 RTN
+    head = kernels.dequantize_int8_per_channel(*kernels.quantize_int8_per_channel(model.lm_head.weight))
+    ours_with_head = hidden @ head.T
+    res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
+    lib = res.model(X).logits
+    # our fake quantization reproduces compressed-tensors' RTN numerics
+    torch.testing.assert_close(lib, ours, atol=1e-4, rtol=1e-4)
+    ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    loaded = load_quantized_for_runtime(ck)
+    assert isinstance(loaded.model.layers[0].self_attn.q_proj, Int4WeightOnlyLinear)
+    assert isinstance(loaded.model.layers[0].self_attn.k_proj, Int8WeightOnlyLinear)
+    assert isinstance(loaded.model.layers[0].self_attn.v_proj, torch.nn.Linear)
+    assert isinstance(loaded.lm_head, Int8WeightOnlyLinear)  # tied: applied at load from accel_plan.json
+    assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    torch.testing.assert_close(loaded(X).logits, ours_with_head, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_gptq_oneshot_checkpoint_matches_fake_quant_model(tmp_path):
+    model = _saved_tiny(tmp_path)
+    ref = model(X).logits
+    plan = _mixed_plan(model)
+    res = oneshot_quantize(model, plan, CAL, "gptq", processor=_tokenizer())
+    fq = res.model(X).logits
+    assert (fq - ref).abs().max() > 1e-3  # it did quantize
+    ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    import json
+
+    qc = json.loads((ck / "config.json").read_text())["quantization_config"]
+    groups = {g["weights"]["num_bits"]: g for g in qc["config_groups"].values()}  # the library renames groups
+    assert set(groups) == {4, 8}
+    assert (groups[4]["format"], groups[8]["format"]) == ("pack-quantized", "int-quantized")
+    assert groups[4]["targets"] == [n for n, s in plan.schemes.items() if s == "int4"]
+    assert "lm_head" in qc["ignore"]
+    loaded = load_quantized_for_runtime(ck)
+    torch.testing.assert_close(loaded(X).logits, fq, atol=1e-4, rtol=1e-4)

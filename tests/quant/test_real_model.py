@@ -1,0 +1,39 @@
+"""Real SmolLM2-135M: suffix-cached sensitivity on the last layer, tied lm_head left intact by fake quant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel.quant.schemes import fake_quantized, quantizable_linears
+from accel.quant.sensitivity import measure_sensitivity
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def real(real_model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(real_model_path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(real_model_path)
+
+
+def test_real_names_and_last_layer_sensitivity(real):
+    model, tok = real
+    names = quantizable_linears(model)
+    assert len(names) == 210
+    ids = torch.tensor([tok("The capital of France is Paris. The capital of Italy is Rome.")["input_ids"]])
+    last = [n for n in names if ".layers.29." in n]
+    res = measure_sensitivity(model, [ids], ["int4", "int8"], group_size=64, progress=False, modules=last)
+    for n in last:
+        assert res.damage[n]["int4"] > res.damage[n]["int8"] > 0, n
+
+
+def test_real_tied_head_fake_quant_keeps_embeddings(real):
+    model, _ = real
+    emb = model.model.embed_tokens.weight
+    before = emb[:4].clone()
+    with fake_quantized(model, {"lm_head": "int8"}, 64):
+        assert model.lm_head.weight is not emb
+    assert model.lm_head.weight is emb and torch.equal(emb[:4], before)

@@ -1,0 +1,50 @@
+"""run_quantize end to end on a tiny Llama saved with a throwaway tokenizer."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from accel.quant.allocate import Plan
+from accel.quant.quantize import load_quantized_for_runtime
+from accel.quant.run import run_quantize
+from accel.quant.sensitivity import SensitivityResult
+from accel.recipe import parse_recipe
+from tests.conftest import make_tiny_llama
+from tests.quant.test_quantize import _tokenizer
+
+
+def _draw(seed, n):
+    g = torch.Generator().manual_seed(seed)
+    return [SimpleNamespace(token_ids=tuple(torch.randint(3, 256, (16,), generator=g).tolist())) for _ in range(n)]
+
+
+@pytest.mark.parametrize("metric", ["kl", "proxy"])
+def test_run_quantize_writes_run_folder(tmp_path, metric):
+    src = tmp_path / "tiny"
+    make_tiny_llama(initializer_range=0.1).save_pretrained(src)
+    _tokenizer().save_pretrained(src)
+    recipe = parse_recipe({
+        "calibration": {"num_samples": 8, "max_seq_len": 16},
+        "quantization": {"method": "rtn", "int4_group_size": 32, "lm_head": "fp16",
+                         "budget": {"max_mean_kl": 0.01}, "sensitivity": {"num_samples": 4, "max_seq_len": 16, "metric": metric},
+                         "overrides": {r"layers\.0\.self_attn\.q_proj$": "int4"}},
+    })
+    draw = SimpleNamespace(train=_draw(0, 8), holdout=_draw(1, 2))
+    res = run_quantize(recipe, tmp_path / "run", src, draw, progress=False)
+    run = tmp_path / "run"
+    for f in ("sensitivity.json", "sensitivity.png", "plan.json", "quantize.json", "checkpoint_quantized/config.json"):
+        assert (run / f).is_file(), f
+    plan = Plan.from_json(run / "plan.json")
+    assert plan == res.plan
+    assert plan.schemes["model.layers.0.self_attn.q_proj"] == "int4"  # override holds through the fallback
+    assert plan.measured_kl is not None and plan.measured_kl <= 0.01
+    sens = SensitivityResult.from_json(run / "sensitivity.json")
+    assert sens.num_tokens == 64 and len(sens.damage) == 14
+    loaded = load_quantized_for_runtime(res.checkpoint)
+    x = torch.randint(3, 256, (1, 16))
+    assert loaded(x).logits.shape == (1, 16, 256)
+    assert json.loads((run / "quantize.json").read_text())["method"] == "rtn"

@@ -1,0 +1,134 @@
+"""Sensitivity on a tiny random Llama: zero for fp16, int4 worse than int8, suffix caching exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel.quant.allocate import joint_quality
+from accel.quant.schemes import fake_quant_int4, fake_quant_int8, fake_quantized, quantizable_linears
+from accel.quant.sensitivity import SensitivityResult, measure_sensitivity, rank_agreement, spearman
+from tests.conftest import make_tiny_llama
+
+
+def _model(**kw):
+    # init std 0.1 instead of 0.02 so the tiny model's outputs are far from uniform and damage is well above noise
+    return make_tiny_llama(**{"initializer_range": 0.1, **kw})
+
+
+def _batches(seed=0, n=2, b=2, s=16, vocab=256):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (b, s), generator=g) for _ in range(n)]
+
+
+def test_quantizable_linears_names_in_order():
+    names = quantizable_linears(make_tiny_llama())
+    assert len(names) == 14
+    assert names[:7] == [f"model.layers.0.{m}" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                         "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                                         "mlp.down_proj")]
+    assert "lm_head" not in names
+
+
+def test_fake_quant_int8_exact_small():
+    w = torch.tensor([[1.0, -0.5, 0.25, 0.0], [2.0, 1.0, -2.0, 0.3]])
+    q = fake_quant_int8(w)
+    # row 0: scale 1/127.5 -> 0.25 * 127.5 = 31.875 -> 32 -> 32/127.5
+    assert q[0, 2].item() == pytest.approx(32 / 127.5)
+    assert q[0, 0].item() == pytest.approx(127 / 127.5)  # 127.5 rounds to 128, clamped to 127
+    assert q[0, 1].item() == pytest.approx(-64 / 127.5)  # -63.75 -> -64
+    assert q[1, 3].item() == pytest.approx(19 * 2 / 127.5)  # 0.3 / (2 / 127.5) = 19.125 -> 19
+
+
+def test_fake_quant_int4_levels_and_zero():
+    torch.manual_seed(0)
+    w = torch.randn(4, 64)
+    q = fake_quant_int4(w, 32)
+    for r in range(4):
+        for g in range(2):
+            assert len(torch.unique(q[r, g * 32:(g + 1) * 32])) <= 16
+    assert fake_quant_int4(torch.zeros(2, 32), 32).abs().max() == 0
+    with pytest.raises(ValueError, match="group_size 48"):
+        fake_quant_int4(w, 48)
+
+
+def test_fake_quantized_restores_and_keeps_tied_embeddings():
+    m = _model(tie_word_embeddings=True)
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    emb = m.model.embed_tokens.weight.detach().clone()
+    with fake_quantized(m, {"lm_head": "int4", "model.layers.0.mlp.up_proj": "int8"}, 32):
+        assert not torch.equal(m.lm_head.weight, emb)
+        assert torch.equal(m.model.embed_tokens.weight, emb)
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    assert torch.equal(m.model.embed_tokens.weight, emb)
+
+
+def test_sensitivity_kl_fp16_zero_int4_worse_than_int8():
+    m = _model()
+    res = measure_sensitivity(m, _batches(), ["int4", "int8", "fp16"], group_size=32, progress=False)
+    assert res.num_tokens == 64
+    assert all(d["fp16"] == 0.0 for d in res.damage.values())
+    assert all(d["int8"] > 0 and d["int4"] > 0 for d in res.damage.values())
+    mean4 = sum(d["int4"] for d in res.damage.values()) / len(res.damage)
+    mean8 = sum(d["int8"] for d in res.damage.values()) / len(res.damage)
+    assert mean4 > 10 * mean8
+
+
+def test_suffix_cache_equals_full_forward():
+    """The layer-cached measurement equals quantizing the layer and running the whole model."""
+    m = _model(num_hidden_layers=3)
+    batches = _batches(n=1)
+    name = "model.layers.1.self_attn.v_proj"
+    res = measure_sensitivity(m, batches, ["int4"], group_size=32, progress=False, modules=[name])
+    full = joint_quality(m, {name: "int4"}, 32, batches)
+    assert res.damage[name]["int4"] == pytest.approx(full.mean_kl, rel=1e-4)
+
+
+def test_proxy_and_json_round_trip(tmp_path):
+    m = _model()
+    res = measure_sensitivity(m, _batches(), ["int4", "int8"], group_size=32, metric="proxy", progress=False)
+    assert all(d["int4"] > d["int8"] > 0 for d in res.damage.values())
+    res.to_json(tmp_path / "s.json")
+    back = SensitivityResult.from_json(tmp_path / "s.json")
+    assert back == res
+    kl = measure_sensitivity(m, _batches(), ["int4", "int8"], group_size=32, progress=False)
+    agree = rank_agreement(kl, res)
+    assert set(agree) == {"int4", "int8", "pooled"}
+    assert agree["pooled"] > 0.5  # int4 >> int8 in both tables at least
+
+
+def test_bad_inputs():
+    m = _model()
+    with pytest.raises(ValueError, match="metric 'mse'"):
+        measure_sensitivity(m, _batches(), metric="mse")
+    with pytest.raises(ValueError, match="unknown scheme 'int3'"):
+        measure_sensitivity(m, _batches(), ["int3"])
+    with pytest.raises(ValueError, match="LongTensor"):
+        measure_sensitivity(m, [torch.zeros(2, 4)], ["int8"])
+
+
+def test_spearman_hand_values():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+
+
+def test_proxy_equals_exact_output_error_both_paths():
+    """Proxy = ||dW X^T||^2 / ||W X^T||^2, whether it keeps X (few tokens) or the Gram matrix (many tokens)."""
+    from accel.quant.schemes import fake_quant
+
+    m = _model()
+    name = "model.layers.1.mlp.down_proj"  # in_features 128
+    for rows in (2, 6):  # 2 x 16 = 32 tokens <= 128 keeps X; 6 x 16 = 96 then 192 > 128 switches to Gram
+        batches = _batches(n=2, b=rows)
+        xs = []
+        h = m.get_submodule(name).register_forward_pre_hook(lambda _m, a: xs.append(a[0].reshape(-1, 128)))
+        with torch.no_grad():
+            for b in batches:
+                m(b)
+        h.remove()
+        x = torch.cat(xs)
+        w = m.get_submodule(name).weight.detach()
+        want = float((x @ (fake_quant(w, "int4", 32) - w).T).pow(2).sum()) / float((x @ w.T).pow(2).sum())
+        res = measure_sensitivity(m, batches, ["int4"], 32, metric="proxy", progress=False, modules=[name])
+        assert res.damage[name]["int4"] == pytest.approx(want, rel=1e-4)
