@@ -1,0 +1,140 @@
+"""Paged attention over a flat batch of tokens, on top of torch's scaled_dot_product_attention.
+
+KV cache layout per layer: K and V each [num_blocks, block_size, num_kv_heads, head_dim]; a token at position
+p of a request lives in slot `block_table[p // block_size] * block_size + p % block_size`.
+
+The flat batch holds, per request, the tokens computed this step (a whole prompt, a chunk of one, or one
+decode token). Two paths, chosen per request by the model runner once per step (not per layer):
+
+  prefill  (query length > 1): one SDPA call per request. With no earlier context, K/V come straight from
+           the projections and SDPA's causal kernel runs; otherwise K/V are gathered from the request's blocks
+           and a bottom-right-aligned causal mask is used:
+
+               keys   0 1 2 3 4 5        context_len = 6, query_len = 2
+               q @4   x x x x x .        query i sits at position context_len - query_len + i
+               q @5   x x x x x x
+
+  decode   (query length 1): requests with similar context lengths are batched in one SDPA call over their
+           gathered blocks, padded to the group's longest context and masked. The query heads that share a KV
+           head are laid out as extra query rows ([G, kv_heads, group, head_dim]) so K/V are never repeated.
+
+Why hand-written: CPU torch has no paged-attention kernel; gathering whole blocks + SDPA keeps every loop at
+the request level (never per token), which is what makes it fast enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class PrefillSpan:
+    q_start: int  # first row of this request in the flat batch
+    q_len: int
+    context_len: int  # tokens in the cache after this step (earlier context + this chunk)
+    block_ids: Tensor  # [nb] long, the request's blocks covering context_len
+    mask: Tensor | None  # [q_len, context_len] bool (True = attend), None -> causal over fresh K/V
+
+
+@dataclass
+class DecodeGroup:
+    token_idx: Tensor  # [G] long, rows of the flat batch
+    block_table: Tensor  # [G, nb] long, padded with block 0 (masked out)
+    mask: Tensor  # [G, 1, 1, nb * block_size] bool
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: Tensor  # [T] long
+    prefills: list[PrefillSpan] = field(default_factory=list)
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+
+
+class PagedKVCache:
+    """One layer's K/V blocks; `dtype=torch.int8` stores symmetric int8 with one fp32 scale per token and head."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype) -> None:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.quantized = dtype == torch.int8
+        self.compute_dtype = compute_dtype
+        if self.quantized:
+            self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
+            self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
+
+    def write(self, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store k, v [T, kv_heads, head_dim] into the given flat slots [T]."""
+        nkv, hd = k.shape[1], k.shape[2]
+        if not self.quantized:
+            self.k.view(-1, nkv, hd).index_copy_(0, slots, k.to(self.k.dtype))
+            self.v.view(-1, nkv, hd).index_copy_(0, slots, v.to(self.v.dtype))
+            return
+        for src, dst, scale in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            q, s = quantize_int8(src)
+            dst.view(-1, nkv, hd).index_copy_(0, slots, q)
+            scale.view(-1, nkv).index_copy_(0, slots, s)
+
+    def read_blocks(self, block_ids: Tensor, device: torch.device) -> list[Tensor]:
+        """Raw copies (K, V and int8 scales) of the given blocks, on `device` (swap out)."""
+        parts = [self.k, self.v] + ([self.k_scale, self.v_scale] if self.quantized else [])
+        return [t[block_ids].to(device, copy=True) for t in parts]
+
+    def write_blocks(self, block_ids: Tensor, saved: list[Tensor]) -> None:
+        """Put copies made by `read_blocks` into (other) blocks (swap in)."""
+        parts = [self.k, self.v] + ([self.k_scale, self.v_scale] if self.quantized else [])
+        for dst, src in zip(parts, saved):
+            dst[block_ids] = src.to(dst.device)
+
+    def gather(self, block_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """K, V of the given blocks: block_ids [..., nb] -> [..., nb * block_size, kv_heads, head_dim]."""
+        k, v = self.k[block_ids], self.v[block_ids]  # [..., nb, bs, nkv, hd]
+        if self.quantized:
+            k = k.to(self.compute_dtype) * self.k_scale[block_ids].unsqueeze(-1).to(self.compute_dtype)
+            v = v.to(self.compute_dtype) * self.v_scale[block_ids].unsqueeze(-1).to(self.compute_dtype)
+        return k.flatten(-4, -3), v.flatten(-4, -3)
+
+
+def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-(token, head) int8: x [T, H, D] -> (int8 [T, H, D], fp32 scale [T, H])."""
+    scale = x.abs().amax(dim=-1).float().clamp(min=1e-8) / 127.0  # [T, H]
+    q = torch.round(x.float() / scale.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: AttentionMetadata,
+                    scale: float) -> Tensor:
+    """q [T, heads, hd], k/v [T, kv_heads, hd] of this step's tokens -> attention output [T, heads, hd].
+
+    Writes k/v into the cache first, so requests in the same step may read each other's freshly computed
+    blocks (a prefix-cache hit on a block being filled in this very step).
+    """
+    cache.write(meta.slot_mapping, k, v)
+    out = torch.empty_like(q)  # [T, H, D]
+    num_heads, num_kv = q.shape[1], k.shape[1]
+    group = num_heads // num_kv
+    for p in meta.prefills:
+        rows = slice(p.q_start, p.q_start + p.q_len)
+        qs = q[rows].transpose(0, 1)  # [H, q, D]
+        if p.mask is None:
+            ks, vs = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # [KVH, q, D]
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=group > 1)
+        else:
+            kc, vc = cache.gather(p.block_ids)  # [nb*bs, KVH, D]
+            ks = kc[:p.context_len].transpose(0, 1)  # [KVH, ctx, D]
+            vs = vc[:p.context_len].transpose(0, 1)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, scale=scale, enable_gqa=group > 1)
+        out[rows] = o.transpose(0, 1)
+    for g in meta.decode_groups:
+        n = g.token_idx.shape[0]
+        qg = q[g.token_idx].view(n, num_kv, group, -1)  # [G, KVH, group, D]: shared-KV heads as query rows
+        kc, vc = cache.gather(g.block_table)  # [G, L, KVH, D]
+        o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=g.mask,
+                                           scale=scale)  # [G, KVH, group, D]
+        out[g.token_idx] = o.reshape(n, num_heads, -1)
+    return out

@@ -1,0 +1,296 @@
+"""The offline engine: add_request / step / abort, generate, stats; `stream_generate` for the CLI.
+
+One step is three lines (schedule, run, update) plus detokenization and stop strings.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from accel.runtime.detokenizer import IncrementalDetokenizer
+from accel.runtime.kv_cache_manager import KVCacheManager
+from accel.runtime.model import CausalLM, fuse_projections, load_model
+from accel.runtime.model_runner import KV_CACHE_DTYPES, ModelRunner, RunnerConfig, kv_bytes_per_block
+from accel.runtime.sampling_params import SamplingParams
+from accel.runtime.scheduler import QueueFullError, Scheduler, SchedulerConfig
+from accel.runtime.sequence import FinishReason, RequestMetrics, Sequence, SpecDecodeCounters
+
+__all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullError", "stream_generate"]
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs; the recipe's `runtime:` section maps onto these fields."""
+
+    model: str
+    dtype: str = "auto"  # auto: float32 on CPU (no fast bf16 matmul there), bfloat16 on CUDA
+    device: str = "auto"  # auto: cuda when available, else cpu
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # wins over kv_cache_memory_bytes
+    kv_cache_memory_bytes: int | None = None  # default 1 GiB
+    kv_cache_dtype: str = "auto"  # auto | int8
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 1024
+    max_wait_steps: int = 256
+    long_prefill_token_threshold: int | None = None  # cap on one request's prefill chunk per step
+    preemption_mode: str = "recompute"  # recompute | swap (K/V of preempted requests kept in host memory)
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    quant_plan: dict[str, str] | None = None  # {hf_module_name: "int8" | "int4" | "fp16" | "fp32"}
+    quant_group_size: int = 64
+    num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+    fuse_projections: bool = True  # fuse unquantized q/k/v and gate/up Linears after the quant plan is applied
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: 'auto' or one of {sorted(DTYPES)}")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ValueError(f"device={self.device!r} is invalid; allowed: 'auto', 'cpu', 'cuda', 'cuda:N'")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid; allowed: {KV_CACHE_DTYPES}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} is invalid; allowed: an integer >= 1")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r} was asked for but torch sees no CUDA device; use 'cpu'")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress after a step (deltas) and its totals so far."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]
+    text_delta: str
+    token_ids: list[int]  # all output tokens so far
+    text: str  # all output text so far (truncated before a stop string)
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    stop_reason: str | int | None  # the stop string or stop token id that ended it, if any
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    spec_decode: SpecDecodeCounters | None = None  # None unless the request was verified against drafts
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of blocks held by requests
+    num_kv_blocks: int
+    prefix_cache_hit_rate: float  # hit tokens / queried tokens over all admissions
+    num_preemptions: int
+    num_steps: int
+
+
+@dataclass
+class _RequestState:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    num_reported: int = 0
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, model: CausalLM, config: EngineConfig, tokenizer=None) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        p = next(model.parameters())
+        num_blocks = config.num_kv_blocks
+        if num_blocks is None:
+            budget = config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
+            num_blocks = budget // kv_bytes_per_block(model, config.block_size, config.kv_cache_dtype, p.dtype)
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache budget holds {num_blocks} blocks; give it at least one block's bytes")
+        max_model_len = config.max_model_len or model.config.max_position_embeddings
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_waiting=config.max_waiting, max_wait_steps=config.max_wait_steps, max_model_len=max_model_len,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            preemption_mode=config.preemption_mode),
+            self.kv)
+        self.runner = ModelRunner(model, RunnerConfig(config.block_size, num_blocks, config.kv_cache_dtype))
+        self.eos_token_id = _eos_id(model.config, tokenizer)
+        self._states: dict[str, _RequestState] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs) -> Engine:
+        """Load an HF folder (config.json + safetensors [+ tokenizer]); kwargs are EngineConfig fields."""
+        config = EngineConfig(model=str(path), **kwargs)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        device = config.resolve_device()
+        model = load_model(path, config.resolve_dtype(device), device)
+        if config.quant_plan:
+            from accel.quant.kernels import apply_plan
+
+            apply_plan(model, config.quant_plan, group_size=config.quant_group_size)
+        if config.fuse_projections:
+            fuse_projections(model)
+        tokenizer = None
+        if (Path(path) / "tokenizer_config.json").exists() or (Path(path) / "tokenizer.json").exists():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        return cls(model, config, tokenizer)
+
+    # ---- requests --------------------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, priority: int = 0) -> str:
+        """Queue a prompt (text or token ids); returns its request id. Raises QueueFullError when full."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; this engine has none, pass token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+        vocab = self.model.config.vocab_size
+        bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are invalid; allowed: integers in [0, {vocab})")
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        seq = Sequence(request_id, token_ids, params, priority=priority, eos_token_id=self.eos_token_id)
+        self.scheduler.add(seq)
+        self._states[request_id] = _RequestState(seq, IncrementalDetokenizer(self.tokenizer, token_ids, params.stop))
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a request at any point; its blocks are freed at once. False if unknown or finished."""
+        ok = self.scheduler.abort(request_id)
+        self.runner.release(request_id)
+        self._states.pop(request_id, None)
+        return ok
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step --------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; returns an output for every request that got tokens or finished."""
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            self.runner.swap(sched.swap_out, sched.swap_in)  # preemptions may still have to move K/V
+            return []
+        out = self.runner.execute(sched)
+        touched = self.scheduler.update_from_output(sched, out)
+        by_id = dict(zip(out.request_ids, range(len(out.request_ids))))
+        results = []
+        for seq in touched:
+            st = self._states[seq.request_id]
+            i = by_id[seq.request_id]
+            if out.logprobs[i] is not None:
+                st.logprobs.extend(out.logprobs[i])
+                st.top_logprobs.extend(out.top_logprobs[i] or [])
+            results.append(self._output(st))
+        return results
+
+    def _output(self, st: _RequestState) -> RequestOutput:
+        seq = st.seq
+        new = seq.output_token_ids[st.num_reported:]
+        st.num_reported = seq.num_output_tokens
+        stop_reason: str | int | None = None
+        if st.detok.update(new) and not seq.is_finished:
+            self.scheduler.finish(seq, FinishReason.STOP)
+        if st.detok.stopped_by is not None:
+            stop_reason = st.detok.stopped_by
+        elif seq.finish_reason == FinishReason.STOP and seq.output_token_ids[-1] != self.eos_token_id:
+            stop_reason = seq.output_token_ids[-1]
+        if seq.is_finished:
+            self.runner.release(seq.request_id)
+            self._states.pop(seq.request_id, None)
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, new_token_ids=new,
+            text_delta=st.detok.take_delta(seq.is_finished), token_ids=list(seq.output_token_ids),
+            text=st.detok.output_text, finished=seq.is_finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None, stop_reason=stop_reason,
+            metrics=seq.metrics, num_cached_tokens=seq.num_cached_prompt_tokens,
+            logprobs=list(st.logprobs) if seq.params.logprobs is not None else None,
+            top_logprobs=list(st.top_logprobs) if seq.params.logprobs else None,
+            spec_decode=seq.spec if seq.spec.num_drafts else None)
+
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion; returns the final output of each, in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts; pass one or one each")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        final: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        while self.has_unfinished():
+            for o in self.step():
+                if o.finished:
+                    final[o.request_id] = o
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [final[i] for i in ids]
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+                           kv_cache_usage=self.kv.usage, num_kv_blocks=self.kv.pool.num_blocks,
+                           prefix_cache_hit_rate=self.kv.prefix_cache_hit_rate,
+                           num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps)
+
+
+def _eos_id(config, tokenizer) -> int | None:
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos
+
+
+def stream_generate(engine: Engine, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> Iterator[str]:
+    """Yield the text deltas of one request as they are produced (for `accel generate`)."""
+    rid = engine.add_request(prompt, params, request_id=request_id)
+    try:
+        while True:
+            for o in engine.step():
+                if o.request_id != rid:
+                    continue
+                if o.text_delta:
+                    yield o.text_delta
+                if o.finished:
+                    return
+            if not engine.has_unfinished():
+                return
+    finally:
+        engine.abort(rid)  # no-op when finished; frees blocks if the consumer stopped early

@@ -1,0 +1,255 @@
+"""A compact Llama-family causal LM (Llama, Mistral, Qwen2, SmolLM) over a flat token batch and a paged KV cache.
+
+Module names are identical to transformers' (`model.layers.{i}.self_attn.q_proj`, `...mlp.gate_proj`,
+`lm_head`), so HF safetensors load with `load_state_dict` and a quantization plan `{hf_module_name: scheme}`
+applies by name. Every projection is a plain replaceable `nn.Linear`.
+
+RoPE frequencies come from transformers' own `ROPE_INIT_FUNCTIONS` (default, linear, llama3, yarn, ...), so
+every scaling type HF supports is computed exactly as HF does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from accel.runtime.attention import AttentionMetadata, PagedKVCache, paged_attention
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def rope_cos_sin(config, max_positions: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos, sin tables [max_positions, head_dim] (fp32), as HF's rotary embedding computes them."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        attention_scaling = 1.0
+    elif rope_type in ("dynamic", "longrope"):
+        raise NotImplementedError(f"rope_type={rope_type!r} (position-dependent rescaling) is not supported; "
+                                  "supported: default, linear, llama3, yarn")
+    else:
+        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
+    pos = torch.arange(max_positions, dtype=torch.float)
+    freqs = torch.outer(pos, inv_freq.float())  # [P, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+    return (emb.cos() * attention_scaling).to(device), (emb.sin() * attention_scaling).to(device)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [T, heads, D], cos/sin [T, 1, D] -> rotated x (HF's rotate_half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # HF computes in fp32 and casts back before the weight; F.rms_norm is the fused equivalent in fp32
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = self.head_dim ** -0.5
+        attn_bias = bool(getattr(config, "attention_bias", False))
+        qkv_bias = attn_bias or config.model_type == "qwen2"  # Qwen2 always has q/k/v bias
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=attn_bias)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: PagedKVCache, meta: AttentionMetadata) -> Tensor:
+        t = x.shape[0]
+        if hasattr(self, "qkv_proj"):  # fused at load time (see fuse_projections)
+            q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                                              self.num_kv_heads * self.head_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(t, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = paged_attention(q, k, v, cache, meta, self.scale)  # [T, H, D]
+        return self.o_proj(o.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"hidden_act={config.hidden_act!r}; supported: 'silu' (SwiGLU)")
+
+    def forward(self, x: Tensor) -> Tensor:
+        if hasattr(self, "gate_up_proj"):  # fused at load time (see fuse_projections)
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: PagedKVCache, meta: AttentionMetadata) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Llama-family decoder: `forward` over a flat batch, `compute_logits` on the rows that sample."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise NotImplementedError(f"model_type={config.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # Mistral/Qwen2 style sliding-window attention: not implemented, refuse rather than silently differ
+        window = getattr(config, "sliding_window", None)
+        use_window = getattr(config, "use_sliding_window", True)
+        if window is not None and use_window and window < config.max_position_embeddings:
+            raise NotImplementedError(f"sliding_window={window} < max_position_embeddings is not supported")
+        self.cos: Tensor | None = None
+        self.sin: Tensor | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    def init_rope(self, device: torch.device, dtype: torch.dtype) -> None:
+        cos, sin = rope_cos_sin(self.config, self.config.max_position_embeddings, device)
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
+                kv_caches: list[PagedKVCache]) -> Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1)
+        for layer, cache in zip(self.model.layers, kv_caches):
+            x = layer(x, cos, sin, cache, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [N, hidden] -> logits [N, vocab] float32."""
+        return self.lm_head(hidden).float()
+
+
+def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:
+    """Replace plain nn.Linear siblings `names` by one nn.Linear `fused_name` (outputs concatenated in order).
+
+    Only when all are exactly nn.Linear with the same dtype/device (i.e. not swapped for quantized kernels):
+    one GEMM instead of several reads the input once and launches fewer ops, which matters at batch 1.
+    """
+    mods = [getattr(parent, n) for n in names]
+    if any(type(m) is not nn.Linear for m in mods) or len({(m.weight.dtype, m.weight.device) for m in mods}) != 1:
+        return False
+    w = torch.cat([m.weight for m in mods])
+    has_bias = [m.bias is not None for m in mods]
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=any(has_bias), device=w.device, dtype=w.dtype)
+    fused.weight.data.copy_(w)
+    if any(has_bias):
+        fused.bias.data.copy_(torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, device=w.device,
+                                         dtype=w.dtype) for m in mods]))
+    for n in names:
+        delattr(parent, n)
+    setattr(parent, fused_name, fused.requires_grad_(False))
+    return True
+
+
+def fuse_projections(model: CausalLM) -> list[str]:
+    """Fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj` where they are unquantized nn.Linear.
+
+    Run after a quantization plan was applied (plans name the HF modules); returns the fused module names.
+    """
+    fused = []
+    for i, layer in enumerate(model.model.layers):
+        if _fuse(layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj"):
+            fused.append(f"model.layers.{i}.self_attn.qkv_proj")
+        if _fuse(layer.mlp, ("gate_proj", "up_proj"), "gate_up_proj"):
+            fused.append(f"model.layers.{i}.mlp.gate_up_proj")
+    return fused
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return files
+
+
+def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    """Build the model from `path`/config.json and load its safetensors weights (HF names)."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    model = model.to_empty(device=device).to(dtype)
+    if model.tie_word_embeddings:  # to_empty breaks the tie; restore it
+        model.lm_head.weight = model.model.embed_tokens.weight
+    state: dict[str, Tensor] = {}
+    for f in _safetensors_files(path):
+        state.update(load_file(str(f), device=str(device)))
+    if model.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (model.tie_word_embeddings and m == "lm_head.weight")]
+    unexpected = [u for u in unexpected if "rotary_emb" not in u]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match the {config.model_type} architecture: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.init_rope(device, dtype)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,182 @@
+"""Turns a SchedulerOutput into flat tensors, runs the model over the paged KV cache, samples.
+
+Owns the KV tensors and one torch.Generator per seeded request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from accel.runtime.attention import AttentionMetadata, DecodeGroup, PagedKVCache, PrefillSpan
+from accel.runtime.model import CausalLM
+from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from accel.runtime.sampler import Sampler
+from accel.runtime.sequence import Sequence
+
+KV_CACHE_DTYPES = ("auto", "int8")
+
+
+def kv_bytes_per_block(model: CausalLM, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
+    """Bytes of K + V for one block across all layers (int8 adds one fp32 scale per token and head)."""
+    per_token_head = model.head_dim * (1 if kv_cache_dtype == "int8" else dtype.itemsize)
+    if kv_cache_dtype == "int8":
+        per_token_head += 4
+    return 2 * model.num_layers * block_size * model.num_kv_heads * per_token_head
+
+
+@dataclass
+class RunnerConfig:
+    block_size: int
+    num_blocks: int
+    kv_cache_dtype: str = "auto"  # "auto" = the model dtype, "int8" = quantized KV
+    # decode batching: a request joins the current group while its context is at most this factor of the
+    # group's shortest (bounds the padding waste of batched decode attention)
+    decode_group_ratio: float = 1.5
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid; allowed: {KV_CACHE_DTYPES}")
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, config: RunnerConfig, sampler: Sampler | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.sampler = sampler or Sampler()
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else self.dtype
+        self.kv_caches = [PagedKVCache(config.num_blocks, config.block_size, model.num_kv_heads, model.head_dim,
+                                       kv_dtype, self.device, self.dtype) for _ in range(model.num_layers)]
+        self._generators: dict[str, torch.Generator] = {}
+        self._swapped: dict[str, list[list[Tensor]]] = {}  # request id -> per layer saved block tensors
+
+    # ---- per-request state -----------------------------------------------------------------------------
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        if seq.params.seed is None:
+            return None
+        g = self._generators.get(seq.request_id)
+        if g is None:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(seq.params.seed)
+            self._generators[seq.request_id] = g
+        return g
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's generator and any K/V it had swapped out."""
+        self._generators.pop(request_id, None)
+        self._swapped.pop(request_id, None)
+
+    def swap(self, swap_out: dict[str, list[int]], swap_in: dict[str, list[int]]) -> None:
+        """Copy preempted requests' blocks to host memory, and resumed ones back (out first: blocks get reused)."""
+        host = torch.device("cpu")
+        for rid, blocks in swap_out.items():
+            ids = torch.tensor(blocks, dtype=torch.long, device=self.device)
+            self._swapped[rid] = [cache.read_blocks(ids, host) for cache in self.kv_caches]
+        for rid, blocks in swap_in.items():
+            ids = torch.tensor(blocks, dtype=torch.long, device=self.device)
+            for cache, saved in zip(self.kv_caches, self._swapped.pop(rid)):
+                cache.write_blocks(ids, saved)
+
+    # ---- one step --------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        if sched.swap_out or sched.swap_in:
+            self.swap(sched.swap_out, sched.swap_in)
+        input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
+        hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+        request_ids = [r.seq.request_id for r in sched.scheduled]
+        sampled: list[list[int]] = [[] for _ in sched.scheduled]
+        logprobs: list[list[float] | None] = [None] * len(sched.scheduled)
+        top: list = [None] * len(sched.scheduled)
+        if sample_rows:
+            idx = [i for i, _ in sample_rows]
+            logits = self.model.compute_logits(hidden[torch.tensor([row for _, row in sample_rows],
+                                                                  device=self.device)])  # [N, V]
+            seqs = [sched.scheduled[i].seq for i in idx]
+            self._mask_early_stop(logits, seqs)
+            out = self.sampler(logits, [s.params for s in seqs], [self._generator(s) for s in seqs],
+                               [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
+            tokens = out.token_ids.tolist()
+            lps = out.logprobs.tolist() if out.logprobs is not None else None
+            for j, i in enumerate(idx):
+                sampled[i] = [tokens[j]]
+                if lps is not None and seqs[j].params.logprobs is not None:
+                    logprobs[i] = [lps[j]]
+                    top[i] = [out.top_logprobs[j]] if out.top_logprobs is not None else None
+        return ModelRunnerOutput(request_ids, sampled, logprobs, top)
+
+    @staticmethod
+    def _mask_early_stop(logits: Tensor, seqs: list[Sequence]) -> None:
+        """min_tokens: eos and stop token ids cannot be sampled before min_tokens outputs (as vLLM)."""
+        for row, seq in enumerate(seqs):
+            p = seq.params
+            if seq.num_output_tokens < p.min_tokens:
+                banned = list(p.stop_token_ids)
+                if seq.eos_token_id is not None and not p.ignore_eos:
+                    banned.append(seq.eos_token_id)
+                if banned:
+                    logits[row, banned] = float("-inf")
+
+    def prepare_inputs(self, scheduled: list[ScheduledRequest]
+                       ) -> tuple[Tensor, Tensor, AttentionMetadata, list[tuple[int, int]]]:
+        """Flat input_ids/positions [T], attention metadata, and (scheduled index, flat row) of sampling rows."""
+        bs = self.config.block_size
+        ids: list[int] = []
+        pos_parts: list[Tensor] = []
+        slot_parts: list[Tensor] = []
+        prefills: list[PrefillSpan] = []
+        decodes: list[tuple[int, int, list[int]]] = []  # (flat row, context_len, block table)
+        sample_rows: list[tuple[int, int]] = []
+        for i, r in enumerate(scheduled):
+            seq, n = r.seq, r.num_tokens
+            start = seq.num_computed_tokens
+            q_start, ctx = len(ids), start + n
+            ids.extend(seq.token_slice(start, ctx))
+            pos = torch.arange(start, ctx)
+            table = torch.tensor(seq.block_table, dtype=torch.long)
+            pos_parts.append(pos)
+            slot_parts.append(table[pos // bs] * bs + pos % bs)
+            if n == 1:
+                decodes.append((q_start, ctx, seq.block_table))
+            else:
+                num_blocks = -(-ctx // bs)
+                mask = None
+                if start > 0:  # earlier context in the cache: bottom-right aligned causal mask
+                    q_pos = torch.arange(start, ctx).unsqueeze(1)  # [q, 1]
+                    mask = (torch.arange(ctx).unsqueeze(0) <= q_pos).to(self.device)  # [q, ctx]
+                prefills.append(PrefillSpan(q_start, n, ctx, table[:num_blocks].to(self.device), mask))
+            if r.samples:
+                sample_rows.append((i, q_start + n - 1))
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=torch.cat(slot_parts).to(dev), prefills=prefills,
+                                 decode_groups=self._decode_groups(decodes))
+        return (torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(pos_parts).to(dev), meta, sample_rows)
+
+    def _decode_groups(self, decodes: list[tuple[int, int, list[int]]]) -> list[DecodeGroup]:
+        """Batch decode rows of similar context length (sorted, split when padding would exceed the ratio)."""
+        if not decodes:
+            return []
+        bs = self.config.block_size
+        decodes = sorted(decodes, key=lambda d: d[1])
+        groups: list[list[tuple[int, int, list[int]]]] = [[decodes[0]]]
+        for d in decodes[1:]:
+            if d[1] > groups[-1][0][1] * self.config.decode_group_ratio + bs:
+                groups.append([d])
+            else:
+                groups[-1].append(d)
+        out = []
+        for g in groups:
+            nb = -(-g[-1][1] // bs)
+            table = torch.zeros(len(g), nb, dtype=torch.long)
+            for j, (_, _, bt) in enumerate(g):
+                m = min(len(bt), nb)
+                table[j, :m] = torch.tensor(bt[:m], dtype=torch.long)
+            ctx = torch.tensor([d[1] for d in g])  # [G]
+            mask = torch.arange(nb * bs).unsqueeze(0) < ctx.unsqueeze(1)  # [G, L]
+            out.append(DecodeGroup(token_idx=torch.tensor([d[0] for d in g], device=self.device),
+                                   block_table=table.to(self.device), mask=mask[:, None, None, :].to(self.device)))
+        return out

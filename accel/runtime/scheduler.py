@@ -1,0 +1,268 @@
+"""Decides, every step, which requests compute how many tokens (plain Python, no torch).
+
+Policy, in order:
+  1. Running requests first: decodes (1 token left) before requests still prefilling, so a long prompt being
+     chunked never stalls running decodes; within each group by (priority, arrival).
+  2. When KV blocks run out for a running request, preempt by recompute: the running request with the worst
+     (priority, arrival) loses its blocks and goes back to waiting with num_computed_tokens = 0 (its prefix
+     blocks usually survive in the prefix cache, so the recompute is often cheap).
+  3. Then admit waiting requests while the token budget, `max_num_seqs` and the KV pool allow, in order
+     (starved first, then priority, then arrival). A prompt larger than the remaining budget is chunked.
+     A request whose blocks do not fit is skipped so shorter ones may pass it (no head-of-line blocking) --
+     unless it has waited `max_wait_steps` steps: then it is *starved*, nothing may pass it, and it is
+     admitted as soon as blocks free up (the bounded wait that protects low priorities and long prompts).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from accel.runtime.kv_cache_manager import KVCacheManager
+from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from accel.runtime.sequence import FinishReason, Sequence, SequenceStatus
+
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+class QueueFullError(RuntimeError):
+    """Raised by `add` when the waiting queue is at `max_waiting`."""
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64  # running requests per step
+    max_num_batched_tokens: int = 512  # token budget per step
+    max_waiting: int = 1024  # waiting-queue cap; add() beyond it is rejected
+    max_wait_steps: int = 256  # starvation bound: after this many waiting steps a request cannot be passed
+    max_model_len: int = 8192  # prompt + output tokens of one request
+    num_lookahead_tokens: int = 0  # KV slots reserved per step for draft tokens (speculative decoding)
+    # cap on one request's prefill chunk per step, so a long prompt leaves budget to admit others (None: no cap)
+    long_prefill_token_threshold: int | None = None
+    # "recompute": a preempted request drops its K/V and recomputes them; "swap": its K/V are copied to host
+    # memory and copied back on resume (worth it when recompute is expensive, e.g. long contexts on a GPU)
+    preemption_mode: str = "recompute"
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_wait_steps", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; allowed: an integer >= 1")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode={self.preemption_mode!r} is invalid; allowed: {PREEMPTION_MODES}")
+        if self.num_lookahead_tokens < 0:
+            raise ValueError(f"num_lookahead_tokens={self.num_lookahead_tokens} is invalid; allowed: >= 0")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv_cache_manager
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.requests: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self._swap_out: dict[str, list[int]] = {}
+        self._swap_in: dict[str, list[int]] = {}
+
+    # ---- requests in / out -----------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a request; raises QueueFullError (waiting cap) or ValueError (too long, duplicate id)."""
+        if seq.request_id in self.requests:
+            raise ValueError(f"request id {seq.request_id!r} is already in use; pass a unique request_id")
+        if seq.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError(f"prompt of request {seq.request_id!r} has {seq.num_prompt_tokens} tokens; allowed: "
+                             f"fewer than max_model_len={self.config.max_model_len}")
+        max_len = min(seq.num_prompt_tokens + seq.params.max_tokens, self.config.max_model_len)
+        need = -(-(max_len + self.config.num_lookahead_tokens) // self.kv.block_size)
+        if need > self.kv.pool.num_blocks:
+            raise ValueError(f"request {seq.request_id!r} needs up to {need} KV blocks (prompt {seq.num_prompt_tokens} "
+                             f"+ max_tokens {seq.params.max_tokens}) but the pool has {self.kv.pool.num_blocks}; "
+                             "lower max_tokens or give the KV cache more memory")
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFullError(f"request {seq.request_id!r} rejected: the waiting queue is full "
+                                 f"({len(self.waiting)} requests waiting, max_waiting={self.config.max_waiting}); "
+                                 "retry later or raise max_waiting")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self.requests[seq.request_id] = seq
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request at any point and free its blocks; False if it is unknown or already finished."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return False
+        self.finish(seq, FinishReason.ABORT)
+        return True
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.is_finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        self.kv.forget(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.spec_token_ids = []
+        seq.metrics.finished_time = time.monotonic()
+        del self.requests[seq.request_id]
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step ------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.num_steps += 1
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, ScheduledRequest] = {}
+        preempted: list[Sequence] = []
+
+        order = sorted(self.running, key=lambda s: (s.is_prefilling, s.priority, s.arrival_time))
+        for seq in order:
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            num_new = self._num_new_tokens(seq, budget)
+            while self.kv.allocate_slots(seq, num_new, num_lookahead_tokens=self.config.num_lookahead_tokens) is None:
+                victim = max((s for s in self.running), key=lambda s: (s.priority, s.arrival_time))
+                if victim.request_id in scheduled:
+                    budget += scheduled.pop(victim.request_id).num_tokens
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                continue
+            scheduled[seq.request_id] = self._scheduled(seq, num_new)
+            budget -= num_new
+
+        if not preempted:
+            budget = self._admit_waiting(budget, scheduled)
+        for seq in self.waiting:
+            seq.waited_steps += 1
+        # preempted requests go back to the front: they already waited once
+        self.waiting[:0] = [s for s in preempted if s.status != SequenceStatus.FINISHED]
+        out = list(scheduled.values())
+        now = time.monotonic()
+        for s in out:
+            if s.seq.metrics.first_scheduled_time is None:
+                s.seq.metrics.first_scheduled_time = now
+        swap_out, swap_in = self._swap_out, self._swap_in
+        self._swap_out, self._swap_in = {}, {}
+        return SchedulerOutput(scheduled=out, num_scheduled_tokens=sum(s.num_tokens for s in out),
+                               preempted_request_ids=[s.request_id for s in preempted],
+                               swap_out=swap_out, swap_in=swap_in)
+
+    def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int | None = None) -> int:
+        """Tokens to schedule: what is left (incl. drafts), capped by the budget, the model length, the chunk cap."""
+        done = seq.num_computed_tokens if num_computed is None else num_computed
+        n = min(seq.num_tokens_with_spec - done, budget, self.config.max_model_len - done)
+        if self.config.long_prefill_token_threshold is not None:
+            n = min(n, self.config.long_prefill_token_threshold)
+        return n
+
+    @staticmethod
+    def _scheduled(seq: Sequence, num_new: int) -> ScheduledRequest:
+        # draft tokens are the tail of the scheduled range; a chunk cut short by the budget drops some
+        num_spec = max(0, seq.num_computed_tokens + num_new - seq.num_tokens)
+        return ScheduledRequest(seq, num_new, list(seq.spec_token_ids[:num_spec]))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        if self.config.preemption_mode == "swap" and seq.num_computed_tokens > 0:
+            num_blocks = -(-seq.num_computed_tokens // self.kv.block_size)
+            self._swap_out[seq.request_id] = seq.block_table[:num_blocks]
+            seq.swapped = True
+        self.kv.free(seq)
+        if not seq.swapped:
+            seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_preemptions += 1
+        seq.waited_steps = 0
+        self.num_preemptions += 1
+
+    def _waiting_order(self) -> list[Sequence]:
+        bound = self.config.max_wait_steps
+        # starved requests first, among themselves by arrival only (priority no longer counts for them)
+        return sorted(self.waiting, key=lambda s: (0, 0, s.arrival_time) if s.waited_steps >= bound
+                      else (1, s.priority, s.arrival_time))
+
+    def _admit_waiting(self, budget: int, scheduled: dict[str, ScheduledRequest]) -> int:
+        admitted: list[Sequence] = []
+        for seq in self._waiting_order():
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            starved = seq.waited_steps >= self.config.max_wait_steps
+            hits, num_hit_tokens = self.kv.get_computed_blocks(seq)
+            # a swapped-out request keeps its computed tokens (and gets no hits); others start from the hits
+            num_new = self._num_new_tokens(seq, budget, num_computed=seq.num_computed_tokens + num_hit_tokens)
+            if self.kv.allocate_slots(seq, num_new, hits, self.config.num_lookahead_tokens) is None:
+                if starved:
+                    break  # nothing may pass a starved request: it gets the next free blocks
+                continue  # a shorter request behind it may still fit
+            if seq.swapped:  # its K/V come back from host memory into the new blocks before the forward
+                self._swap_in[seq.request_id] = seq.block_table[:-(-seq.num_computed_tokens // self.kv.block_size)]
+                seq.swapped = False
+            else:
+                seq.num_computed_tokens = num_hit_tokens
+                seq.num_cached_prompt_tokens = min(num_hit_tokens, seq.num_prompt_tokens)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+            scheduled[seq.request_id] = self._scheduled(seq, num_new)
+            budget -= num_new
+        for seq in admitted:
+            self.waiting.remove(seq)
+            seq.waited_steps = 0
+        return budget
+
+    def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[Sequence]:
+        """Advance computed tokens, append sampled tokens, finish requests on stop ids / eos / length.
+
+        Returns the requests that got new tokens or finished this step (stop strings are the engine's job,
+        it calls `finish` when the detokenized text contains one).
+        """
+        now = time.monotonic()
+        touched: list[Sequence] = []
+        for req, sampled in zip(sched.scheduled, out.sampled_token_ids):
+            seq = req.seq
+            if seq.is_finished:  # aborted between schedule and update
+                continue
+            seq.num_computed_tokens += req.num_tokens
+            if not sampled:
+                continue
+            # speculative decoding: drafts after the first rejection are rolled back (their KV slots are
+            # overwritten next step); sampled = accepted drafts + one bonus/recovered token
+            num_rejected = len(req.spec_token_ids) - (len(sampled) - 1)
+            seq.num_computed_tokens -= num_rejected
+            if req.spec_token_ids:
+                seq.spec.record(len(req.spec_token_ids), len(sampled) - 1)
+            seq.spec_token_ids = []
+            for token_id in sampled:
+                seq.output_token_ids.append(token_id)
+                if seq.metrics.first_token_time is None:
+                    seq.metrics.first_token_time = now
+                seq.metrics.token_times.append(now)
+                reason = self._check_stop(seq, token_id)
+                if reason is not None:
+                    self.finish(seq, reason)
+                    break
+            touched.append(seq)
+        return touched
+
+    def _check_stop(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        p = seq.params
+        if seq.num_output_tokens >= p.min_tokens:
+            if token_id == seq.eos_token_id and not p.ignore_eos:
+                return FinishReason.STOP
+            if token_id in p.stop_token_ids:
+                return FinishReason.STOP
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
