@@ -100,7 +100,8 @@ def _fix_special_tokens(tokenizer, config) -> None:
     the GGUF metadata (kept in config/generation_config) says eos is `<|im_end|>`; every consumer that asks the
     tokenizer for eos would otherwise stop on the wrong token. BPE tokenizers must not "clean up" spaces either.
     """
-    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
+    eos = getattr(config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) and eos else eos
     if eos is not None and tokenizer.eos_token_id != eos:
         tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
     if tokenizer.pad_token_id is None and getattr(config, "pad_token_id", None) is not None:

