@@ -87,3 +87,20 @@ def remove_stale_temps(parent: Path) -> None:
         return
     for p in Path(parent).glob(".tmp-*"):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file (blank lines skipped); a bad line raises ValueError naming `path:line`."""
+    rows = []
+    with Path(path).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: each line must be a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows

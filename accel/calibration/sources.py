@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from accel.fsutil import read_jsonl
+
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "calibration_data"
 DEFAULT_DOMAIN = "default"  # domain of every sample when the source has no domain field
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -67,7 +69,7 @@ def _read_builtin(folder: Path) -> list[dict]:
         raise FileNotFoundError(f"no <domain>.jsonl files in the builtin calibration folder {folder}")
     rows: list[dict] = []
     for path in files:
-        rows += _read_jsonl(path)
+        rows += read_jsonl(path)
     return rows
 
 
@@ -78,7 +80,7 @@ def _read_file(path: Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"calibration.source file not found: {path}")
     if path.suffix == ".jsonl":
-        return _read_jsonl(path)
+        return read_jsonl(path)
     if path.suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, list) or not all(isinstance(x, Mapping) for x in data):
@@ -92,20 +94,6 @@ def _read_file(path: Path) -> list[dict]:
     return pd.read_parquet(path).to_dict(orient="records")
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: each line must be a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
 
 
 def _read_hf(spec: str, split: str) -> list[dict]:

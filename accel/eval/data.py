@@ -7,10 +7,11 @@ Formats (the contract with the data builders):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+from accel.fsutil import read_jsonl
 
 MATCH_KINDS = ("exact", "json", "choice", "number")
 
@@ -33,20 +34,6 @@ class TaskExample:
     choices: tuple[str, ...] | None = None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
 
 
 def _require(row: dict, keys: Sequence[str], where: str) -> None:
@@ -73,7 +60,7 @@ def load_texts(text_dir: str | Path, domains: Sequence[str] | None = None) -> di
     out: dict[str, list[TextDoc]] = {}
     for path in _select(Path(text_dir), domains, "domain"):
         docs = []
-        for i, row in enumerate(_read_jsonl(path), 1):
+        for i, row in enumerate(read_jsonl(path), 1):
             _require(row, ("id", "text"), f"{path} row {i}")
             docs.append(TextDoc(str(row["id"]), str(row.get("domain", path.stem)), row["text"], row.get("source", "")))
         out[path.stem] = docs
@@ -85,7 +72,7 @@ def load_tasks(tasks_dir: str | Path, tasks: Sequence[str] | None = None) -> dic
     out: dict[str, list[TaskExample]] = {}
     for path in _select(Path(tasks_dir), tasks, "task"):
         examples = []
-        for i, row in enumerate(_read_jsonl(path), 1):
+        for i, row in enumerate(read_jsonl(path), 1):
             where = f"{path} row {i}"
             _require(row, ("id", "prompt", "answer", "match"), where)
             if row["match"] not in MATCH_KINDS:
