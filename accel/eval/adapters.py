@@ -6,7 +6,6 @@ swapped for quantized kernels; only `EvalModel` crosses into the metrics code.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -121,15 +120,10 @@ def from_hf(
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
-    """A local model folder: an existing path as is, else accel.models.resolve_model(name) when it exists."""
-    path = Path(name_or_path).expanduser()
-    if path.exists():
-        return path
-    # The registry is landed by another part of accel; use it when present rather than duplicate it.
-    resolve = getattr(importlib.import_module("accel.models"), "resolve_model", None)
-    if resolve is not None:
-        return Path(resolve(str(name_or_path)))
-    raise FileNotFoundError(f"model {str(name_or_path)!r} is not an existing folder (and no registry is available)")
+    """A local model folder from a path, a registry name or a .gguf file (accel.models.resolve_model)."""
+    from accel.models import resolve_model
+
+    return Path(resolve_model(name_or_path))
 
 
 def load_eval_model(
