@@ -23,6 +23,8 @@ app.add_typer(models_app, name="models")
 export_app = typer.Typer(help="Export optimized checkpoints and verify them.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
 app.add_typer(export_app, name="export")
+from accel.spec.cli import draft_app  # noqa: E402  (sub-app: accel draft train)
+app.add_typer(draft_app, name="draft")
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -117,11 +119,57 @@ def recipe_check(
 # ------------------------------------------------------------------------------------------------- pipeline, etc.
 
 
+def _run_pipeline(recipe, force: list[str], until: str | None = None, override_gates: bool = False) -> None:
+    """Run the stages with a progress line each, then the summary table; exit 1 on a failed gate."""
+    import sys
+
+    from accel.pipeline import GateFailed, optimize as run_optimize
+    from accel.pipeline_ui import EXIT_GATES, StageProgress, headline_table
+
+    if override_gates:
+        recipe.gates.override = True
+    ui = StageProgress(console)
+    console.print(f"run folder: {recipe.run_dir()}")
+    code = 0
+    try:
+        run_optimize(recipe, on_event=ui, force=tuple(force), until=until, progress=sys.stderr.isatty())
+    except ValueError as e:
+        if not ui.rows:  # bad --force etc.: nothing ran
+            _fail(str(e))
+        raise
+    except GateFailed as e:
+        err_console.print(f"[bold red]gates failed:[/] {e}", highlight=False)
+        ui.mark_blocked("export", f"blocked by gates: {', '.join(e.report.failed)}")
+        code = EXIT_GATES
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted:[/] finished stages are kept; rerun to resume.")
+        code = 130
+    console.print(ui.table(recipe.run_dir()))
+    table = headline_table(recipe.run_dir())
+    if table is not None:
+        console.print(table)
+    for name in ("report.html", "checkpoint"):
+        if (recipe.run_dir() / name).exists():
+            console.print(f"{name}: {recipe.run_dir() / name}")
+    if code:
+        raise typer.Exit(code)
+
+
 @app.command()
-def optimize(recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (see recipes/).")]) -> None:
+def optimize(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (see recipes/).")],
+    force: Annotated[Optional[list[str]], typer.Option(help="Rerun this stage even if its inputs did not "
+                                                            "change (repeatable).")] = None,
+    clean: Annotated[bool, typer.Option(help="Delete the run folder first (rerun every stage).")] = False,
+    override_gates: Annotated[bool, typer.Option(help="Export even when a quality/speed gate fails.")] = False,
+) -> None:
     """Run the whole pipeline: calibrate, plan bits, quantize, pair a draft, evaluate, report, export."""
-    _load_recipe_or_exit(recipe)
-    _not_built("`accel optimize` (the end-to-end pipeline)", 8)
+    from accel.pipeline import clean as clean_run
+
+    r = _load_recipe_or_exit(recipe)
+    if clean:
+        clean_run(r)
+    _run_pipeline(r, force or [], override_gates=override_gates)
 
 
 @app.command()
@@ -130,7 +178,9 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes it beyond this machine.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     api_key: Annotated[Optional[str], typer.Option(envvar="ACCEL_API_KEY", help="Require this Bearer key.")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="Draft model for speculative decoding.")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="Speculative decoding: a draft model folder sharing the "
+                                                      "tokenizer, or 'ngram' for prompt lookup.")] = None,
+    num_speculative_tokens: Annotated[int, typer.Option(min=1, max=16, help="Draft tokens per step.")] = 4,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send.")] = None,
     max_queue: Annotated[int, typer.Option(min=1, help="Waiting requests before 429.")] = 256,
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
@@ -141,10 +191,9 @@ def serve(
     from accel.models import ModelNotFoundError
     from accel.server import run_server
 
-    if draft is not None:
-        _not_built("`accel serve --draft` (speculative decoding in the server)", 5)
     try:
         run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+                   draft=draft, num_speculative_tokens=num_speculative_tokens,
                    max_queue=max_queue, max_num_seqs=max_num_seqs,
                    kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device)
     except (ModelNotFoundError, ValueError) as e:
@@ -261,16 +310,35 @@ def export_verify(
 
 
 @export_app.command("run")
-def export_run(run_dir: Annotated[Path, typer.Argument(help="Run folder of `accel optimize`.")]) -> None:
-    """Export the checkpoint of a finished run folder."""
-    _not_built("`accel export run`", 8)
+def export_run(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder of `accel optimize`.")],
+    override_gates: Annotated[bool, typer.Option(help="Export even when a quality/speed gate fails.")] = False,
+) -> None:
+    """Export the checkpoint of a run folder (finished stages are reused; missing ones run first)."""
+    from accel.pipeline import recipe_of_run
+    from accel.recipe import RecipeError
+
+    if not (run_dir / "recipe.yaml").is_file():
+        _fail(f"{run_dir} is not a run folder of `accel optimize` (no recipe.yaml)")
+    try:
+        r = recipe_of_run(run_dir)
+    except RecipeError as e:
+        _fail(str(e))
+    if not r.export.enabled:
+        r.export.enabled = True
+    _run_pipeline(r, [], override_gates=override_gates)
 
 
 @app.command()
-def quantize(recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")]) -> None:
-    """Run only the quantization stages of a recipe (calibrate, sensitivity, plan, quantize)."""
-    _load_recipe_or_exit(recipe)
-    _not_built("`accel quantize`", 4)
+def quantize(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
+    force: Annotated[Optional[list[str]], typer.Option(help="Rerun this stage (repeatable).")] = None,
+) -> None:
+    """Run only the quantization stages of a recipe (load, calibrate, sensitivity, plan, quantize)."""
+    r = _load_recipe_or_exit(recipe)
+    if not r.quantization.enabled:
+        _fail(f"{recipe}: quantization.enabled is false; nothing to quantize")
+    _run_pipeline(r, force or [], until="quantize")
 
 
 @app.command()

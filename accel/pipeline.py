@@ -1,21 +1,19 @@
 """`accel optimize`: the whole pipeline as resumable stages over one run folder.
 
-STATUS: draft, not wired into the CLI and not yet run end to end (issue 8). The stage functions follow the APIs of
-accel.calibration / accel.quant / accel.spec / accel.eval / accel.report as they landed; the evaluate stage still
-lacks the speed workloads and the variant list, and the export stage needs eval's "summary".
+    load -> calibrate -> sensitivity -> plan -> quantize -> draft -> evaluate -> gates -> report -> export
 
-    load -> calibrate -> sensitivity -> plan -> quantize -> draft -> evaluate -> report -> export
-
-Each stage writes its files into `runs/<name>/` (see `accel.stages` for reuse and atomicity). Heavy in-memory
-objects (the model, the tokenizer, the calibration draw) live in `state` and are rebuilt lazily, so a stage that
-runs after reused stages finds what it needs.
+Each stage writes its files into `runs/<name>/` (see `accel.stages` for keys, reuse and atomicity). Heavy in-memory
+objects (the tokenizer, the calibration draw) live in `ctx.state` and are rebuilt lazily, so a stage that runs after
+reused stages finds what it needs. The evaluation (quality, speed, speculation acceptance) is in
+`accel.pipeline_eval`; this module wires stages, gates and the run folder.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,8 @@ from accel.recipe import Recipe, dump_recipe
 from accel.stages import Stage, StageContext, StageRecord, run_stages
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+STAGE_NAMES = ("load", "calibrate", "sensitivity", "plan", "quantize", "draft", "evaluate", "gates", "report",
+               "export")
 
 
 # ------------------------------------------------------------------------------------------- lazy shared objects
@@ -33,18 +33,18 @@ def model_path(ctx: StageContext) -> Path:
     if "model_path" not in ctx.state:
         from accel.models import resolve_model
 
-        ctx.state["model_path"] = resolve_model(ctx.recipe.model.path, pull_if_missing=True)
+        ctx.state["model_path"] = Path(resolve_model(ctx.recipe.model.path, pull_if_missing=True))
     return ctx.state["model_path"]
 
 
-def _model_fingerprint(recipe: Recipe) -> str:
-    """Identity of the target model for stage keys: its config and weight file sizes/mtimes (cheap, no hashing)."""
-    from accel.models import resolve_model
+def model_fingerprint(recipe: Recipe) -> str:
+    """Identity of the target model for the load stage's key: its files' sizes and mtimes (cheap, no hashing)."""
+    from accel.models import ModelNotFoundError, resolve_model
 
     try:
-        p = resolve_model(recipe.model.path)
-    except FileNotFoundError:
-        return recipe.model.path
+        p = Path(resolve_model(recipe.model.path))
+    except (FileNotFoundError, ModelNotFoundError):
+        return f"not pulled yet: {recipe.model.path}"
     return json.dumps({f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(p.iterdir()) if f.is_file()})
 
 
@@ -65,7 +65,7 @@ def fresh_model(ctx: StageContext):
 
 
 def calibration_draw(ctx: StageContext):
-    """The stratified draw; deterministic (seeded), so it is recomputed rather than stored with token ids."""
+    """The stratified draw; deterministic (seeded), so it is recomputed rather than stored with its texts."""
     if "draw" not in ctx.state:
         from accel.calibration import load_samples, stratified_draw
 
@@ -75,24 +75,32 @@ def calibration_draw(ctx: StageContext):
     return ctx.state["draw"]
 
 
-def _batches(units, max_seq_len: int, limit_rows: int | None = None, batch_size: int = 4):
-    from accel.calibration import to_batches
+def _progress(ctx: StageContext) -> bool:
+    return bool(ctx.state.get("progress", False))
 
-    out, rows = [], 0
-    for b in to_batches(units, max_seq_len, batch_size):
-        if b.shape[1] < 16:  # a short tail row adds nothing but noise
-            continue
-        if limit_rows is not None and rows + b.shape[0] > limit_rows:
-            b = b[: limit_rows - rows]
-        if b.shape[0]:
-            out.append(b)
-            rows += b.shape[0]
-        if limit_rows is not None and rows >= limit_rows:
-            break
-    return out
+
+def _set_threads(recipe: Recipe) -> None:
+    if recipe.runtime.num_threads:
+        import torch
+
+        torch.set_num_threads(recipe.runtime.num_threads)
 
 
 # ------------------------------------------------------------------------------------------------------ stages
+
+
+def stage_load(ctx: StageContext) -> dict:
+    """Resolve (pull if needed) the target and record what it is; downstream keys hash this file."""
+    from transformers import AutoConfig
+
+    path = model_path(ctx)
+    cfg = AutoConfig.from_pretrained(path)
+    info = {"path": str(path), "model_type": cfg.model_type, "num_layers": cfg.num_hidden_layers,
+            "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+            "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
+            "files": json.loads(model_fingerprint(ctx.recipe)) if path.is_dir() else {}}
+    atomic_write_text(ctx.out_dir / "model.json", json.dumps(info, indent=2) + "\n")
+    return {k: info[k] for k in ("path", "model_type", "num_layers")}
 
 
 def stage_calibrate(ctx: StageContext) -> dict:
@@ -101,130 +109,174 @@ def stage_calibrate(ctx: StageContext) -> dict:
     draw = calibration_draw(ctx)
     write_draw(draw, ctx.out_dir)
     return {"num_train": len(draw.train), "num_holdout": len(draw.holdout),
-            "train_tokens": sum(u.num_tokens for u in draw.train), "notes": list(draw.notes)[:20]}
+            "train_tokens": sum(u.num_tokens for u in draw.train)}
 
 
 def stage_sensitivity(ctx: StageContext) -> dict:
+    from accel.quant.heatmap import plot_heatmap
+    from accel.quant.run import token_batches
     from accel.quant.sensitivity import measure_sensitivity
 
     q = ctx.recipe.quantization
-    cands = [c for c in q.candidates if c != "fp16"]
-    batches = _batches(calibration_draw(ctx).train, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
-    sens = measure_sensitivity(fresh_model(ctx), batches, cands or ["int8"], q.int4_group_size,
-                               metric=q.sensitivity.metric, progress=True)
+    _set_threads(ctx.recipe)
+    batches = token_batches(calibration_draw(ctx).train, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
+    sens = measure_sensitivity(fresh_model(ctx), batches, q.candidates, q.int4_group_size, q.sensitivity.metric,
+                               _progress(ctx))
     sens.to_json(ctx.out_dir / "sensitivity.json")
-    try:
-        from accel.quant.heatmap import plot_sensitivity
-
-        plot_sensitivity(sens, ctx.out_dir / "sensitivity.png")
-    except ImportError:
-        pass
-    if not (ctx.out_dir / "sensitivity.png").exists():
-        (ctx.out_dir / "sensitivity.png").write_bytes(b"")
-    return {"seconds": round(sens.seconds, 1), "num_modules": len(sens.damage), "num_tokens": sens.num_tokens}
+    plot_heatmap(sens, ctx.out_dir / "sensitivity.png")
+    return {"metric": sens.metric, "num_modules": len(sens.damage), "num_tokens": sens.num_tokens}
 
 
 def stage_plan(ctx: StageContext) -> dict:
-    from accel.quant.allocate import Budget, Rules, allocate, check_and_fallback
-    from accel.quant.schemes import in_features_of, param_counts
+    """Budgeted allocation from the sensitivity, then the held-out check that promotes Linears until it holds."""
+    import re
+
+    from accel.quant.allocate import Budget, Plan, Rules, allocate, apply_overrides, average_bits, check_and_fallback
+    from accel.quant.run import token_batches
+    from accel.quant.schemes import SCHEMES, in_features_of, param_counts
     from accel.quant.sensitivity import SensitivityResult
 
     q = ctx.recipe.quantization
+    _set_threads(ctx.recipe)
     sens = SensitivityResult.from_json(ctx.upstream_path("sensitivity.json"))
     model = fresh_model(ctx)
     names = sens.modules()
-    counts, inf = param_counts(model, names), in_features_of(model, names)
-    budget = Budget.from_config(q.budget)
-    plan = allocate(sens, budget, counts, Rules.from_config(q), inf)
-    holdout = _batches(calibration_draw(ctx).holdout, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
-    if holdout and budget.kl_limit() is not None:
-        plan = check_and_fallback(model, plan, holdout, budget, sens, counts, inf, progress=True)
+    pc, inf = param_counts(model, names), in_features_of(model, names)
+    budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
+    if sens.metric == "proxy" and budget.kl_limit() is not None:
+        # proxy damage is not in KL units: start from the cheapest plan, let the held-out check promote Linears
+        cheapest = min(q.candidates, key=SCHEMES.index)
+        schemes = apply_overrides({n: cheapest for n in names}, q.overrides)
+        plan = Plan(schemes=schemes, group_size=q.int4_group_size,
+                    avg_bits=average_bits(schemes, pc, inf, q.int4_group_size), estimated_kl=float("nan"),
+                    lm_head=rules.lm_head, embeddings=rules.embeddings)
+    else:
+        plan = allocate(sens, budget, pc, rules, inf)
+    draw = calibration_draw(ctx)
+    if budget.kl_limit() is not None and draw.holdout:
+        try:
+            hold = token_batches(draw.holdout, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
+        except ValueError:  # a holdout shorter than one row: nothing to check against
+            hold = []
+        if hold:
+            fixed = [n for n in plan.schemes if any(re.search(p, n) for p in q.overrides)]
+            plan = check_and_fallback(model, plan, hold, budget, sens, pc, inf, step=max(1, len(names) // 30),
+                                      fixed=fixed, progress=_progress(ctx))
     plan.to_json(ctx.out_dir / "plan.json")
-    return {"avg_bits": round(plan.avg_bits, 3), "counts": plan.counts(), "estimated_kl": plan.estimated_kl,
+    return {"avg_bits": round(plan.avg_bits, 3), "counts": plan.counts(), "lm_head": plan.lm_head,
             "measured_kl": plan.measured_kl, "promoted": len(plan.promoted)}
 
 
 def stage_quantize(ctx: StageContext) -> dict:
     from accel.quant.allocate import Plan
     from accel.quant.quantize import oneshot_quantize, save_checkpoint
+    from accel.quant.run import token_batches
 
-    q = ctx.recipe.quantization
+    q, cal = ctx.recipe.quantization, ctx.recipe.calibration
+    _set_threads(ctx.recipe)
     plan = Plan.from_json(ctx.upstream_path("plan.json"))
-    batches = _batches(calibration_draw(ctx).train, ctx.recipe.calibration.max_seq_len)
-    res = oneshot_quantize(fresh_model(ctx), plan, batches, method=q.method, dampening=q.gptq_dampening,
-                           processor=tokenizer(ctx))
+    batches = token_batches(calibration_draw(ctx).train, cal.max_seq_len, cal.num_samples)
+    res = oneshot_quantize(fresh_model(ctx), plan, batches, q.method, q.gptq_dampening, tokenizer(ctx))
     save_checkpoint(res.model, plan, ctx.out_dir / "checkpoint_quantized", processor=tokenizer(ctx))
-    return {"method": q.method, "seconds": round(res.seconds, 1)}
+    return {"method": q.method, "rows": sum(b.shape[0] for b in batches)}
 
 
 def stage_draft(ctx: StageContext) -> dict:
+    """Pair a draft: n-gram lookup (nothing to train), an existing draft model, or one distilled from the target.
+    draft.json records the pairing; draft/ holds a distilled draft (empty otherwise)."""
     s = ctx.recipe.speculation
     info: dict[str, Any] = {"method": s.method, "num_speculative_tokens": s.num_speculative_tokens}
-    if s.method == "draft_model":
+    (ctx.out_dir / "draft").mkdir()
+    if s.method == "ngram":
+        info["ngram"] = s.ngram.model_dump()
+    elif s.method == "draft_model":
         from accel.models import resolve_model
+        from accel.spec.tokenizer_check import check_tokenizers_match
 
-        info["draft_model"] = str(resolve_model(s.draft_model, pull_if_missing=True))
+        path = Path(resolve_model(s.draft_model, pull_if_missing=True))
+        check_tokenizers_match(model_path(ctx), path)
+        info["draft_model"] = str(path)
     elif s.method == "distilled":
         from accel.spec.distill import train_draft
 
         d = s.distill
+        _set_threads(ctx.recipe)
         res = train_draft(model_path(ctx), ctx.out_dir / "draft", num_layers=d.num_layers,
-                          time_budget_minutes=d.time_budget_minutes, seed=d.seed, progress=True)
+                          time_budget_minutes=d.time_budget_minutes, calibration_dir=PROJECT_ROOT / "calibration_data",
+                          num_prompts=d.num_prompts, max_new_tokens=d.max_new_tokens, learning_rate=d.learning_rate,
+                          seed=d.seed, progress=_progress(ctx))
         info["draft_model"] = "draft"
-        info["train"] = getattr(res, "to_dict", lambda: {})()
-    if s.method == "ngram":
-        info["ngram"] = s.ngram.model_dump()
-    if not (ctx.out_dir / "draft").exists():
-        (ctx.out_dir / "draft").mkdir()
+        info["train"] = {k: v for k, v in asdict(res).items() if k not in ("losses", "out_dir")}
     atomic_write_text(ctx.out_dir / "draft.json", json.dumps(info, indent=2) + "\n")
-    return info
+    return {"method": s.method}
+
+
+def draft_dir(ctx: StageContext) -> Path | None:
+    """The draft model folder of this run (distilled into draft/, or the recipe's draft_model), if any."""
+    info = json.loads(ctx.upstream_path("draft.json").read_text())
+    if "draft_model" not in info:
+        return None
+    p = Path(info["draft_model"])
+    return p if p.is_absolute() else ctx.run_dir / p
 
 
 def stage_evaluate(ctx: StageContext) -> dict:
-    from accel.eval.runner import run_eval
-    from accel.quant.quantize import load_quantized_for_runtime
+    from accel.pipeline_eval import evaluate
 
-    e = ctx.recipe.eval
-    result: dict[str, Any] = {"variants": {}}
-    if e.quality and ctx.recipe.quantization.enabled:
-        quant = load_quantized_for_runtime(ctx.upstream_path("checkpoint_quantized"))
-        r = run_eval(quant, baseline=str(model_path(ctx)), text_dir=PROJECT_ROOT / "eval" / "text",
-                     tasks_dir=PROJECT_ROOT / "eval" / "tasks", domains=e.domains, window=e.window,
-                     max_windows_per_domain=e.max_windows_per_domain, tasks=e.tasks, tokenizer=tokenizer(ctx))
-        result["variants"]["quantized"] = {"quality": json.loads(r.to_json())}
-    atomic_write_text(ctx.out_dir / "eval.json", json.dumps(result, indent=2) + "\n")
-    return {"variants": list(result["variants"])}
+    _set_threads(ctx.recipe)
+    quant_dir = ctx.upstream_path("checkpoint_quantized") if ctx.recipe.quantization.enabled else None
+    result = evaluate(ctx.recipe, model_path(ctx), quant_dir, draft_dir(ctx), tokenizer(ctx), PROJECT_ROOT,
+                      progress=_progress(ctx))
+    atomic_write_text(ctx.out_dir / "eval.json", json.dumps(result, indent=1, default=str) + "\n")
+    return {k: v for k, v in result["summary"].items() if isinstance(v, (int, float, str)) or v is None}
+
+
+def stage_gates(ctx: StageContext) -> dict:
+    """Compare the recipe's gates with the evaluation summary; never fails (the export stage enforces them)."""
+    rep = evaluate_gates(ctx.recipe, json.loads(ctx.upstream_path("eval.json").read_text()))
+    atomic_write_text(ctx.out_dir / "gates.json", json.dumps(asdict(rep), indent=2) + "\n")
+    return {"failed": rep.failed, "override": ctx.recipe.gates.override}
 
 
 def stage_report(ctx: StageContext) -> dict:
+    import time
+
     from accel.report import build_report
 
-    data = {
-        "recipe": ctx.recipe.model_dump(mode="json"),
-        "eval": json.loads(ctx.upstream_path("eval.json").read_text()),
-        "plan": json.loads(ctx.upstream_path("plan.json").read_text()) if ctx.upstream_path("plan.json").exists()
-        else None,
-        "sensitivity": json.loads(ctx.upstream_path("sensitivity.json").read_text())
-        if ctx.upstream_path("sensitivity.json").exists() else None,
-    }
+    ev = json.loads(ctx.upstream_path("eval.json").read_text())
+    plan = sens = None
+    if ctx.recipe.quantization.enabled:
+        p = json.loads(ctx.upstream_path("plan.json").read_text())
+        plan = {**p["schemes"], "lm_head": p["lm_head"]}
+        sens = json.loads(ctx.upstream_path("sensitivity.json").read_text())["damage"]
+    data = {"name": ctx.recipe.name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": f"accel optimize ({ctx.recipe.name})", "recipe": dump_recipe(ctx.recipe),
+            "machine": ev.get("machine"), "variants": ev["variants"], "sensitivity": sens, "plan": plan}
     build_report(data, ctx.out_dir)
+    (ctx.out_dir / "plots").mkdir(exist_ok=True)  # a report without plots still has the folder (a stage output)
+    gates = json.loads(ctx.upstream_path("gates.json").read_text())
+    md = ctx.out_dir / "report.md"
+    md.write_text(md.read_text() + "\n" + render_gates_markdown(gates) + "\n" + render_summary_markdown(ev["summary"]))
     return {}
 
 
 def stage_export(ctx: StageContext) -> dict:
     from accel.export import write_export
 
-    gates = evaluate_gates(ctx.recipe, json.loads(ctx.upstream_path("eval.json").read_text()))
+    gates = GateReport(**json.loads(ctx.upstream_path("gates.json").read_text()))
     if gates.failed and not ctx.recipe.gates.override:
         raise GateFailed(gates)
-    draft_dir = ctx.upstream_path("draft")
-    write_export(ctx.out_dir / "checkpoint", ctx.upstream_path("checkpoint_quantized"),
-                 recipe=ctx.recipe.model_dump(mode="json"),
-                 plan=json.loads(ctx.upstream_path("plan.json").read_text()),
-                 draft_dir=draft_dir if any(draft_dir.iterdir()) else None,
-                 draft_pairing=json.loads(ctx.upstream_path("draft.json").read_text()),
-                 eval_summary=json.loads(ctx.upstream_path("eval.json").read_text()).get("summary", {}))
-    return {"gates": gates.__dict__}
+    ev = json.loads(ctx.upstream_path("eval.json").read_text())
+    if ctx.recipe.quantization.enabled:
+        src, plan = ctx.upstream_path("checkpoint_quantized"), json.loads(ctx.upstream_path("plan.json").read_text())
+    else:
+        src, plan = model_path(ctx), None
+    pairing = json.loads(ctx.upstream_path("draft.json").read_text())
+    pairing["measured"] = ev.get("spec")
+    ddir = draft_dir(ctx) if ctx.recipe.export.include_draft else None
+    write_export(ctx.out_dir / "checkpoint", src, recipe=ctx.recipe.model_dump(mode="json"), plan=plan,
+                 draft_dir=ddir, draft_pairing=pairing, eval_summary={**ev["summary"], "gates": asdict(gates)})
+    return {"gates_failed": gates.failed, "overridden": bool(gates.failed), "draft": ddir is not None}
 
 
 # ------------------------------------------------------------------------------------------------------- gates
@@ -239,67 +291,130 @@ class GateReport:
 class GateFailed(RuntimeError):
     def __init__(self, report: GateReport):
         self.report = report
-        lines = [f"{g}: value {report.checked[g]['value']} vs limit {report.checked[g]['limit']}" for g in report.failed]
-        super().__init__("quality/speed gates failed (set gates.override: true to export anyway):\n  "
-                         + "\n  ".join(lines))
+        lines = [f"{g}: measured {_fmt(report.checked[g]['value'])}, limit {report.checked[g]['limit']}"
+                 for g in report.failed]
+        super().__init__("gates failed, export blocked (set gates.override: true in the recipe, or pass "
+                         "--override-gates, to export anyway):\n  " + "\n  ".join(lines))
+
+
+def _fmt(v: Any) -> str:
+    return "not measured" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+
+
+GATES = (  # recipe gate -> (summary key, passes(value, limit))
+    ("max_mean_kl", "kl_mean", lambda v, lim: v <= lim),
+    ("max_ppl_increase_pct", "ppl_increase_pct", lambda v, lim: v <= lim),
+    ("min_top1_agreement", "top1", lambda v, lim: v >= lim),
+    ("min_task_accuracy_ratio", "task_accuracy_ratio", lambda v, lim: v >= lim),
+    ("min_speedup", "speedup_batch1", lambda v, lim: v >= lim),
+)
 
 
 def evaluate_gates(recipe: Recipe, eval_json: dict) -> GateReport:
-    """Compare the recipe's gates with the evaluation summary (`eval_json["summary"]`)."""
+    """Compare the recipe's gates with the evaluation summary; a gate whose metric was not measured fails."""
     g, s = recipe.gates, eval_json.get("summary", {})
     rep = GateReport()
-    checks = [
-        ("max_mean_kl", g.max_mean_kl, s.get("kl_mean"), lambda v, lim: v <= lim),
-        ("max_ppl_increase_pct", g.max_ppl_increase_pct, s.get("ppl_increase_pct"), lambda v, lim: v <= lim),
-        ("min_top1_agreement", g.min_top1_agreement, s.get("top1"), lambda v, lim: v >= lim),
-        ("min_task_accuracy_ratio", g.min_task_accuracy_ratio, s.get("task_accuracy_ratio"), lambda v, lim: v >= lim),
-        ("min_speedup", g.min_speedup, s.get("speedup_batch1"), lambda v, lim: v >= lim),
-    ]
-    for name, limit, value, ok in checks:
+    for name, key, ok in GATES:
+        limit = getattr(g, name)
         if limit is None:
             continue
+        value = s.get(key)
         passed = value is not None and ok(value, limit)
-        rep.checked[name] = {"limit": limit, "value": value, "ok": passed}
+        rep.checked[name] = {"metric": key, "limit": limit, "value": value, "ok": passed}
         if not passed:
             rep.failed.append(name)
     return rep
 
 
+def render_gates_markdown(gates: dict) -> str:
+    if not gates["checked"]:
+        return "## Gates\n\nThe recipe sets no gates.\n"
+    rows = ["## Gates", "", "| gate | metric | measured | limit | result |", "|---|---|---|---|---|"]
+    for name, c in gates["checked"].items():
+        rows.append(f"| {name} | {c['metric']} | {_fmt(c['value'])} | {c['limit']} | {'pass' if c['ok'] else 'FAIL'} |")
+    if gates["failed"]:
+        rows += ["", f"**Failed: {', '.join(gates['failed'])}** - the export is blocked unless `gates.override: true`."]
+    return "\n".join(rows) + "\n"
+
+
+def render_summary_markdown(summary: dict) -> str:
+    rows = ["## Headline numbers", "", "| metric | value |", "|---|---|"]
+    rows += [f"| {k} | {_fmt(v)} |" for k, v in summary.items() if not isinstance(v, (dict, list))]
+    return "\n".join(rows) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------------- pipeline
 
 
-def build_stages(recipe: Recipe) -> list[Stage]:
-    fp = _model_fingerprint
+# The quantization fields each stage reads (finer than the section: changing the method only reruns quantize).
+SENSITIVITY_FIELDS = ("quantization.candidates", "quantization.int4_group_size", "quantization.sensitivity")
+PLAN_FIELDS = SENSITIVITY_FIELDS + ("quantization.budget", "quantization.overrides", "quantization.lm_head",
+                                    "quantization.embeddings")
+QUANTIZE_FIELDS = ("quantization.method", "quantization.gptq_dampening", "calibration.num_samples",
+                   "calibration.max_seq_len")
+
+
+def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
+    """The recipe's stages in order (quantization and export stages only when enabled), up to `until`."""
     q_on = recipe.quantization.enabled
-    stages = [Stage("calibrate", stage_calibrate, ("model", "calibration"), (),
-                    ("calibration.jsonl", "calibration_summary.json"), extra_key=fp)]
+    stages = [
+        Stage("load", stage_load, ("model",), (), ("model.json",), extra_key=model_fingerprint),
+        Stage("calibrate", stage_calibrate, ("calibration",), ("load",),
+              ("calibration.jsonl", "calibration_summary.json")),
+    ]
     if q_on:
         stages += [
-            Stage("sensitivity", stage_sensitivity, ("quantization",), ("calibrate",),
-                  ("sensitivity.json", "sensitivity.png"), extra_key=fp),
-            Stage("plan", stage_plan, ("quantization",), ("sensitivity",), ("plan.json",), extra_key=fp),
-            Stage("quantize", stage_quantize, ("quantization", "calibration"), ("plan",), ("checkpoint_quantized",),
-                  extra_key=fp),
+            Stage("sensitivity", stage_sensitivity, SENSITIVITY_FIELDS, ("load", "calibrate"),
+                  ("sensitivity.json", "sensitivity.png")),
+            Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",)),
+            Stage("quantize", stage_quantize, QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
+                  ("checkpoint_quantized",)),
         ]
     stages += [
-        Stage("draft", stage_draft, ("speculation",), ("calibrate",), ("draft.json", "draft"), extra_key=fp),
-        Stage("evaluate", stage_evaluate, ("eval", "runtime", "speculation"), ("quantize", "draft"), ("eval.json",),
-              extra_key=fp),
-        Stage("report", stage_report, (), ("evaluate", "plan", "sensitivity"), ("report.html", "report.md")),
+        Stage("draft", stage_draft, ("speculation",), ("load",), ("draft.json", "draft")),
+        Stage("evaluate", stage_evaluate, ("eval", "runtime", "speculation", "model"), ("load", "quantize", "draft"),
+              ("eval.json",)),
+        Stage("gates", stage_gates, ("gates",), ("evaluate",), ("gates.json",)),
+        Stage("report", stage_report, ("name",), ("evaluate", "plan", "sensitivity", "gates"),
+              ("report.html", "report.md", "plots")),
     ]
     if recipe.export.enabled:
-        stages.append(Stage("export", stage_export, ("export", "gates"), ("evaluate", "quantize", "draft"),
-                            ("checkpoint",)))
+        stages.append(Stage("export", stage_export, ("export", "gates"), ("evaluate", "plan", "quantize", "draft",
+                                                                          "gates"), ("checkpoint",)))
+    if until is not None:
+        names = [s.name for s in stages]
+        if until not in names:
+            raise ValueError(f"unknown stage {until!r}; this recipe's stages: {', '.join(names)}")
+        stages = stages[: names.index(until) + 1]
     return stages
 
 
-def optimize(recipe: Recipe, *, on_event=None, force: tuple[str, ...] = ()) -> dict[str, StageRecord]:
-    """Run the recipe's pipeline in `recipe.run_dir()`; returns the stage records."""
+def optimize(recipe: Recipe, *, on_event: Callable | None = None, force: tuple[str, ...] = (),
+             until: str | None = None, progress: bool = False) -> dict[str, StageRecord]:
+    """Run the recipe's pipeline in `recipe.run_dir()`; returns the stage records.
+
+    force: stage names to rerun even when reusable (their dependants rerun only if their outputs change).
+    until: stop after this stage (`accel quantize` stops after quantize). Raises GateFailed from the export stage
+    when a gate failed and the recipe does not override it; every stage before it stays finished.
+    """
+    stages = build_stages(recipe, until)
+    bad = sorted(set(force) - {s.name for s in stages})
+    if bad:
+        raise ValueError(f"--force {', '.join(bad)}: no such stage; stages: {', '.join(s.name for s in stages)}")
     run_dir = recipe.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "recipe.yaml", dump_recipe(recipe))
-    return run_stages(build_stages(recipe), recipe, run_dir, on_event=on_event, force=force)
+    return run_stages(stages, recipe, run_dir, state={"progress": progress}, on_event=on_event, force=force)
 
 
 def clean(recipe: Recipe) -> None:
     shutil.rmtree(recipe.run_dir(), ignore_errors=True)
+
+
+def recipe_of_run(run_dir: str | Path) -> Recipe:
+    """The resolved recipe a run folder was made with, pointed at that folder (for `accel export run`)."""
+    from accel.recipe import load_recipe
+
+    run_dir = Path(run_dir)
+    recipe = load_recipe(run_dir / "recipe.yaml")
+    return recipe.model_copy(update={"output_dir": str(run_dir.parent), "name": run_dir.name})

@@ -47,6 +47,7 @@ class Stage:
     fn: Callable[[StageContext], dict]
     """Writes its files into ctx.out_dir and returns a JSON-able summary."""
     sections: tuple[str, ...] = ()
+    """Recipe sections (or dotted fields, e.g. "quantization.budget") whose values enter the key."""
     after: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     """Files or folders (relative to the run folder) the stage writes; all must exist when it returns."""
@@ -75,11 +76,18 @@ def hash_output(path: Path) -> str:
     return sha256_file(path)
 
 
+def _section(data: dict, path: str) -> Any:
+    """A recipe section or a field inside one ("quantization" or "quantization.budget")."""
+    for part in path.split("."):
+        data = data[part]
+    return data
+
+
 def _stage_key(stage: Stage, recipe: Any, records: dict[str, StageRecord]) -> str:
     data = {
         "stage": stage.name,
         "version": stage.version,
-        "sections": {s: recipe.model_dump(mode="json")[s] for s in stage.sections},
+        "sections": {s: _section(recipe.model_dump(mode="json"), s) for s in stage.sections},
         "upstream": {a: records[a].outputs for a in stage.after if a in records},
         "extra": stage.extra_key(recipe) if stage.extra_key else None,
     }

@@ -58,6 +58,14 @@ def long_tailed_workload(n: int, seed: int, max_prompt: int = 1024, max_out: int
     return out
 
 
+class Results(dict):
+    """A dict that prints every result the moment it is set (a long run shows its numbers as it goes)."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        print(f"  {key:32s} {value:.4g}" if isinstance(value, float) else f"  {key:32s} {value}", flush=True)
+
+
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 
@@ -104,17 +112,31 @@ def hf_continuous(model, work) -> tuple[float, int]:
 
 
 def ours_offline(engine: Engine, work) -> tuple[float, int, list[float]]:
-    """Our runtime; returns (seconds, tokens, KV usage sampled at steps where requests were waiting)."""
+    """Our runtime; returns (seconds, tokens, KV usage while requests were waiting).
+
+    Usage is sampled right after each schedule (the blocks the step's forward runs with, as vLLM's
+    kv_cache_usage gauge), not after the step's finished requests have released theirs.
+    """
+    usage: list[float] = []
+    schedule = engine.scheduler.schedule
+
+    def sampled_schedule():
+        out = schedule()
+        if engine.scheduler.waiting:
+            usage.append(engine.kv.usage)
+        return out
+
+    engine.scheduler.schedule = sampled_schedule
     t0 = time.perf_counter()
     for p, o in work:
         engine.add_request(p, greedy(o))
-    produced, usage = 0, []
-    while engine.has_unfinished():
-        for out in engine.step():
-            produced += len(out.new_token_ids)
-        s = engine.stats()
-        if s.num_waiting > 0:
-            usage.append(s.kv_cache_usage)
+    produced = 0
+    try:
+        while engine.has_unfinished():
+            for out in engine.step():
+                produced += len(out.new_token_ids)
+    finally:
+        del engine.scheduler.schedule  # back to the class method
     return time.perf_counter() - t0, produced, usage
 
 
@@ -123,8 +145,9 @@ def bench_offline(path: str, args, hf) -> dict:
     n = args.num_requests or (16 if args.quick else 64)
     work = long_tailed_workload(n, seed=0, max_prompt=256 if args.quick else 1024,
                                 max_out=32 if args.quick else 256)
-    res: dict = {"requests": n, "prompt_tokens": sum(len(p) for p, _ in work),
-                 "output_tokens": sum(o for _, o in work)}
+    res = Results()
+    res["requests"], res["prompt_tokens"] = n, sum(len(p) for p, _ in work)
+    res["output_tokens"] = sum(o for _, o in work)
     engine = Engine.from_pretrained(path, max_num_batched_tokens=args.max_num_batched_tokens,
                                     max_num_seqs=args.max_num_seqs)
     ours_offline(engine, work[:2])  # warm-up
@@ -161,7 +184,8 @@ def decode_tok_s(fn, n: int) -> float:
 def bench_batch1(path: str, args, hf) -> dict:
     n = 32 if args.quick else 128
     prompt = [random.Random(1).randrange(100, 49000) for _ in range(32)]
-    res: dict = {"new_tokens": n}
+    res = Results()
+    res["new_tokens"] = n
     engine = Engine.from_pretrained(path)
     engine.generate([prompt], greedy(4))  # warm-up
     res["ours_fp32_tok_s"] = decode_tok_s(lambda: engine.generate([prompt], greedy(n)), n)
@@ -176,9 +200,7 @@ def bench_batch1(path: str, args, hf) -> dict:
         res["hf_tok_s"] = decode_tok_s(run_hf, n)
         res["ratio_ours_vs_hf"] = res["ours_fp32_tok_s"] / res["hf_tok_s"]
     try:
-        plan = {name: "int8" for name, m in engine.model.named_modules()
-                if isinstance(m, torch.nn.Linear) and name != "lm_head"}
-        q = Engine.from_pretrained(path, quant_plan=_hf_names(engine, plan))
+        q = Engine.from_pretrained(path, quant_plan=all_int8_plan(engine.model.num_layers))
         q.generate([prompt], greedy(4))
         res["ours_int8_tok_s"] = decode_tok_s(lambda: q.generate([prompt], greedy(n)), n)
         res["ratio_int8_vs_fp32"] = res["ours_int8_tok_s"] / res["ours_fp32_tok_s"]
@@ -187,17 +209,12 @@ def bench_batch1(path: str, args, hf) -> dict:
     return res
 
 
-def _hf_names(engine: Engine, plan: dict[str, str]) -> dict[str, str]:
-    """Expand fused names back to HF module names (the plan is written against the HF layout)."""
-    out = {}
-    for name, scheme in plan.items():
-        if name.endswith("qkv_proj"):
-            out.update({name[:-8] + p: scheme for p in ("q_proj", "k_proj", "v_proj")})
-        elif name.endswith("gate_up_proj"):
-            out.update({name[:-12] + p: scheme for p in ("gate_proj", "up_proj")})
-        else:
-            out[name] = scheme
-    return out
+def all_int8_plan(num_layers: int) -> dict[str, str]:
+    """Every Linear of a Llama-family model (HF names, lm_head included) as int8."""
+    projs = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj")
+    plan = {f"model.layers.{i}.{p}": "int8" for i in range(num_layers) for p in projs}
+    return {**plan, "lm_head": "int8"}
 
 
 def bench_prefix(path: str, args) -> dict:
@@ -205,7 +222,8 @@ def bench_prefix(path: str, args) -> dict:
     rng = random.Random(2)
     system = [rng.randrange(100, 49000) for _ in range(sys_len)]
     prompts = [system + [rng.randrange(100, 49000) for _ in range(rng.randint(16, 48))] for _ in range(n)]
-    res: dict = {"requests": n, "shared_prefix_tokens": sys_len}
+    res = Results()
+    res["requests"], res["shared_prefix_tokens"] = n, sys_len
     for caching in (False, True):
         engine = Engine.from_pretrained(path, enable_prefix_caching=caching,
                                         max_num_batched_tokens=args.max_num_batched_tokens)
@@ -244,8 +262,11 @@ def bench_kvint8(path: str, args) -> dict:
                engine.tokenizer)
     got = all_row_logits(q, tokens).log_softmax(-1)
     kl = (ref.exp() * (ref - got)).sum(-1)  # [T] KL(fp32 KV || int8 KV)
-    return {"tokens": len(tokens), "chunk": 16, "mean_kl": kl[16:].mean().item(), "max_kl": kl.max().item(),
-            "top1_agreement": (ref.argmax(-1) == got.argmax(-1)).float().mean().item()}
+    res = Results()
+    res["tokens"], res["chunk"] = len(tokens), 16
+    res["mean_kl"], res["max_kl"] = kl[16:].mean().item(), kl.max().item()
+    res["top1_agreement"] = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
+    return res
 
 
 def main() -> None:
@@ -273,10 +294,8 @@ def main() -> None:
     for name in args.only:
         fn = {"offline": lambda: bench_offline(path, args, hf), "batch1": lambda: bench_batch1(path, args, hf),
               "prefix": lambda: bench_prefix(path, args), "kvint8": lambda: bench_kvint8(path, args)}[name]
+        print(f"== {name}", flush=True)
         results[name] = fn()
-        print(f"== {name}")
-        for k, v in results[name].items():
-            print(f"  {k:32s} {v:.4g}" if isinstance(v, float) else f"  {k:32s} {v}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -1,13 +1,18 @@
-"""Speculative decoding at batch 1 on the real model: each proposer against no speculation, same run.
+"""Speculative decoding in the runtime on the real model: each proposer against no speculation, back to back.
 
-    .venv/bin/python scripts/bench_spec.py --draft runs/draft-smollm2 --prompts 8 --max-new-tokens 128
+    nice -n 19 .venv/bin/python scripts/bench_spec.py --draft runs/draft-smollm2 --prompts 8 --max-new-tokens 96
 
-Until speculation is wired into the runtime's continuous batch this drives the reference loop
-(accel.spec.reference: HF target + KV cache cropped on rejection) at batch 1; batch 16 needs the runtime.
-Two prompt sets from eval/ (held out from calibration): input-grounded (summarize / extract / rewrite a given
-passage) and open-ended chat turns. Prints tokens/s, speedup vs no speculation, acceptance rate, mean
-acceptance length, the measured draft/target cost ratio and Leviathan's predicted speedup, and checks that
-greedy outputs are token-identical to no speculation.
+Two prompt sets from eval/text (held out from calibration): input-grounded (summarize / extract / rewrite a
+given passage) and open-ended chat turns. For batch 1 (prompts one after another) and batch 16 (all at once),
+each method (off, n-gram, draft) runs through `Engine` with the same model weights; the table prints
+tokens/s, the speedup against off, the acceptance rate and mean acceptance length (from the raw counters),
+the measured draft/target cost ratio, the speedup Leviathan's formula predicts from those, and whether greedy
+outputs are token-identical to off.
+
+Cost ratio c: seconds per draft forward (time in the proposer / draft forwards, batch 1) over seconds per
+target decode step of the run without speculation (same batch size). n-gram lookup: time in the proposer per
+step over the target step. Leviathan: (1 - a^(g+1)) / ((1 - a)(g c + 1)) with a the acceptance rate and g the
+mean draft length; it assumes verifying g + 1 tokens costs one decode step, which a CPU only approaches.
 """
 
 from __future__ import annotations
@@ -19,86 +24,168 @@ import time
 import torch
 
 
+def encode_prompts(tok, messages: list[list[dict]]) -> list[list[int]]:
+    out = []
+    for m in messages:
+        ids = tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def run(engine, prompts: list[list[int]], params, batch: int, domain: str) -> tuple[list[list[int]], float, int]:
+    """Generate all prompts `batch` at a time; returns (outputs, seconds, target steps)."""
+    outs: list[list[int]] = []
+    steps0 = engine.stats().num_steps
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        ids = [engine.add_request(p, params, domain=domain) for p in prompts[i:i + batch]]
+        final = {}
+        while engine.has_unfinished():
+            final.update({o.request_id: o for o in engine.step() if o.finished})
+        outs += [final[r].token_ids for r in ids]
+    return outs, time.perf_counter() - t0, engine.stats().num_steps - steps0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--draft", default=None, help="draft folder (e.g. from scripts/train_draft.py)")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--draft", default=None, help="draft folder (e.g. from `accel draft train`)")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per set at batch 1 (batch 16 uses 16)")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--sets", default="input-grounded,open-ended")
+    ap.add_argument("--methods", default="off,ngram,draft")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens (k_max)")
+    ap.add_argument("--no-adaptive", action="store_true")
+    ap.add_argument("--disable-above", type=int, default=16, help="disable_above_batch_size (0: never)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from accel.models import resolve_model
-    from accel.spec.distill import stop_token_ids
-    from accel.spec.offline import measure_cost_ratio
+    from accel.runtime.engine import Engine, EngineConfig
+    from accel.runtime.model import fuse_projections, load_model
+    from accel.runtime.sampling_params import SamplingParams
+    from accel.spec.config import SpecConfig
+    from accel.spec.engine_spec import build_proposer
     from accel.spec.prompts import chat_prompts, input_grounded_prompts, load_samples
-    from accel.spec.proposer import DraftModelProposer, NgramProposer
-    from accel.spec.reference import speculative_generate
-    from accel.spec.stats import SpecDecodeStats, leviathan_speedup
+    from accel.spec.stats import leviathan_speedup
 
     target_path = resolve_model(args.target)
     tok = AutoTokenizer.from_pretrained(str(target_path))
-    target = AutoModelForCausalLM.from_pretrained(str(target_path), dtype=torch.float32).eval()
-    samples = load_samples("eval/text")
-    sets = {
-        "input-grounded": input_grounded_prompts(samples, args.prompts),
-        "open-ended": [p for s in samples if s["domain"] == "chat" for p in chat_prompts(s["text"])][: args.prompts],
-    }
-    proposers = {"none": None, "ngram": NgramProposer(2, 4)}
-    if args.draft:
-        proposers["draft"] = DraftModelProposer(args.draft, target_dir=target_path)
-    cost_ratio = {"none": 0.0, "ngram": 0.0}
-    if args.draft:
-        ids = tok.apply_chat_template(sets["open-ended"][0], add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        cost = measure_cost_ratio(target, proposers["draft"], list(ids))
-        cost_ratio["draft"] = cost.cost_ratio
-        print(f"cost: target step {cost.target_step_s * 1e3:.1f} ms, draft step {cost.draft_step_s * 1e3:.1f} ms, "
-              f"ratio {cost.cost_ratio:.3f}")
+    model = load_model(target_path, torch.float32, torch.device("cpu"))
+    fuse_projections(model)
+    try:
+        from accel.quant.kernels import pack_float_linears
 
+        pack_float_linears(model)
+    except ImportError:
+        pass
+    samples = load_samples("eval/text")
+    n_max = max(args.prompts, 16 if "16" in args.batches.split(",") else 0)
+    sets = {
+        "input-grounded": encode_prompts(tok, input_grounded_prompts(samples, n_max)),
+        "open-ended": encode_prompts(tok, [p for s in samples if s["domain"] == "chat"
+                                           for p in chat_prompts(s["text"])][:n_max]),
+    }
+    eos = [2] + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, stop_token_ids=eos)
+    methods = [m for m in args.methods.split(",") if m != "draft" or args.draft]
     results = []
-    for set_name, prompts in sets.items():
-        encoded = []
-        for m in prompts:
-            ids = tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
-            encoded.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-        baseline: dict[int, list[int]] = {}
-        base_tps = None
-        for name, prop in proposers.items():
-            stats, n_tok, secs, identical = SpecDecodeStats(), 0, 0.0, True
-            for i, ids in enumerate(encoded):
-                t0 = time.perf_counter()
-                res = speculative_generate(target, prop, ids, args.max_new_tokens, args.k,
-                                           eos_token_id=stop_token_ids(target, tok), request_id=f"{set_name}-{i}")
-                secs += time.perf_counter() - t0
-                n_tok += len(res.token_ids)
-                stats = stats + res.stats
-                if name == "none":
-                    baseline[i] = res.token_ids
+    for batch in [int(b) for b in args.batches.split(",")]:
+        for set_name in args.sets.split(","):
+            prompts = sets[set_name][: args.prompts if batch == 1 else batch]
+            base, base_tps, base_step_s = None, None, None
+            for method in methods:
+                spec = None
+                if method != "off":
+                    spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=args.draft,
+                                      num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
+                                      disable_above_batch_size=args.disable_above or None)
+                config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,
+                                      max_num_batched_tokens=2048)
+                proposer = None
+                if spec is not None:
+                    blocks = (512 << 20) // (2 * model.num_layers * 16 * model.num_kv_heads * model.head_dim * 4)
+                    proposer = _Timed(build_proposer(spec, str(target_path), blocks, 16, torch.device("cpu"),
+                                                     torch.float32))
+                engine = Engine(model, config, tok, proposer=proposer)
+                run(engine, prompts[:1], params, 1, set_name)  # warm-up (also first-call allocations)
+                if proposer is not None:
+                    proposer.reset()
+                if engine.spec is not None:
+                    _reset_stats(engine)
+                outs, secs, steps = run(engine, prompts, params, batch, set_name)
+                n_tok = sum(len(o) for o in outs)
+                tps = n_tok / secs
+                row = {"batch": batch, "set": set_name, "method": method, "tokens": n_tok, "seconds": secs,
+                       "steps": steps, "tokens_per_s": tps}
+                if method == "off":
+                    base, base_tps, base_step_s = outs, tps, secs / max(1, steps)
+                    row.update(speedup=1.0, greedy_identical=True)
                 else:
-                    identical &= res.token_ids == baseline[i]
-            tps = n_tok / secs
-            base_tps = tps if name == "none" else base_tps
-            alpha = stats.acceptance_rate
-            row = {"set": set_name, "method": name, "tokens": n_tok, "seconds": secs, "tokens_per_s": tps,
-                   "speedup": tps / base_tps, "greedy_identical": identical, **stats.to_dict(),
-                   "cost_ratio": cost_ratio[name],
-                   "predicted_speedup": None if alpha is None else leviathan_speedup(alpha, args.k, cost_ratio[name])}
-            results.append(row)
-            pred = "-" if row["predicted_speedup"] is None else f"{row['predicted_speedup']:.2f}x"
-            acc = "-" if alpha is None else f"{alpha:.3f}"
-            mal = "-" if stats.mean_acceptance_length is None else f"{stats.mean_acceptance_length:.2f}"
-            print(f"{set_name:15s} {name:6s} {tps:7.2f} tok/s  {row['speedup']:.2f}x  acceptance {acc}  "
-                  f"mean len {mal}  cost {cost_ratio[name]:.3f}  Leviathan {pred}  identical={identical}", flush=True)
+                    row.update(speedup=tps / base_tps, greedy_identical=outs == base,
+                               num_identical=sum(a == b for a, b in zip(outs, base)))
+                    st = engine.stats().spec_decode
+                    row.update(st.to_dict())
+                    alpha = st.acceptance_rate
+                    gamma = st.num_draft_tokens / st.num_drafts if st.num_drafts else 0.0
+                    per_fwd = proposer.seconds / max(1, proposer.forwards)
+                    c = per_fwd / base_step_s
+                    row.update(mean_draft_len=gamma, cost_ratio=c,
+                               predicted_speedup=None if alpha is None else leviathan_speedup(alpha, gamma, c))
+                results.append(row)
+                _print(row)
+                engine = None
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"k": args.k, "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=1)
+            json.dump({"k": args.k, "max_new_tokens": args.max_new_tokens, "adaptive": not args.no_adaptive,
+                       "results": results}, f, indent=1)
+
+
+class _Timed:
+    """Wraps a proposer: wall time spent proposing and the number of draft forwards (batched steps)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds, self.forwards = 0.0, 0
+
+    def propose(self, requests):
+        t0 = time.perf_counter()
+        out = self.inner.propose(requests)
+        self.seconds += time.perf_counter() - t0
+        # a draft model runs max(k) batched forwards per call; n-gram lookup counts one "forward" per call
+        self.forwards += max((r.k for r in requests), default=0) if hasattr(self.inner, "model") else 1
+        return out
+
+    def finish(self, request_id: str) -> None:
+        self.inner.finish(request_id)
+
+
+def _reset_stats(engine) -> None:
+    from accel.spec.stats import SpecDecodeStats
+
+    engine.spec.total = SpecDecodeStats()
+    engine.spec.per_domain = {}
+
+
+def _print(row: dict) -> None:
+    def f(key, fmt):
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    print(f"batch {row['batch']:2d} {row['set']:15s} {row['method']:6s} {row['tokens_per_s']:7.2f} tok/s "
+          f"{row['speedup']:.2f}x  acceptance {f('acceptance_rate', '.3f')}  mean len "
+          f"{f('mean_acceptance_length', '.2f')}  draft len {f('mean_draft_len', '.2f')}  cost "
+          f"{f('cost_ratio', '.3f')}  Leviathan {f('predicted_speedup', '.2f')}x  "
+          f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})", flush=True)
 
 
 if __name__ == "__main__":

@@ -91,3 +91,19 @@ def test_stage_must_write_declared_outputs(tmp_path):
     st = [Stage("lazy", lambda ctx: {}, outputs=("x.json",))]
     with pytest.raises(RuntimeError, match="did not write"):
         run_stages(st, parse_recipe({}), tmp_path)
+
+
+def test_dotted_sections_key_only_on_that_field(tmp_path):
+    calls = []
+
+    def sens(ctx):
+        calls.append("sens")
+        (ctx.out_dir / "s.json").write_text(str(ctx.recipe.quantization.int4_group_size))
+        return {}
+
+    st = [Stage("sens", sens, sections=("quantization.int4_group_size",), outputs=("s.json",))]
+    run_stages(st, parse_recipe({"quantization": {"method": "gptq"}}), tmp_path)
+    run_stages(st, parse_recipe({"quantization": {"method": "rtn"}}), tmp_path)  # another field: reused
+    assert calls == ["sens"]
+    run_stages(st, parse_recipe({"quantization": {"method": "rtn", "int4_group_size": 32}}), tmp_path)
+    assert calls == ["sens", "sens"]

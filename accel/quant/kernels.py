@@ -17,6 +17,9 @@ int8 `weight` with `weight_scale` [out, 1]. `int4_from_compressed_tensors` conve
 Kernels, chosen per device and per number of rows M of the activation (`kernel_for`; measured with
 scripts/bench_kernels.py on the 2-core AVX2 CPU of the dev box, numbers in that script's docstring):
 
+  "avx2"                    CPU, fp32 activations, M < dequant_min_rows, when accel's own AVX2 kernels compiled
+                            (accel/quant/cpu_kernels.py): int8 2-3x faster than int8pack at M = 1-32, and exact
+                            in fp32 (no bf16 cast of the activations); int4 likewise against int4pack.
   "int8pack" / "int4pack"   CPU, M < dequant_min_rows (int8: 64, int4: 128): aten._weight_int8pack_mm /
                             aten._weight_int4pack_mm_for_cpu with bf16 activations. The weight is read as 1 / 0.5
                             byte per element, which is what wins memory-bound decode. Their fp32-activation
@@ -40,6 +43,8 @@ from typing import Self
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from accel.quant import cpu_kernels
 
 SCHEMES = ("int8", "int4", "fp16", "bf16", "fp32")
 FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
@@ -199,20 +204,26 @@ class Int8WeightOnlyLinear(nn.Module):
         """The float reference weight [out, in] fp32."""
         return dequantize_int8_per_channel(self.qweight, self.scales)
 
-    def kernel_for(self, rows: int, device: torch.device) -> str:
-        """Which path forward takes for `rows` activation rows on `device`: "int8pack", "gemm" or "generic"."""
+    def kernel_for(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+        """Which path forward takes for `rows` activation rows: "avx2", "int8pack", "gemm" or "generic"."""
         if device.type != "cpu":
             return "generic"
-        return "int8pack" if rows < self.dequant_min_rows else "gemm"
+        if rows >= self.dequant_min_rows:
+            return "gemm"
+        if dtype == torch.float32 and self.in_features % 8 == 0 and cpu_kernels.available():
+            return "avx2"
+        return "int8pack"
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)  # [M, in]
-        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device))  # [M, out], x.dtype
+        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device, x.dtype))  # [M, out], x.dtype
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
+        if kernel == "avx2":
+            return cpu_kernels.int8_linear(x2, self.qweight, self.scales)
         if kernel == "int8pack":
             # bf16 in/out is the fast (and only vectorised) CPU variant of this kernel.
             if self._scales_bf16 is None:
@@ -263,6 +274,8 @@ class Int4WeightOnlyLinear(nn.Module):
         # Kernel-layout cache, built by _prepare() for the device the weights live on.
         self.register_buffer("_cpu_packed", None, persistent=False)
         self.register_buffer("_cpu_scales_zeros", None, persistent=False)
+        self.register_buffer("_avx2_packed", None, persistent=False)  # accel's AVX2 kernel layout
+        self.register_buffer("_avx2_mins", None, persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 64, **kwargs) -> Self:
@@ -304,21 +317,30 @@ class Int4WeightOnlyLinear(nn.Module):
         zero_f = (8.0 - self.zeros.float()) * scales
         self._cpu_scales_zeros = torch.stack([scales, zero_f], dim=-1).transpose(0, 1).contiguous().bfloat16()
 
-    def kernel_for(self, rows: int, device: torch.device) -> str:
-        """Which path forward takes for `rows` activation rows on `device`: "int4pack", "gemm" or "generic"."""
+    def kernel_for(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+        """Which path forward takes for `rows` activation rows: "avx2", "int4pack", "gemm" or "generic"."""
         if device.type != "cpu":
             return "generic"
+        if rows >= self.dequant_min_rows:
+            return "gemm"
+        if dtype == torch.float32 and self.group_size % 16 == 0 and cpu_kernels.available():
+            return "avx2"
         # The CPU int4 kernel's packing needs out_features divisible by 16; other shapes use the GEMM path.
-        return "int4pack" if rows < self.dequant_min_rows and self.out_features % 16 == 0 else "gemm"
+        return "int4pack" if self.out_features % 16 == 0 else "gemm"
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)  # [M, in]
-        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device))  # [M, out], x.dtype
+        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device, x.dtype))  # [M, out], x.dtype
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
+        if kernel == "avx2":
+            if self._avx2_packed is None:
+                self._avx2_packed = cpu_kernels.int4_repack(unpack_int4(self.qweight))
+                self._avx2_mins = (-self.zeros.float() * self.scales.float()).contiguous()  # w = q * s + min
+            return cpu_kernels.int4_linear(x2, self._avx2_packed, self.scales, self._avx2_mins, self.group_size)
         if kernel == "int4pack":
             if self._cpu_packed is None:
                 self._prepare_cpu()
@@ -335,16 +357,69 @@ class Int4WeightOnlyLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # A device move invalidates the kernel-layout cache (its layout is device specific).
-        self._cpu_packed = self._cpu_scales_zeros = None
+        self._cpu_packed = self._cpu_scales_zeros = self._avx2_packed = self._avx2_mins = None
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
-        self._cpu_packed = self._cpu_scales_zeros = None
+        self._cpu_packed = self._cpu_scales_zeros = self._avx2_packed = self._avx2_mins = None
         super()._load_from_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"group_size={self.group_size}, bias={self.bias is not None}")
+
+
+class PackedLinear(nn.Module):
+    """An fp32 nn.Linear whose weight is reordered once into oneDNN's blocked layout (CPU inference only).
+
+    Why: on the dev box (AMD EPYC, AVX2) torch's default fp32 GEMM (MKL) runs these skinny shapes at 15-45
+    GFLOPS; oneDNN with a pre-reordered weight reaches 40-90 GFLOPS at 16-64 rows and is ~2x faster on the
+    49152 x 576 lm_head (scripts/bench_kernels.py). The reordered weight is opaque, so this module is built by
+    `pack_float_linears` for the runtime only and has no state_dict of its own besides the bias.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach()
+        if w.dtype != torch.float32 or w.device.type != "cpu":
+            raise ValueError(f"PackedLinear takes an fp32 CPU weight; got {w.dtype} on {w.device}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)  # plain attribute: opaque mkldnn tensor
+        self.register_buffer("bias", linear.bias.detach().clone() if linear.bias is not None else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32:
+            x2 = x2.float()
+        y = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), self.packed, self.bias, "none", [], "")
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _apply(self, fn, recurse=True):
+        raise RuntimeError("PackedLinear is inference-only and cannot be moved or cast; pack after placing the model")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def packed_linear_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def pack_float_linears(model: nn.Module) -> list[str]:
+    """Swap every fp32 CPU nn.Linear of `model` for a PackedLinear (in place); returns the swapped names.
+
+    Run last (after a quantization plan and projection fusion). A tied lm_head gets its own packed copy; the
+    embedding keeps the original tensor. No-op where oneDNN is missing or the weights are not fp32 on CPU.
+    """
+    if not packed_linear_available():
+        return []
+    swapped = []
+    for name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+                setattr(mod, child_name, PackedLinear(child))
+                swapped.append(f"{name}.{child_name}" if name else child_name)
+    return swapped
 
 
 def _chunked_dequant_matmul(x2: Tensor, out_features: int, dequant_rows) -> Tensor:
@@ -434,6 +509,8 @@ def linear_scheme(module: nn.Module) -> str:
         return "int8"
     if isinstance(module, Int4WeightOnlyLinear):
         return "int4"
+    if isinstance(module, PackedLinear):
+        return "fp32"
     if isinstance(module, nn.Linear) and module.weight.dtype in _FLOAT_DTYPE_SCHEME:
         return _FLOAT_DTYPE_SCHEME[module.weight.dtype]
     raise ValueError(f"{type(module).__name__} is not a Linear accel knows; expected nn.Linear (fp16/bf16/fp32), "
@@ -446,4 +523,6 @@ def weight_bytes(module: nn.Module) -> int:
     Kernel-layout caches are not counted. A tied lm_head nn.Linear counts its (shared) weight.
     """
     linear_scheme(module)  # validates the type
+    if isinstance(module, PackedLinear):
+        return module.in_features * module.out_features * 4 + (module.bias.numel() * 4 if module.bias is not None else 0)
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())

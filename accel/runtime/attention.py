@@ -18,6 +18,10 @@ decode token). Two paths, chosen per request by the model runner once per step (
            gathered blocks, padded to the group's longest context and masked. The query heads that share a KV
            head are laid out as extra query rows ([G, kv_heads, group, head_dim]) so K/V are never repeated.
 
+On CPU with an fp32 cache, decode groups go to accel's own paged decode kernel instead
+(accel/quant/cpu_kernels.py: reads K/V through the block table, no gather, no padding), and the model runner
+then puts every decode row in one group.
+
 Why hand-written: CPU torch has no paged-attention kernel; gathering whole blocks + SDPA keeps every loop at
 the request level (never per token), which is what makes it fast enough.
 """
@@ -29,6 +33,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from accel.quant import cpu_kernels
 
 
 @dataclass
@@ -45,6 +51,7 @@ class DecodeGroup:
     token_idx: Tensor  # [G] long, rows of the flat batch
     block_table: Tensor  # [G, nb] long, padded with block 0 (masked out)
     mask: Tensor  # [G, 1, 1, nb * block_size] bool
+    context_lens: Tensor | None = None  # [G] long (CPU); enables accel's paged decode kernel
 
 
 @dataclass
@@ -93,10 +100,16 @@ class PagedKVCache:
 
     def gather(self, block_ids: Tensor) -> tuple[Tensor, Tensor]:
         """K, V of the given blocks: block_ids [..., nb] -> [..., nb * block_size, kv_heads, head_dim]."""
-        k, v = self.k[block_ids], self.v[block_ids]  # [..., nb, bs, nkv, hd]
+        # index_select on the flattened ids: 3-8x faster than advanced indexing (`self.k[block_ids]`) on CPU
+        flat, lead = block_ids.reshape(-1), block_ids.shape
+
+        def take(t: Tensor) -> Tensor:
+            return t.index_select(0, flat).view(*lead, *t.shape[1:])
+
+        k, v = take(self.k), take(self.v)  # [..., nb, bs, nkv, hd]
         if self.quantized:
-            k = k.to(self.compute_dtype) * self.k_scale[block_ids].unsqueeze(-1).to(self.compute_dtype)
-            v = v.to(self.compute_dtype) * self.v_scale[block_ids].unsqueeze(-1).to(self.compute_dtype)
+            k = k.to(self.compute_dtype) * take(self.k_scale).unsqueeze(-1).to(self.compute_dtype)
+            v = v.to(self.compute_dtype) * take(self.v_scale).unsqueeze(-1).to(self.compute_dtype)
         return k.flatten(-4, -3), v.flatten(-4, -3)
 
 
@@ -115,7 +128,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
     blocks (a prefix-cache hit on a block being filled in this very step).
     """
     cache.write(meta.slot_mapping, k, v)
-    out = torch.empty_like(q)  # [T, H, D]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D], contiguous
     num_heads, num_kv = q.shape[1], k.shape[1]
     group = num_heads // num_kv
     for p in meta.prefills:
@@ -130,11 +143,18 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
             vs = vc[:p.context_len].transpose(0, 1)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, scale=scale, enable_gqa=group > 1)
         out[rows] = o.transpose(0, 1)
+    use_kernel = (q.device.type == "cpu" and q.dtype == torch.float32 and not cache.quantized
+                  and cache.k.dtype == torch.float32 and cpu_kernels.available())
+    qc = q.contiguous() if use_kernel and meta.decode_groups else q
     for g in meta.decode_groups:
+        if use_kernel and g.context_lens is not None:
+            cpu_kernels.paged_decode_attention(out, qc, cache.k, cache.v, g.block_table,
+                                               g.context_lens, g.token_idx, scale)
+            continue
         n = g.token_idx.shape[0]
-        qg = q[g.token_idx].view(n, num_kv, group, -1)  # [G, KVH, group, D]: shared-KV heads as query rows
+        qg = q.index_select(0, g.token_idx).view(n, num_kv, group, -1)  # [G, KVH, group, D]: shared-KV heads as rows
         kc, vc = cache.gather(g.block_table)  # [G, L, KVH, D]
         o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=g.mask,
                                            scale=scale)  # [G, KVH, group, D]
-        out[g.token_idx] = o.reshape(n, num_heads, -1)
+        out.index_copy_(0, g.token_idx, o.reshape(n, num_heads, -1))
     return out

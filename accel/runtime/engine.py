@@ -19,6 +19,8 @@ from accel.runtime.model_runner import KV_CACHE_DTYPES, ModelRunner, RunnerConfi
 from accel.runtime.sampling_params import SamplingParams
 from accel.runtime.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from accel.runtime.sequence import FinishReason, RequestMetrics, Sequence, SpecDecodeCounters
+from accel.spec.config import SpecConfig
+from accel.spec.stats import SpecDecodeStats
 
 __all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullError", "stream_generate"]
 
@@ -50,6 +52,8 @@ class EngineConfig:
     quant_group_size: int = 64
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     fuse_projections: bool = True  # fuse unquantized q/k/v and gate/up Linears after the quant plan is applied
+    speculative: SpecConfig | None = None  # speculative decoding (n-gram lookup or a draft model); None: off
+    pack_linears: bool = True  # CPU fp32: run float Linears through oneDNN with pre-reordered weights (faster)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -103,6 +107,9 @@ class EngineStats:
     prefix_cache_hit_rate: float  # hit tokens / queried tokens over all admissions
     num_preemptions: int
     num_steps: int
+    # speculative decoding, from raw counters (None when the engine does not speculate)
+    spec_decode: SpecDecodeStats | None = None
+    spec_decode_per_domain: dict[str, SpecDecodeStats] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,7 +122,8 @@ class _RequestState:
 
 
 class Engine:
-    def __init__(self, model: CausalLM, config: EngineConfig, tokenizer=None) -> None:
+    def __init__(self, model: CausalLM, config: EngineConfig, tokenizer=None, proposer=None) -> None:
+        """proposer: an `accel.spec.Proposer` to use instead of building one from `config.speculative`."""
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -138,6 +146,11 @@ class Engine:
         self.eos_token_id = _eos_id(model.config, tokenizer)
         self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()
+        self.spec = None
+        if config.speculative is not None or proposer is not None:
+            from accel.spec.engine_spec import SpecDecoder
+
+            self.spec = SpecDecoder(config.speculative or SpecConfig(), self, proposer)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs) -> Engine:
@@ -153,6 +166,10 @@ class Engine:
             apply_plan(model, config.quant_plan, group_size=config.quant_group_size)
         if config.fuse_projections:
             fuse_projections(model)
+        if config.pack_linears:
+            from accel.quant.kernels import pack_float_linears
+
+            pack_float_linears(model)
         tokenizer = None
         if (Path(path) / "tokenizer_config.json").exists() or (Path(path) / "tokenizer.json").exists():
             from transformers import AutoTokenizer
@@ -162,8 +179,10 @@ class Engine:
 
     # ---- requests --------------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, priority: int = 0) -> str:
-        """Queue a prompt (text or token ids); returns its request id. Raises QueueFullError when full."""
+                    request_id: str | None = None, priority: int = 0, domain: str | None = None) -> str:
+        """Queue a prompt (text or token ids); returns its request id. Raises QueueFullError when full.
+
+        domain: a label (e.g. the calibration domain) under which speculative-decoding stats are also summed."""
         params = params or SamplingParams()
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -179,12 +198,16 @@ class Engine:
         seq = Sequence(request_id, token_ids, params, priority=priority, eos_token_id=self.eos_token_id)
         self.scheduler.add(seq)
         self._states[request_id] = _RequestState(seq, IncrementalDetokenizer(self.tokenizer, token_ids, params.stop))
+        if self.spec is not None:
+            self.spec.add(request_id, domain)
         return request_id
 
     def abort(self, request_id: str) -> bool:
         """Abort a request at any point; its blocks are freed at once. False if unknown or finished."""
         ok = self.scheduler.abort(request_id)
         self.runner.release(request_id)
+        if self.spec is not None:
+            self.spec.finish(request_id)
         self._states.pop(request_id, None)
         return ok
 
@@ -194,12 +217,15 @@ class Engine:
     # ---- the step --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns an output for every request that got tokens or finished."""
+        draft_probs = self.spec.propose() if self.spec is not None else None
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self.runner.swap(sched.swap_out, sched.swap_in)  # preemptions may still have to move K/V
             return []
-        out = self.runner.execute(sched)
+        out = self.runner.execute(sched, draft_probs) if draft_probs else self.runner.execute(sched)
         touched = self.scheduler.update_from_output(sched, out)
+        if self.spec is not None:
+            self.spec.observe(sched, out)
         by_id = dict(zip(out.request_ids, range(len(out.request_ids))))
         results = []
         for seq in touched:
@@ -225,6 +251,8 @@ class Engine:
         if seq.is_finished:
             self.runner.release(seq.request_id)
             self._states.pop(seq.request_id, None)
+            if self.spec is not None:
+                self.spec.finish(seq.request_id)
         return RequestOutput(
             request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, new_token_ids=new,
             text_delta=st.detok.take_delta(seq.is_finished), token_ids=list(seq.output_token_ids),
@@ -265,7 +293,9 @@ class Engine:
         return EngineStats(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                            kv_cache_usage=self.kv.usage, num_kv_blocks=self.kv.pool.num_blocks,
                            prefix_cache_hit_rate=self.kv.prefix_cache_hit_rate,
-                           num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps)
+                           num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps,
+                           spec_decode=None if self.spec is None else self.spec.total,
+                           spec_decode_per_domain={} if self.spec is None else dict(self.spec.per_domain))
 
 
 def _eos_id(config, tokenizer) -> int | None:

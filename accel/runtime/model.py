@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from accel.quant import cpu_kernels
 from accel.runtime.attention import AttentionMetadata, PagedKVCache, paged_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -51,13 +52,34 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def signed_sin(sin: Tensor) -> Tensor:
+    """sin [..., D] -> [-sin[..., :D/2], sin[..., D/2:]], so rotate_half(x) * sin == x.roll(D/2, -1) * signed_sin."""
+    s1, s2 = sin.chunk(2, dim=-1)
+    return torch.cat((-s1, s2), dim=-1)
+
+
+def apply_rope_rolled(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """`apply_rope` in 3 kernels instead of 6 (roll, mul, addcmul); same math: x*cos + rotate_half(x)*sin."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """RMSNorm(x); with `residual`, first `residual += x` in place and return RMSNorm(residual) (vLLM's
+        fused_add_rms_norm: the decoder keeps the residual stream in one buffer)."""
+        if x.dtype == torch.float32 and x.device.type == "cpu" and self.weight.dtype == torch.float32 \
+                and cpu_kernels.available():
+            if residual is None:
+                return cpu_kernels.rms_norm(x, self.weight, self.eps)
+            return cpu_kernels.add_rms_norm_(x, residual, self.weight, self.eps)
+        if residual is not None:
+            residual.add_(x)
+            x = residual
         # HF computes in fp32 and casts back before the weight; F.rms_norm is the fused equivalent in fp32
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
@@ -82,16 +104,17 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=attn_bias)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: PagedKVCache, meta: AttentionMetadata) -> Tensor:
-        t = x.shape[0]
+        t, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if hasattr(self, "qkv_proj"):  # fused at load time (see fuse_projections)
-            q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
-                                              self.num_kv_heads * self.head_dim], dim=-1)
+            qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) D]
+            # q and k are adjacent columns: rotate them with one set of kernels, then split the result
+            qk = apply_rope_rolled(qkv[:, :(h + kvh) * d].view(t, h + kvh, d), cos, sin)
+            q, k = qk[:, :h], qk[:, h:]
+            v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(t, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = apply_rope_rolled(self.q_proj(x).view(t, h, d), cos, sin)  # [T, H, D]
+            k = apply_rope_rolled(self.k_proj(x).view(t, kvh, d), cos, sin)  # [T, KVH, D]
+            v = self.v_proj(x).view(t, kvh, d)
         o = paged_attention(q, k, v, cache, meta, self.scale)  # [T, H, D]
         return self.o_proj(o.reshape(t, -1))
 
@@ -123,9 +146,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: PagedKVCache, meta: AttentionMetadata) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h: Tensor, residual: Tensor | None, cos: Tensor, sin: Tensor, cache: PagedKVCache,
+                meta: AttentionMetadata) -> tuple[Tensor, Tensor]:
+        """(h, residual) -> (h', residual'): the layer's input is h + residual (residual None at layer 0, where h
+        is the embedding). `residual` is updated in place, so the stream lives in one buffer."""
+        if residual is None:
+            residual = h.clone()
+            x = self.input_layernorm(h)
+        else:
+            x = self.input_layernorm(h, residual)
+        x = self.self_attn(x, cos, sin, cache, meta)
+        x = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class Backbone(nn.Module):
@@ -158,6 +190,7 @@ class CausalLM(nn.Module):
             raise NotImplementedError(f"sliding_window={window} < max_position_embeddings is not supported")
         self.cos: Tensor | None = None
         self.sin: Tensor | None = None
+        self.sin_signed: Tensor | None = None
 
     @property
     def num_layers(self) -> int:
@@ -166,16 +199,18 @@ class CausalLM(nn.Module):
     def init_rope(self, device: torch.device, dtype: torch.dtype) -> None:
         cos, sin = rope_cos_sin(self.config, self.config.max_position_embeddings, device)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+        self.sin_signed = signed_sin(self.sin)
 
     def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
                 kv_caches: list[PagedKVCache]) -> Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
+        cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
+        sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
+        residual = None
         for layer, cache in zip(self.model.layers, kv_caches):
-            x = layer(x, cos, sin, cache, meta)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, cos, sin, cache, meta)
+        return self.model.norm(x, residual)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, hidden] -> logits [N, vocab] float32."""
@@ -189,7 +224,9 @@ def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:
     one GEMM instead of several reads the input once and launches fewer ops, which matters at batch 1.
     """
     mods = [getattr(parent, n) for n in names]
-    if any(type(m) is not nn.Linear for m in mods) or len({(m.weight.dtype, m.weight.device) for m in mods}) != 1:
+    if any(type(m) is not nn.Linear for m in mods):
+        return _fuse_quantized(parent, names, fused_name, mods)
+    if len({(m.weight.dtype, m.weight.device) for m in mods}) != 1:
         return False
     w = torch.cat([m.weight for m in mods])
     has_bias = [m.bias is not None for m in mods]
@@ -204,8 +241,23 @@ def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:
     return True
 
 
+def _fuse_quantized(parent: nn.Module, names: tuple[str, ...], fused_name: str, mods: list[nn.Module]) -> bool:
+    """Siblings quantized with one scheme (and group size) become one quantized Linear (`concat_quantized`)."""
+    from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear, concat_quantized
+
+    kinds = {(type(m), getattr(m, "group_size", None)) for m in mods}
+    if len(kinds) != 1 or not isinstance(mods[0], (Int8WeightOnlyLinear, Int4WeightOnlyLinear)):
+        return False
+    fused = concat_quantized(mods)
+    for n in names:
+        delattr(parent, n)
+    setattr(parent, fused_name, fused)
+    return True
+
+
 def fuse_projections(model: CausalLM) -> list[str]:
-    """Fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj` where they are unquantized nn.Linear.
+    """Fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj` where they share one scheme (fp, int8, or int4
+    with one group size); mixed-precision siblings stay separate.
 
     Run after a quantization plan was applied (plans name the HF modules); returns the fused module names.
     """

@@ -52,6 +52,10 @@ class ModelRunner:
         self.kv_caches = [PagedKVCache(config.num_blocks, config.block_size, model.num_kv_heads, model.head_dim,
                                        kv_dtype, self.device, self.dtype) for _ in range(model.num_layers)]
         self._generators: dict[str, torch.Generator] = {}
+        from accel.quant import cpu_kernels
+
+        self._paged_decode_kernel = (self.device.type == "cpu" and kv_dtype == torch.float32
+                                     and cpu_kernels.available())
         self._swapped: dict[str, list[list[Tensor]]] = {}  # request id -> per layer saved block tensors
 
     # ---- per-request state -----------------------------------------------------------------------------
@@ -83,7 +87,10 @@ class ModelRunner:
 
     # ---- one step --------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, sched: SchedulerOutput, draft_probs: dict[str, Tensor | None] | None = None
+                ) -> ModelRunnerOutput:
+        """Run one step. Requests with draft tokens are verified (see `_verify`); draft_probs[request id] is
+        the distribution q [num drafts, V] each draft token was drawn from (None/missing: one-hot, n-gram)."""
         if sched.swap_out or sched.swap_in:
             self.swap(sched.swap_out, sched.swap_in)
         input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
@@ -92,6 +99,13 @@ class ModelRunner:
         sampled: list[list[int]] = [[] for _ in sched.scheduled]
         logprobs: list[list[float] | None] = [None] * len(sched.scheduled)
         top: list = [None] * len(sched.scheduled)
+        spec_rows = [(i, row) for i, row in sample_rows if sched.scheduled[i].spec_token_ids]
+        if spec_rows:
+            sample_rows = [(i, row) for i, row in sample_rows if not sched.scheduled[i].spec_token_ids]
+            for i, tokens in zip((i for i, _ in spec_rows),
+                                 self._verify(hidden, [(sched.scheduled[i], row) for i, row in spec_rows],
+                                              draft_probs or {})):
+                sampled[i] = tokens
         if sample_rows:
             idx = [i for i, _ in sample_rows]
             logits = self.model.compute_logits(hidden[torch.tensor([row for _, row in sample_rows],
@@ -109,17 +123,67 @@ class ModelRunner:
                     top[i] = [out.top_logprobs[j]] if out.top_logprobs is not None else None
         return ModelRunnerOutput(request_ids, sampled, logprobs, top)
 
+    def _verify(self, hidden: Tensor, spec: list[tuple[ScheduledRequest, int]],
+                draft_probs: dict[str, Tensor | None]) -> list[list[int]]:
+        """Verify the draft tokens of requests scheduled with them; returns accepted drafts + 1 token each.
+
+        A request with n drafts computed n + 1 query rows ending at its sampling row:
+
+            row:     last-n      last-n+1  ...  last
+            input:   x_{t-1}     d_0       ...  d_{n-1}
+            target:  p_0         p_1       ...  p_n      (p_j: next-token distribution after d_<j)
+
+        Greedy requests keep the drafts while they equal the target's argmax (prefix match: the output is
+        token-identical to decoding without drafts); sampled ones go through Leviathan/Chen rejection
+        sampling with the request's own processing (penalties, temperature, top-k/p, min-p) applied to p.
+        """
+        from accel.spec.rejection import greedy_verify, rejection_sample
+
+        rows: list[int] = []
+        for r, last in spec:
+            rows.extend(range(last - len(r.spec_token_ids), last + 1))
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])  # [R, V]
+        # one entry per row: the sequence, and the output tokens that position has seen (drafts included)
+        seqs = [r.seq for r, _ in spec for _ in range(len(r.spec_token_ids) + 1)]
+        outputs = [r.seq.output_token_ids + r.spec_token_ids[:j] for r, _ in spec
+                   for j in range(len(r.spec_token_ids) + 1)]
+        self._mask_early_stop(logits, seqs, [len(o) for o in outputs])
+        plain_greedy = all(r.seq.params.greedy and not _has_penalty(r.seq.params) for r, _ in spec)
+        if plain_greedy:
+            argmax, probs = logits.argmax(-1), None  # [R]
+        else:
+            probs = self.sampler.probs(logits, [s.params for s in seqs], [s.prompt_token_ids for s in seqs],
+                                       outputs)  # [R, V]; greedy rows one-hot
+            argmax = probs.argmax(-1)
+        out, start = [], 0
+        for r, _ in spec:
+            n = len(r.spec_token_ids)
+            d = torch.tensor([r.spec_token_ids], dtype=torch.long, device=self.device)  # [1, n]
+            if r.seq.params.greedy:
+                res = greedy_verify(d, [n], argmax[start:start + n + 1][None])
+            else:
+                q = draft_probs.get(r.seq.request_id)
+                q = None if q is None else q[:n].to(self.device)[None]  # [1, n, V]
+                res = rejection_sample(d, [n], q, probs[start:start + n + 1][None], [self._generator(r.seq)])
+            out.append(res.output_token_ids[0])
+            start += n + 1
+        return out
+
     @staticmethod
-    def _mask_early_stop(logits: Tensor, seqs: list[Sequence]) -> None:
+    def _mask_early_stop(logits: Tensor, seqs: list[Sequence], num_outputs: list[int] | None = None) -> None:
         """min_tokens: eos and stop token ids cannot be sampled before min_tokens outputs (as vLLM)."""
         for row, seq in enumerate(seqs):
             p = seq.params
-            if seq.num_output_tokens < p.min_tokens:
+            if (seq.num_output_tokens if num_outputs is None else num_outputs[row]) < p.min_tokens:
                 banned = list(p.stop_token_ids)
                 if seq.eos_token_id is not None and not p.ignore_eos:
                     banned.append(seq.eos_token_id)
                 if banned:
                     logits[row, banned] = float("-inf")
+
+    def generator_for(self, seq: Sequence) -> torch.Generator | None:
+        """The request's generator (seeded requests), shared with the proposer so draws stay per request."""
+        return self._generator(seq)
 
     def prepare_inputs(self, scheduled: list[ScheduledRequest]
                        ) -> tuple[Tensor, Tensor, AttentionMetadata, list[tuple[int, int]]]:
@@ -162,9 +226,11 @@ class ModelRunner:
             return []
         bs = self.config.block_size
         decodes = sorted(decodes, key=lambda d: d[1])
+        # accel's paged decode kernel reads each request's own context length: no padding, so one group
+        ratio = float("inf") if self._paged_decode_kernel else self.config.decode_group_ratio
         groups: list[list[tuple[int, int, list[int]]]] = [[decodes[0]]]
         for d in decodes[1:]:
-            if d[1] > groups[-1][0][1] * self.config.decode_group_ratio + bs:
+            if d[1] > groups[-1][0][1] * ratio + bs:
                 groups.append([d])
             else:
                 groups[-1].append(d)
@@ -178,5 +244,10 @@ class ModelRunner:
             ctx = torch.tensor([d[1] for d in g])  # [G]
             mask = torch.arange(nb * bs).unsqueeze(0) < ctx.unsqueeze(1)  # [G, L]
             out.append(DecodeGroup(token_idx=torch.tensor([d[0] for d in g], device=self.device),
-                                   block_table=table.to(self.device), mask=mask[:, None, None, :].to(self.device)))
+                                   block_table=table.to(self.device), mask=mask[:, None, None, :].to(self.device),
+                                   context_lens=ctx if self._paged_decode_kernel else None))
         return out
+
+
+def _has_penalty(params) -> bool:
+    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0

@@ -128,7 +128,11 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_new = self._num_new_tokens(seq, budget)
-            while self.kv.allocate_slots(seq, num_new, num_lookahead_tokens=self.config.num_lookahead_tokens) is None:
+            lookahead = self.config.num_lookahead_tokens
+            if seq.spec_token_ids and self.kv.allocate_slots(seq, num_new, num_lookahead_tokens=lookahead) is None:
+                seq.spec_token_ids = []  # drafts are optional: drop them rather than preempt anyone for them
+                num_new = self._num_new_tokens(seq, budget)
+            while self.kv.allocate_slots(seq, num_new, num_lookahead_tokens=lookahead) is None:
                 victim = max((s for s in self.running), key=lambda s: (s.priority, s.arrival_time))
                 if victim.request_id in scheduled:
                     budget += scheduled.pop(victim.request_id).num_tokens

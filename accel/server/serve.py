@@ -42,23 +42,34 @@ def make_server(async_engine: AsyncEngine, model_name: str, host: str = "127.0.0
     return _DrainingServer(config, async_engine, drain_timeout_s)
 
 
+def speculative_config(draft: str, num_speculative_tokens: int = 4):
+    """`--draft` -> SpecConfig: "ngram" is prompt lookup, anything else a draft model (registry name or folder)."""
+    from accel.spec.config import SpecConfig
+
+    if draft == "ngram":
+        return SpecConfig(method="ngram", num_speculative_tokens=num_speculative_tokens)
+    return SpecConfig(method="draft", draft_model=str(_resolve(draft)), num_speculative_tokens=num_speculative_tokens)
+
+
 def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-               draft: str | None = None, served_model_name: str | None = None, max_queue: int = 256,
+               draft: str | None = None, num_speculative_tokens: int = 4,
+               served_model_name: str | None = None, max_queue: int = 256,
                kv_pressure_threshold: float = 0.95, drain_timeout_s: float = 30.0, log_level: str = "info",
                **engine_kwargs) -> None:
     """Serve `model` (a model name known to accel.models, or an HF folder / exported checkpoint) until stopped.
 
     engine_kwargs are EngineConfig fields (max_num_seqs, num_kv_blocks, max_model_len, dtype, ...).
-    `draft` (speculative decoding) is not wired yet: passing one raises until the runtime takes a draft.
+    `draft`: speculative decoding with a draft model (name or folder sharing the target's tokenizer; refused
+    otherwise) or "ngram" (prompt lookup); acceptance counters go into each response's usage and /metrics.
     """
-    from accel.runtime.engine import Engine
+    from accel.export.load import load_engine
 
-    if draft is not None:
-        raise NotImplementedError("--draft: speculative decoding is not available in the runtime yet")
     path = _resolve(model)
+    if draft is not None:
+        engine_kwargs["speculative"] = speculative_config(draft, num_speculative_tokens)
     name = served_model_name or (model if not Path(model).exists() else Path(model).name)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
-    engine = Engine.from_pretrained(path, **engine_kwargs)
+    engine = load_engine(path, **engine_kwargs)  # plain HF folders and accel exports (compressed-tensors)
     async_engine = AsyncEngine(engine, AdmissionPolicy(max_queue=max_queue,
                                                        kv_pressure_threshold=kv_pressure_threshold))
     if host not in ("127.0.0.1", "localhost", "::1"):

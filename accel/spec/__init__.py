@@ -1,16 +1,24 @@
 """Speculative decoding: proposers (draft model, n-gram lookup, distilled draft), verification (greedy and
-Leviathan/Chen rejection sampling), acceptance statistics and adaptive speculation length."""
+Leviathan/Chen rejection sampling), acceptance statistics and adaptive speculation length.
 
-from accel.spec.adaptive import AdaptiveConfig, AdaptiveSpeculation, best_speculation_length, speculation_enabled
-from accel.spec.ngram import propose_ngram
-from accel.spec.proposer import DraftModelProposer, NgramProposer, ProposalRequest, Proposals, Proposer
-from accel.spec.rejection import VerifyResult, greedy_verify, rejection_sample
-from accel.spec.stats import SpecDecodeAggregator, SpecDecodeStats, expected_tokens_per_step, leviathan_speedup
-from accel.spec.tokenizer_check import TokenizerMismatchError, check_tokenizers_match
+Names are imported lazily so that `accel.spec.cli` (and with it `accel --help`) does not import torch.
+"""
 
-__all__ = [
-    "AdaptiveConfig", "AdaptiveSpeculation", "best_speculation_length", "speculation_enabled", "propose_ngram",
-    "DraftModelProposer", "NgramProposer", "ProposalRequest", "Proposals", "Proposer", "VerifyResult",
-    "greedy_verify", "rejection_sample", "SpecDecodeAggregator", "SpecDecodeStats", "expected_tokens_per_step",
-    "leviathan_speedup", "TokenizerMismatchError", "check_tokenizers_match",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "AdaptiveConfig": "adaptive", "AdaptiveSpeculation": "adaptive", "best_speculation_length": "adaptive",
+    "speculation_enabled": "adaptive", "propose_ngram": "ngram", "DraftModelProposer": "proposer",
+    "NgramProposer": "proposer", "ProposalRequest": "proposer", "Proposals": "proposer", "Proposer": "proposer",
+    "PagedDraftProposer": "paged_draft", "SpecConfig": "config", "VerifyResult": "rejection",
+    "greedy_verify": "rejection", "rejection_sample": "rejection", "SpecDecodeAggregator": "stats",
+    "SpecDecodeStats": "stats", "expected_tokens_per_step": "stats", "leviathan_speedup": "stats",
+    "TokenizerMismatchError": "tokenizer_check", "check_tokenizers_match": "tokenizer_check",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'accel.spec' has no attribute {name!r}")
+    return getattr(import_module(f"accel.spec.{_EXPORTS[name]}"), name)

@@ -141,6 +141,6 @@ def test_cli_pull_unknown_model_exits_2(home):
     assert res.exit_code == 2 and "smollm2-135m" in res.output
 
 
-def test_cli_unbuilt_commands_say_so(tmp_path):
-    res = CliRunner().invoke(app, ["serve", "smollm2-135m", "--draft", "x"])
-    assert res.exit_code == 2 and "not built yet" in res.output
+def test_cli_serve_unknown_draft_exits_2_naming_it(home, tiny_model_dir):
+    res = CliRunner().invoke(app, ["serve", str(tiny_model_dir), "--draft", "no-such-draft"])
+    assert res.exit_code == 2 and "no-such-draft" in res.output

@@ -5,6 +5,7 @@ import torch
 import transformers
 from torch import nn
 
+from accel.quant import cpu_kernels
 from accel.quant.kernels import (
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
@@ -276,8 +277,52 @@ def test_all_int8_tiny_model_logits_close_to_fp32():
 def test_kernel_choice_by_rows_and_device(cls, pack):
     mod = cls.from_linear(_linear(64, 64), dequant_min_rows=16)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    if cpu_kernels.available():
+        assert mod.kernel_for(1, cpu, torch.bfloat16) == pack  # bf16 activations keep torch's kernel
+        pack = "avx2"  # accel's own kernel wins for fp32 activations
     assert [mod.kernel_for(m, cpu) for m in (1, 15, 16, 512)] == [pack, pack, "gemm", "gemm"]
     assert mod.kernel_for(1, cuda) == "generic"
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("group_size", [16, 32, 64])
+def test_avx2_int4_kernel_matches_reference_and_float_mins(m, group_size):
+    g = torch.Generator().manual_seed(m + group_size)
+    out_f, in_f = 70, 192
+    q = torch.randint(0, 16, (out_f, in_f), generator=g)
+    scale = torch.rand(out_f, in_f // group_size, generator=g) + 0.01
+    mins = torch.randn(out_f, in_f // group_size, generator=g)  # float mins (GGUF Q4_1 form), not only -z * s
+    x = torch.randn(m, in_f, generator=g)
+    w = (q.double().view(out_f, -1, group_size) * scale.double()[..., None] + mins.double()[..., None])
+    ref = x.double() @ w.view(out_f, in_f).T
+    y = cpu_kernels.int4_linear(x, cpu_kernels.int4_repack(q), scale, mins, group_size)
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    if group_size in (32, 64):  # the module's integer zero points take the same kernel
+        zeros = torch.randint(0, 16, scale.shape, generator=g, dtype=torch.uint8)
+        mod = Int4WeightOnlyLinear.from_quantized(q, scale, zeros, group_size)
+        assert mod.kernel_for(m, torch.device("cpu")) == "avx2"
+        assert torch.allclose(mod(x).double(), x.double() @ mod.dequantized().double().T, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 33])
+@pytest.mark.parametrize("out_f, in_f", [(64, 64), (130, 576), (1, 8), (70, 24)])
+def test_avx2_int8_kernel_is_exact_in_fp32(m, out_f, in_f):
+    # every row-tile size (1-4 rows, remainders), output tiles of 64 and partial ones, K not a multiple of 16
+    g = torch.Generator().manual_seed(m * 1000 + out_f)
+    q = torch.randint(-127, 128, (out_f, in_f), dtype=torch.int8, generator=g)
+    scale = torch.rand(out_f, generator=g) + 0.01
+    x = torch.randn(m, in_f, generator=g)
+    ref = (x.double() @ q.double().T) * scale.double()
+    y = cpu_kernels.int8_linear(x, q, scale)
+    assert y.dtype == torch.float32 and y.shape == (m, out_f)
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-4 * ref.abs().max().item())
+    mod = Int8WeightOnlyLinear.from_quantized(q, scale)
+    if m < mod.dequant_min_rows and in_f % 8 == 0:
+        assert torch.equal(mod(x), y)  # the module routes fp32 decode-sized inputs through it
+    int8pack = mod._matmul(x, "int8pack")  # and the torch kernel agrees within its bf16 rounding
+    assert _rel_err(int8pack, ref.float()) < REL_TOL
 
 
 @pytest.mark.parametrize("cls", [Int8WeightOnlyLinear, Int4WeightOnlyLinear])
@@ -292,8 +337,10 @@ def test_generic_device_path_matches_reference(cls, dtype):
 
 
 def test_int4_out_features_not_multiple_of_16_uses_gemm():
+    # torch's int4pack layout needs out_features % 16 == 0 (accel's AVX2 kernel does not, it takes any N)
     mod = Int4WeightOnlyLinear.from_linear(_linear(40, 64), group_size=32)
-    assert mod.kernel_for(1, torch.device("cpu")) == "gemm"
+    assert mod.kernel_for(1, torch.device("cpu"), torch.bfloat16) == "gemm"
+    assert mod.kernel_for(1, torch.device("cpu")) == ("avx2" if cpu_kernels.available() else "gemm")
 
 
 @pytest.mark.parametrize("cls, kw", [(Int8WeightOnlyLinear, {}), (Int4WeightOnlyLinear, {"group_size": 32})])

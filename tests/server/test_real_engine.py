@@ -152,3 +152,35 @@ def tiny_engine_busy(base: str) -> bool:
     except httpx.TransportError:
         return False
     return 'vllm:num_requests_running{model_name="tiny"} 1.0' in text
+
+
+def test_draft_speculation_in_the_server_reports_acceptance_in_usage_and_metrics(tiny_dir):
+    # `accel serve --draft DIR` builds this SpecConfig; the model drafting for itself accepts every greedy draft,
+    # and the text is identical to no speculation
+    from accel.server.serve import speculative_config
+
+    prompt = "one two three four one two three four one two three four one two"
+    kw = dict(max_tokens=16, temperature=0.0, ignore_eos=True)
+    plain = Engine.from_pretrained(tiny_dir, num_kv_blocks=64, block_size=16, max_model_len=256)
+    expected = plain.generate(prompt, SamplingParams(**kw))[0].text
+    engine = Engine.from_pretrained(tiny_dir, num_kv_blocks=64, block_size=16, max_model_len=256,
+                                    speculative=speculative_config(str(tiny_dir), 3))
+    with serve_in_thread(engine, model_name="tiny") as running:
+        r = httpx.post(running.base_url + "/v1/completions", timeout=60,
+                       json={"model": "tiny", "prompt": prompt, **kw})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["choices"][0]["text"] == expected
+        spec = body["usage"]["spec_decode"]
+        assert spec["num_drafts"] >= 1 and spec["num_accepted_tokens"] == spec["num_draft_tokens"] > 0
+        metrics = httpx.get(running.base_url + "/metrics", timeout=10).text
+        drafts = [ln for ln in metrics.splitlines() if ln.startswith("vllm:spec_decode_num_drafts")]
+        assert drafts and float(drafts[0].split()[-1]) == spec["num_drafts"]
+
+
+def test_speculative_config_from_the_draft_flag(tiny_dir):
+    from accel.server.serve import speculative_config
+
+    assert speculative_config("ngram", 5).method == "ngram"
+    cfg = speculative_config(str(tiny_dir), 2)
+    assert cfg.method == "draft" and cfg.draft_model == str(tiny_dir) and cfg.num_speculative_tokens == 2

@@ -123,3 +123,22 @@ def test_training_lowers_the_loss_and_saved_draft_proposes_in_vocab(tmp_path):
 def test_train_on_no_samples_is_a_clear_error():
     with pytest.raises(ValueError, match="no training samples"):
         train_on_samples(build_draft(make_tiny_llama(), [0]), [], [0, 1], time.monotonic() + 1, 1e-3, 0)
+
+
+def test_engine_teacher_samples_are_the_targets_greedy_replies(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from accel.spec.distill import engine_teacher_samples
+
+    target = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    prompts = [[{"role": "user", "content": "What is the capital of France?"}],
+               [{"role": "user", "content": "def add(a, b):"}]]
+    samples = engine_teacher_samples(target, tiny_model_dir, tok, prompts, max_new_tokens=6,
+                                     deadline=time.monotonic() + 600, top_m=4)
+    assert len(samples) == 2
+    for s in samples:
+        reply = s.token_ids[s.loss_start + 1:]
+        assert 1 <= len(reply) <= 6 and s.top_ids.shape == (len(reply), 4)
+        assert s.top_ids[:, 0].tolist() == reply  # the reply is the target's argmax at every position
+        assert torch.all(s.top_logprobs[:, :-1] >= s.top_logprobs[:, 1:])

@@ -1,0 +1,85 @@
+"""What the runtime needs to speculate: the proposer, the draft length and the adaptive knobs.
+
+`EngineConfig.speculative` holds one `SpecConfig` (None: no speculation). The recipe's `speculation:` section
+maps onto it with `from_recipe` (method none | ngram | draft_model | distilled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accel.spec.adaptive import AdaptiveConfig
+
+SPEC_METHODS = ("ngram", "draft")
+
+
+@dataclass
+class SpecConfig:
+    """Speculative decoding inside the engine.
+
+    method                    "ngram" (prompt lookup) or "draft" (a small model sharing the tokenizer).
+    num_speculative_tokens    draft tokens per step at most (k_max).
+    ngram_min_n, ngram_max_n  suffix lengths tried by prompt lookup (longest first).
+    draft_model               HF folder of the draft (method "draft"); its tokenizer must match the target's.
+    draft_quant_scheme        quantize the draft's decoder Linears ("int8" | "int4"; None: as stored).
+    adaptive                  per-request draft length from recent acceptance (False: always k_max).
+    cost_ratio                cost of one draft token relative to one target decode step, verification of the
+                              extra position included; the adaptive rule picks k with Leviathan's formula.
+                              None: 0.15 for n-gram, 0.3 for a draft model (CPU measurements, see DESIGN).
+    disable_above_batch_size  no speculation at all while at least this many requests run (None: never off).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    ngram_min_n: int = 2
+    ngram_max_n: int = 4
+    draft_model: str | None = None
+    draft_quant_scheme: str | None = None
+    adaptive: bool = True
+    cost_ratio: float | None = None
+    disable_above_batch_size: int | None = 16
+    probe_interval: int = 8
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"speculative method={self.method!r} is invalid; allowed: {SPEC_METHODS}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} is invalid; allowed: >= 1")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise ValueError(f"ngram_min_n={self.ngram_min_n}, ngram_max_n={self.ngram_max_n} are invalid; "
+                             "allowed: 1 <= ngram_min_n <= ngram_max_n")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative method 'draft' needs draft_model (an HF folder sharing the tokenizer)")
+        if self.draft_quant_scheme not in (None, "int8", "int4"):
+            raise ValueError(f"draft_quant_scheme={self.draft_quant_scheme!r} is invalid; allowed: None, int8, int4")
+        if self.cost_ratio is not None and self.cost_ratio < 0:
+            raise ValueError(f"cost_ratio={self.cost_ratio} is invalid; allowed: None or >= 0")
+        if self.disable_above_batch_size is not None and self.disable_above_batch_size < 1:
+            raise ValueError(f"disable_above_batch_size={self.disable_above_batch_size} is invalid; "
+                             "allowed: None or >= 1")
+
+    def adaptive_config(self) -> AdaptiveConfig:
+        ratio = self.cost_ratio if self.cost_ratio is not None else (0.15 if self.method == "ngram" else 0.3)
+        return AdaptiveConfig(k_max=self.num_speculative_tokens, cost_ratio=ratio,
+                              disable_at_batch_size=self.disable_above_batch_size, adaptive=self.adaptive,
+                              probe_interval=self.probe_interval)
+
+    @classmethod
+    def from_recipe(cls, speculation, draft_dir: str | None = None) -> SpecConfig | None:
+        """The recipe's `speculation` section -> SpecConfig (None for method "none").
+
+        draft_dir: where the draft lives for "distilled" (the run folder's draft/), and overrides
+        `draft_model` for "draft_model" when the pipeline resolved it to a local folder."""
+        if speculation.method == "none":
+            return None
+        common = dict(num_speculative_tokens=speculation.num_speculative_tokens, adaptive=speculation.adaptive,
+                      disable_above_batch_size=speculation.disable_above_batch_size)
+        if speculation.method == "ngram":
+            return cls(method="ngram", ngram_min_n=speculation.ngram.min_n, ngram_max_n=speculation.ngram.max_n,
+                       **common)
+        draft = draft_dir or speculation.draft_model
+        if draft is None:
+            raise ValueError(f"speculation.method {speculation.method!r} needs a draft folder; none was produced")
+        scheme = speculation.draft_quantization if speculation.method == "draft_model" else None
+        return cls(method="draft", draft_model=str(draft),
+                   draft_quant_scheme=scheme if scheme in ("int8", "int4") else None, **common)

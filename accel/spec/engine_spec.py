@@ -1,0 +1,109 @@
+"""The engine's speculative-decoding loop: who drafts how much before each step, and what was accepted after.
+
+    Engine.step():  drafts = spec.propose()      # running decode requests get 0..k draft tokens
+                    sched  = scheduler.schedule()  # drafts ride in the same batch as everything else
+                    out    = runner.execute(sched, drafts)   # verification: accepted drafts + 1 token
+                    scheduler.update_from_output(...)        # rollback of rejected drafts' KV slots
+                    spec.observe(sched, out)     # counters (request, domain, global), adaptive length
+
+The draft length per request comes from `AdaptiveSpeculation` (Leviathan's formula on the request's recent
+acceptance, off above `disable_above_batch_size` running requests) and is capped so that accepted drafts plus
+the bonus token never pass max_tokens or the model length. Requests that ask for logprobs are not drafted
+(their per-token logprobs would need every verified position's distribution; not implemented).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import Tensor
+
+from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput
+from accel.spec.adaptive import AdaptiveSpeculation
+from accel.spec.config import SpecConfig
+from accel.spec.proposer import NgramProposer, ProposalRequest, Proposer
+from accel.spec.stats import SpecDecodeStats
+
+
+def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, block_size: int,
+                   device, dtype) -> Proposer:
+    """The proposer a SpecConfig names: n-gram lookup, or a draft model on its own paged KV cache."""
+    if config.method == "ngram":
+        return NgramProposer(config.ngram_min_n, config.ngram_max_n)
+    from accel.spec.paged_draft import PagedDraftProposer
+
+    target = target_dir if target_dir and Path(target_dir).is_dir() else None
+    return PagedDraftProposer.from_pretrained(config.draft_model, num_blocks, block_size, target_dir=target,
+                                              dtype=dtype, device=device, quant_scheme=config.draft_quant_scheme)
+
+
+class SpecDecoder:
+    """Speculation state of one engine: proposer, adaptive lengths, acceptance counters."""
+
+    def __init__(self, config: SpecConfig, engine, proposer: Proposer | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.proposer = proposer or build_proposer(config, engine.config.model, engine.kv.pool.num_blocks,
+                                                   engine.config.block_size, engine.runner.device,
+                                                   engine.runner.dtype)
+        self.adaptive = AdaptiveSpeculation(config.adaptive_config())
+        self.total = SpecDecodeStats()
+        self.per_domain: dict[str, SpecDecodeStats] = {}
+        self._domain: dict[str, str | None] = {}
+        self._drafted: set[str] = set()  # requests asked for drafts this step (k >= 0 decided)
+
+    def add(self, request_id: str, domain: str | None) -> None:
+        self._domain[request_id] = domain
+
+    def finish(self, request_id: str) -> None:
+        self.proposer.finish(request_id)
+        self.adaptive.forget(request_id)
+        self._domain.pop(request_id, None)
+
+    def propose(self) -> dict[str, Tensor | None]:
+        """Set `spec_token_ids` of the running decode requests; returns their draft distributions (q)."""
+        sched = self.engine.scheduler
+        running = sched.running
+        self._drafted = set()
+        for seq in running:
+            seq.spec_token_ids = []
+        batch = len(running)
+        reqs, seqs = [], []
+        max_len = sched.config.max_model_len
+        for seq in running:
+            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.params.logprobs is not None:
+                continue  # still prefilling, or wants per-token logprobs
+            k = self.adaptive.num_speculative_tokens(seq.request_id, batch)
+            self._drafted.add(seq.request_id)
+            # accepted drafts + the bonus token must fit in max_tokens and the model length
+            k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_len - seq.num_tokens - 1)
+            if k <= 0:
+                continue
+            reqs.append(ProposalRequest(seq.token_ids, k, seq.request_id, seq.num_prompt_tokens, seq.params,
+                                        self.engine.runner.generator_for(seq)))
+            seqs.append(seq)
+        if not reqs:
+            return {}
+        props = self.proposer.propose(reqs)
+        probs: dict[str, Tensor | None] = {}
+        for i, seq in enumerate(seqs):
+            seq.spec_token_ids = list(props.token_ids[i])
+            if seq.spec_token_ids:
+                probs[seq.request_id] = None if props.probs is None else props.probs[i]
+        return probs
+
+    def observe(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
+        """Count every verification of this step and feed the adaptive lengths."""
+        for req, sampled in zip(sched.scheduled, out.sampled_token_ids):
+            rid = req.seq.request_id
+            if not sampled or rid not in self._drafted:
+                continue
+            n = len(req.spec_token_ids)
+            accepted = len(sampled) - 1
+            self.adaptive.observe(rid, n, accepted)
+            if n == 0:
+                continue
+            self.total.observe(n, accepted)
+            domain = self._domain.get(rid)
+            if domain is not None:
+                self.per_domain.setdefault(domain, SpecDecodeStats()).observe(n, accepted)

@@ -1,0 +1,228 @@
+"""`accel optimize` end to end on a tiny random Llama: every stage, reuse, partial reruns, gates, crashes, export."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from accel.recipe import parse_recipe
+from tests.conftest import save_tiny_model
+
+STAGES = ["load", "calibrate", "sensitivity", "plan", "quantize", "draft", "evaluate", "gates", "report", "export"]
+
+
+def tiny_recipe(model_dir, out_dir, **sections) -> dict:
+    data = {
+        "name": "tiny", "output_dir": str(out_dir), "model": {"path": str(model_dir)},
+        "calibration": {"num_samples": 16, "max_seq_len": 64, "length_buckets": [64]},
+        "quantization": {"method": "rtn", "int4_group_size": 32, "budget": {"max_mean_kl": 0.05},
+                         "sensitivity": {"num_samples": 4, "max_seq_len": 64}},
+        "speculation": {"method": "ngram"},
+        "runtime": {"num_kv_blocks": 64},
+        "eval": {"domains": ["prose", "code"], "window": 64, "max_windows_per_domain": 1, "tasks": False,
+                 "workloads": [
+                     {"name": "batch1", "num_requests": 2, "prompt_tokens": [8, 16], "output_tokens": [8, 8],
+                      "concurrency": 1}]},
+    }
+    for k, v in sections.items():
+        data[k] = {**data[k], **v} if isinstance(data.get(k), dict) else v
+    return data
+
+
+def _run(data, **kw):
+    from accel.pipeline import optimize
+
+    events = []
+    t0 = time.perf_counter()
+    try:
+        records = optimize(parse_recipe(data), on_event=lambda kind, st, rec: events.append((kind, st.name)), **kw)
+    finally:
+        elapsed = time.perf_counter() - t0
+    return records, events, elapsed
+
+
+@pytest.fixture(scope="module")
+def small_eval():
+    import accel.pipeline_eval as pe
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pe, "SPEC_EVAL_PROMPTS", 2)
+        mp.setattr(pe, "SPEC_EVAL_NEW_TOKENS", 16)
+        yield
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, small_eval):
+    root = tmp_path_factory.mktemp("pipeline")
+    model_dir = save_tiny_model(root / "tiny-model")
+    data = tiny_recipe(model_dir, root / "runs")
+    records, events, elapsed = _run(data)
+    return data, records, elapsed
+
+
+def test_first_run_writes_every_stage(first_run):
+    data, records, _ = first_run
+    assert list(records) == STAGES
+    assert all(r.status == "ran" for r in records.values())
+    run = parse_recipe(data).run_dir()
+    for f in ("model.json", "calibration.jsonl", "sensitivity.json", "plan.json", "checkpoint_quantized", "draft.json",
+              "eval.json", "gates.json", "report.html", "report.md", "checkpoint/accel.json", "manifest.json"):
+        assert (run / f).exists(), f
+    assert not list(run.glob(".stage-*"))
+    summary = json.loads((run / "eval.json").read_text())["summary"]
+    for k in ("kl_mean", "top1", "ppl_base", "ppl_quant", "ppl_increase_pct", "speedup_batch1", "tok_s_batch1_base",
+              "tok_s_batch1_quant", "acceptance_rate", "mean_acceptance_length"):
+        assert summary[k] is not None, k
+    ev = json.loads((run / "eval.json").read_text())
+    assert [v["name"] for v in ev["variants"]] == ["baseline", "quantized", "quantized+spec"]
+    assert ev["variants"][2]["spec"]["num_draft_tokens"] > 0
+
+
+def test_export_verifies_and_carries_the_run(first_run):
+    from accel.export import verify_export
+
+    data, _, _ = first_run
+    ck = parse_recipe(data).run_dir() / "checkpoint"
+    res = verify_export(ck)
+    assert res.ok, res.problems
+    manifest = json.loads((ck / "accel.json").read_text())
+    assert manifest["quantization_format"] == "compressed-tensors"
+    assert manifest["plan"]["schemes"] and manifest["eval"]["kl_mean"] is not None
+    assert manifest["draft"] is None  # n-gram: no draft model to ship
+    qcfg = json.loads((ck / "config.json").read_text())["quantization_config"]
+    assert qcfg["quant_method"] == "compressed-tensors" and qcfg["config_groups"]
+    assert (ck / "generation_config.json").is_file() and (ck / "tokenizer.json").is_file()
+
+
+def test_export_greedy_agrees_in_transformers_and_accel_runtime(first_run):
+    from accel.export import verify_export
+    from accel.export.load import load_engine
+    from accel.runtime.sampling_params import SamplingParams
+
+    data, _, _ = first_run
+    ck = parse_recipe(data).run_dir() / "checkpoint"
+    prompts = ["The quick brown fox", "def add(a, b):", "What is the capital of France?"]
+    hf = verify_export(ck, prompts=prompts).details["greedy"]
+    engine = load_engine(ck, num_kv_blocks=64)
+    outs = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0))
+    for h, o in zip(hf, outs):
+        n = min(len(h), len(o.token_ids))
+        assert n > 0 and o.token_ids[:n] == h[:n]
+
+
+def test_second_run_reuses_every_stage_and_is_much_faster(first_run, small_eval):
+    data, _, first_s = first_run
+    records, events, elapsed = _run(data)
+    assert all(r.status == "reused" for r in records.values())
+    assert [k for k, _ in events] == ["reused"] * len(STAGES)
+    assert elapsed * 10 < first_s
+
+
+def test_changed_gates_rerun_only_dependants_and_block_export(first_run, small_eval):
+    from accel.pipeline import GateFailed
+
+    data, _, _ = first_run
+    blocked = {**data, "gates": {"min_speedup": 1000.0, "max_mean_kl": 10.0}}
+    with pytest.raises(GateFailed, match=r"min_speedup: measured .*, limit 1000"):
+        _run(blocked)
+    run = parse_recipe(data).run_dir()
+    gates = json.loads((run / "gates.json").read_text())
+    assert gates["failed"] == ["min_speedup"] and gates["checked"]["max_mean_kl"]["ok"]
+    assert "FAIL" in (run / "report.md").read_text()
+    # override: the same numbers, exported anyway; upstream of gates is reused
+    records, _, _ = _run({**data, "gates": {**blocked["gates"], "override": True}})
+    status = {n: r.status for n, r in records.items()}
+    assert all(status[s] == "reused" for s in STAGES[:7])
+    assert status["export"] == "ran"
+    manifest = json.loads((run / "checkpoint" / "accel.json").read_text())
+    assert manifest["eval"]["gates"]["failed"] == ["min_speedup"]
+    # back to the original recipe: only gates-dependent stages rerun
+    records, _, _ = _run(data)
+    status = {n: r.status for n, r in records.items()}
+    assert all(status[s] == "reused" for s in STAGES[:7]) and status["gates"] == "ran"
+
+
+def test_crash_mid_stage_leaves_no_half_written_output(first_run, small_eval, monkeypatch):
+    import accel.pipeline as pipeline
+
+    data, _, _ = first_run
+    run = parse_recipe(data).run_dir()
+    before = (run / "report.md").read_text()
+
+    def crashing_report(ctx):
+        (ctx.out_dir / "report.md").write_text("half")
+        raise KeyboardInterrupt
+
+    changed = {**data, "name": data["name"], "eval": data["eval"]}
+    monkeypatch.setattr(pipeline, "stage_report", crashing_report)
+    with pytest.raises(KeyboardInterrupt):
+        _run(changed, force=("report",))
+    assert (run / "report.md").read_text() == before
+    assert not list(run.glob(".stage-*"))
+    monkeypatch.undo()
+    records, _, _ = _run(changed, force=("report",))
+    assert records["report"].status == "ran" and records["export"].status == "reused"
+
+
+def test_cli_bad_recipe_and_bad_force_exit_2_before_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from accel.cli import app
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "x", "output_dir": str(tmp_path / "runs"), "quantisation": {}}))
+    r = CliRunner().invoke(app, ["optimize", str(bad)])
+    assert r.exit_code == 2 and "quantisation" in r.output
+    assert not (tmp_path / "runs").exists()
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"name": "x", "output_dir": str(tmp_path / "runs"),
+                                    "model": {"path": str(tmp_path / "nowhere")}}))
+    r = CliRunner().invoke(app, ["optimize", str(good), "--force", "nope"])
+    assert r.exit_code == 2 and "no such stage" in r.output
+
+
+def test_cli_optimize_reports_failed_gate_with_exit_1(first_run, small_eval, tmp_path):
+    from typer.testing import CliRunner
+
+    from accel.cli import app
+
+    data, _, _ = first_run
+    f = tmp_path / "gated.yaml"
+    f.write_text(yaml.safe_dump({**data, "gates": {"min_speedup": 1000.0}}))
+    r = CliRunner().invoke(app, ["optimize", str(f)])
+    assert r.exit_code == 1, r.output
+    assert "gates failed" in r.output and "min_speedup" in r.output
+    r = CliRunner().invoke(app, ["optimize", str(f), "--override-gates"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["export", "run", str(parse_recipe(data).run_dir())])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["quantize", str(f)])  # load .. quantize only, all reused
+    assert r.exit_code == 0, r.output
+    assert "quantize" in r.output and "reused" in r.output and "evaluate" not in r.output
+
+
+def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp_path, small_eval):
+    from accel.export import verify_export
+
+    model_dir = save_tiny_model(tmp_path / "tiny-model")
+    data = tiny_recipe(model_dir, tmp_path / "runs", name="tiny-distilled",
+                       speculation={"method": "distilled", "num_speculative_tokens": 3,
+                                    "distill": {"num_layers": 1, "time_budget_minutes": 0.2, "num_prompts": 4,
+                                                "max_new_tokens": 8}},
+                       eval={"speed": False, "variants": ["baseline", "baseline+spec"]})
+    data["name"] = "tiny-distilled"
+    data["quantization"] = {"enabled": False}
+    records, _, _ = _run(data)
+    assert "quantize" not in records and records["export"].status == "ran"
+    ck = parse_recipe(data).run_dir() / "checkpoint"
+    assert (ck / "draft" / "config.json").is_file()
+    res = verify_export(ck)
+    assert res.ok, res.problems
+    manifest = json.loads((ck / "accel.json").read_text())
+    assert manifest["quantization_format"] == "none"
+    assert manifest["draft"]["path"] == "draft" and manifest["draft"]["method"] == "distilled"
+    assert manifest["draft"]["measured"]["num_draft_tokens"] > 0
+    assert any(f.startswith("draft/") for f in manifest["files"])

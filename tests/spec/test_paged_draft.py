@@ -1,0 +1,77 @@
+"""The runtime-side draft model: batched drafting over its own paged KV cache, rollback, reduced vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel.recipe import SpeculationConfig
+from accel.runtime.model import load_model
+from accel.spec.config import SpecConfig
+from accel.spec.paged_draft import PagedDraftProposer
+from accel.spec.proposer import ProposalRequest
+from tests.conftest import make_tiny_llama
+from tests.spec.test_proposer import reference_greedy
+
+
+@pytest.fixture
+def draft(tmp_path):
+    hf = make_tiny_llama(seed=3)
+    hf.save_pretrained(tmp_path / "d")
+    return hf, load_model(tmp_path / "d", torch.float32, torch.device("cpu"))
+
+
+def test_batched_drafts_match_uncached_greedy_and_roll_back(draft):
+    hf, model = draft
+    prop = PagedDraftProposer(model, num_blocks=64, block_size=4)
+    a, b = [1, 5, 9, 33, 71, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]
+    out = prop.propose([ProposalRequest(a, 4, "a"), ProposalRequest(b, 2, "b"), ProposalRequest([3], 0, "c")])
+    assert out.token_ids == [reference_greedy(hf, a, 4), reference_greedy(hf, b, 2), []]
+    assert out.probs is None  # greedy: no q needed
+    # "a": two drafts accepted, then a different token; "b": all accepted + bonus
+    a2 = a + out.token_ids[0][:2] + [17]
+    b2 = b + out.token_ids[1] + [8]
+    out2 = prop.propose([ProposalRequest(a2, 3, "a"), ProposalRequest(b2, 3, "b")])
+    assert out2.token_ids == [reference_greedy(hf, a2, 3), reference_greedy(hf, b2, 3)]
+    assert prop.seqs["a"].num_computed_tokens == len(a2) + 2  # verified + fed drafts (the last one is not fed)
+    prop.finish("a")
+    prop.finish("b")
+    assert prop.kv.num_held_blocks() == 0 and not prop.seqs
+
+
+def test_reduced_vocabulary_and_sampled_q(draft):
+    hf, model = draft
+    vocab = list(range(100, 140))
+    prop = PagedDraftProposer(model, num_blocks=64, block_size=4, vocab_ids=vocab)
+    ids = [1, 5, 9, 33]
+    assert prop.propose([ProposalRequest(ids, 3, "g")]).token_ids == [reference_greedy(hf, ids, 3, vocab)]
+    from accel.runtime.sampling_params import SamplingParams
+
+    out = prop.propose([ProposalRequest(ids, 3, "s", params=SamplingParams(temperature=0.8, top_k=5),
+                                        generator=torch.Generator().manual_seed(0))])
+    q = out.probs[0]
+    assert q.shape == (3, 256) and torch.allclose(q.sum(-1), torch.ones(3))
+    assert (q[:, [i for i in range(256) if i not in vocab]] == 0).all() and ((q > 0).sum(-1) <= 5).all()
+    assert all(t in vocab for t in out.token_ids[0])
+
+
+def test_draft_that_does_not_fit_proposes_nothing(draft):
+    _, model = draft
+    prop = PagedDraftProposer(model, num_blocks=2, block_size=4)
+    assert prop.propose([ProposalRequest(list(range(3, 20)), 4, "x")]).token_ids == [[]]
+
+
+def test_spec_config_from_recipe_and_validation():
+    assert SpecConfig.from_recipe(SpeculationConfig()) is None
+    ng = SpecConfig.from_recipe(SpeculationConfig(method="ngram", num_speculative_tokens=5,
+                                                  ngram={"min_n": 1, "max_n": 3}, disable_above_batch_size=8))
+    assert (ng.method, ng.num_speculative_tokens, ng.ngram_min_n, ng.ngram_max_n, ng.disable_above_batch_size) == (
+        "ngram", 5, 1, 3, 8)
+    dm = SpecConfig.from_recipe(SpeculationConfig(method="draft_model", draft_model="x", draft_quantization="int8"))
+    assert (dm.method, dm.draft_model, dm.draft_quant_scheme) == ("draft", "x", "int8")
+    assert SpecConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="run/draft").draft_model == "run/draft"
+    with pytest.raises(ValueError, match="needs draft_model"):
+        SpecConfig(method="draft")
+    with pytest.raises(ValueError, match="method='eagle' is invalid"):
+        SpecConfig(method="eagle")
+    assert SpecConfig(method="ngram", num_speculative_tokens=3).adaptive_config().k_max == 3
