@@ -381,6 +381,10 @@ def train_draft(target_path: str | Path, out_dir: str | Path, *, num_layers: int
     losses = train_on_samples(draft, samples, vocab_ids, deadline=start + budget - save_margin,
                               learning_rate=learning_rate, seed=seed)
     train_s = time.monotonic() - train_start
+    if not losses:
+        raise ValueError(f"time_budget_minutes={budget / 60:.2f} left no time to train after collecting the "
+                         f"teacher's replies ({train_start - start:.0f} s); allowed: a budget long enough for "
+                         "at least one training step (raise it, or lower num_prompts / max_new_tokens)")
     tail = losses[-10:]
     log(f"trained {len(losses)} steps in {train_s:.0f}s; loss {losses[0]:.3f} -> {sum(tail) / len(tail):.3f}")
     result = DraftTrainResult(
