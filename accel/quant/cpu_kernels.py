@@ -105,6 +105,55 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale)
   return y;
 }
 
+// ---- fp32 GEMV-like (a few activation rows): streams the weight once at full bandwidth -------------------
+template <int MB>
+static void tilef(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* row = w + n * K;
+    __m256 a0[MB], a1[MB];
+    for (int m = 0; m < MB; ++m) { a0[m] = _mm256_setzero_ps(); a1[m] = _mm256_setzero_ps(); }
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      __m256 w0 = _mm256_loadu_ps(row + k), w1 = _mm256_loadu_ps(row + k + 8);
+      for (int m = 0; m < MB; ++m) {
+        a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * K + k), a0[m]);
+        a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * K + k + 8), a1[m]);
+      }
+    }
+    for (; k < K; k += 8) {
+      __m256 w0 = _mm256_loadu_ps(row + k);
+      for (int m = 0; m < MB; ++m) a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * K + k), a0[m]);
+    }
+    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(_mm256_add_ps(a0[m], a1[m]));
+  }
+}
+
+torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && x.size(1) % 8 == 0, "x [M, K], w [N, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "fp32 only");
+  x = x.contiguous(); w = w.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t TN = 64;
+  at::parallel_for(0, (N + TN - 1) / TN, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * TN, n1 = std::min(N, n0 + TN);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        switch (std::min<int64_t>(4, M - m0)) {
+          case 4: tilef<4>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); break;
+          case 3: tilef<3>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); break;
+          case 2: tilef<2>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); break;
+          default: tilef<1>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); break;
+        }
+      }
+    }
+  });
+  return y;
+}
+
 // ---- INT4 (group-wise, w = q * scale + min with q in [0, 15]) --------------------------------------------
 // Kernel layout (`int4_repack`): per row, every 16 consecutive inputs c0..c15 are 8 bytes, byte i holding c_i in
 // its low nibble and c_{i+8} in its high one, so one 8-byte load widens to both halves with a mask and a shift.
@@ -303,6 +352,7 @@ torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tens
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "y = (x @ q^T) * scale; x fp32 [M, K], q int8 [N, K], scale fp32 [N]");
   m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, g] + min[n, g])");
+  m.def("f32_linear", &f32_linear, "y = x @ w^T for a few fp32 rows");
   m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged fp32 KV cache");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; return RMSNorm(residual)");
@@ -321,7 +371,7 @@ def _module():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        return load_inline(name="accel_cpu_kernels_v4", cpp_sources=[_SOURCE], functions=None,
+        return load_inline(name="accel_cpu_kernels_v5", cpp_sources=[_SOURCE], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels
@@ -352,6 +402,11 @@ def paged_decode_attention(out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Ten
     """Decode attention for rows `rows` of q [T, H, D] over the paged fp32 cache (K/V [blocks, bs, KVH, D],
     block_tables [G, nb], context_lens [G]); writes out[rows] (out [T, H, D], contiguous)."""
     _module().paged_decode_attention(out, q, k_cache, v_cache, block_tables, context_lens, rows, scale)
+
+
+def f32_linear(x: Tensor, w: Tensor) -> Tensor:
+    """x [M, K] @ w [N, K]^T in fp32 (meant for M <= 4). Call only when `available()`."""
+    return _module().f32_linear(x, w)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -385,3 +385,19 @@ def test_int4_from_compressed_tensors_matches_the_library_packing():
     _, _, z = int4_from_compressed_tensors(helpers.pack_to_int32(signed[:20], 4), torch.ones(20, 2), (20, 64),
                                            weight_zero_point=helpers.pack_to_int32(zp, 4, packed_dim=0))
     assert torch.equal(z.int(), zp.int() + 8)
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 70])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
+    # <= 4 rows go through accel's AVX2 fp32 kernel (when built), more rows through oneDNN
+    from accel.quant.kernels import PackedLinear, packed_linear_available
+
+    if not packed_linear_available():
+        pytest.skip("oneDNN is not available in this torch build")
+    lin = _linear(200, 96, bias=bias)
+    packed = PackedLinear(lin)
+    x = torch.randn(m, 96)
+    assert torch.allclose(packed(x), lin(x), atol=1e-5, rtol=1e-5)
+    assert packed(x.view(1, m, 96)).shape == (1, m, 200)
+    assert linear_scheme(packed) == "fp32" and weight_bytes(packed) == 200 * 96 * 4 + (200 * 4 if bias else 0)
