@@ -228,28 +228,104 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
   return y;
 }
 
-// ---- paged decode attention (one query token per request, fp32 cache) ------------------------------------
-// Reads K/V straight from the paged cache [blocks, block_size, kv_heads, D] through each request's block table:
-// no gathered copy of the context, no padding to the longest request of a batch (torch's SDPA needs both).
-// One task per (request, kv head); the `group` query heads sharing that kv head are scored together.
-static inline float dot(const float* a, const float* b, int64_t D) {
-  if (D % 8 == 0) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    return hsum256(acc);
-  }
-  float s = 0.f;
-  for (int64_t i = 0; i < D; ++i) s += a[i] * b[i];
-  return s;
+// ---- paged decode attention (one query token per row, fp32 cache) ------------------------------------------
+// exp for x <= 0 (softmax after max subtraction), Cephes-style: 2^n * p(r), rel. error ~1e-7
+static inline __m256 exp256(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  x = _mm256_max_ps(x, lo);
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(fx, c1));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(fx, c2));
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+  __m256 r2 = _mm256_mul_ps(r, r);
+  y = _mm256_fmadd_ps(y, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i n = _mm256_cvtps_epi32(fx);
+  n = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
+// s[t] = scale * dot(q, k_t) for the n tokens of a block (k_t at k + t * ts): four tokens at a time, so four
+// independent FMA chains are in flight and one hadd tree reduces all four sums.
+static inline void block_scores(const float* q, const float* k, int64_t ts, int64_t n, int64_t D, float scale,
+                                float* s) {
+  const int64_t D8 = D / 8 * 8;
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k0 = k + t * ts;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ts + d), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ts + d), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ts + d), a3);
+    }
+    const __m256 hs = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(hs), _mm256_extractf128_ps(hs, 1));  // [t, t+1, t+2, t+3]
+    alignas(16) float tmp[4];
+    _mm_store_ps(tmp, r);
+    for (int64_t u = 0; u < 4; ++u) {
+      const float* ku = k0 + u * ts;
+      for (int64_t d = D8; d < D; ++d) tmp[u] += q[d] * ku[d];
+      s[t + u] = tmp[u] * scale;
+    }
+  }
+  for (; t < n; ++t) {
+    const float* kt = k + t * ts;
+    __m256 a0 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kt + d), a0);
+    float r = hsum256(a0);
+    for (int64_t d = D8; d < D; ++d) r += q[d] * kt[d];
+    s[t] = r * scale;
+  }
+}
+
+// acc[0:D] = acc * corr + sum_t p[t] * v_t over the n tokens of a block (v_t at v + t * ts): the accumulator
+// stays in registers across the block, 32 floats (four chains) at a time.
+static inline void block_accumulate(const float* p, const float* v, int64_t ts, int64_t n, int64_t D, float corr,
+                                    float* acc) {
+  const __m256 cv = _mm256_set1_ps(corr);
+  int64_t d = 0;
+  for (; d + 32 <= D; d += 32) {
+    __m256 c0 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d)), c1 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d + 8));
+    __m256 c2 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d + 16)), c3 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d + 24));
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 w = _mm256_set1_ps(p[t]);
+      const float* vt = v + t * ts + d;
+      c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt), c0);
+      c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 8), c1);
+      c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 16), c2);
+      c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 24), c3);
+    }
+    _mm256_storeu_ps(acc + d, c0); _mm256_storeu_ps(acc + d + 8, c1);
+    _mm256_storeu_ps(acc + d + 16, c2); _mm256_storeu_ps(acc + d + 24, c3);
+  }
+  for (; d + 8 <= D; d += 8) {
+    __m256 c0 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d));
+    for (int64_t t = 0; t < n; ++t) c0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * ts + d), c0);
+    _mm256_storeu_ps(acc + d, c0);
+  }
+  for (; d < D; ++d) {
+    float c = acc[d] * corr;
+    for (int64_t t = 0; t < n; ++t) c += p[t] * v[t * ts + d];
+    acc[d] = c;
+  }
+}
+
+// Decode attention over the paged fp32 cache, flash-decoding style (online softmax, no score buffer over the
+// whole context). A task owns one query row and a range of kv heads [h0, h1): it walks the row's blocks once and,
+// per block, scores and accumulates every head of its range, so the block's K and V (all kv heads contiguous in
+// the [blocks, block_size, kv_heads, D] layout) come from DRAM once. Rows are split across threads when there
+// are enough of them; a lone row is split by kv head instead so every thread works.
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                            torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows,
-                            double scale) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-              v_cache.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "fp32 only");
-  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "contiguous tensors expected");
+                 torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, double scale) {
   auto bt = block_tables.to(at::kLong).contiguous();
   auto cl = context_lens.to(at::kLong).contiguous();
   auto rw = rows.to(at::kLong).contiguous();
@@ -263,41 +339,68 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const int64_t* rp = rw.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, G * KVH, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p;
+  const int64_t TS = KVH * D;  // floats between consecutive tokens of one kv head
+  const int64_t splits = G >= 2 * at::get_num_threads() ? 1 : KVH;  // kv-head ranges per row
+  const int64_t HPS = KVH / splits;
+  at::parallel_for(0, G * splits, 1, [&](int64_t i0, int64_t i1) {
+    const int64_t BSP = (BS + 7) / 8 * 8;
+    std::vector<float> sbuf(H * BSP), m(H), l(H);
+    std::vector<float, std::allocator<float>> accv(H * D + 8);
+    float* acc = accv.data();
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t g = i / KVH, h = i % KVH, L = clp[g], row = rp[g];
+      const int64_t g = i / splits, h0 = (i % splits) * HPS, h1 = h0 + HPS, L = clp[g], row = rp[g];
       TORCH_CHECK(L <= maxnb * BS, "context longer than the block table");
-      p.assign(group * L, 0.f);
-      const float* qh = qp + (row * H + h * group) * D;  // [group, D]
-      for (int64_t t = 0; t < L; ++t) {
-        const float* kt = kp + ((btp[g * maxnb + t / BS] * BS + t % BS) * KVH + h) * D;
-        for (int64_t j = 0; j < group; ++j) p[j * L + t] = dot(qh + j * D, kt, D) * sc;
-      }
-      for (int64_t j = 0; j < group; ++j) {  // softmax per query head
-        float* pj = p.data() + j * L;
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < L; ++t) mx = std::max(mx, pj[t]);
-        float sum = 0.f;
-        for (int64_t t = 0; t < L; ++t) { pj[t] = std::exp(pj[t] - mx); sum += pj[t]; }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < L; ++t) pj[t] *= inv;
-      }
-      float* oh = op + (row * H + h * group) * D;
-      for (int64_t j = 0; j < group * D; ++j) oh[j] = 0.f;
-      for (int64_t t = 0; t < L; ++t) {
-        const float* vt = vp + ((btp[g * maxnb + t / BS] * BS + t % BS) * KVH + h) * D;
-        for (int64_t j = 0; j < group; ++j) {
-          const float w = p[j * L + t];
-          float* o = oh + j * D;
-          if (D % 8 == 0) {
-            const __m256 wv = _mm256_set1_ps(w);
-            for (int64_t d = 0; d < D; d += 8)
-              _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(vt + d), _mm256_loadu_ps(o + d)));
-          } else {
-            for (int64_t d = 0; d < D; ++d) o[d] += w * vt[d];
+      const int64_t j0 = h0 * group, j1 = h1 * group;  // query heads of this task
+      const float* qrow = qp + row * H * D;
+      for (int64_t j = j0; j < j1; ++j) { m[j] = -INFINITY; l[j] = 0.f; }
+      for (int64_t x = j0 * D; x < j1 * D; ++x) acc[x] = 0.f;
+      for (int64_t b0 = 0; b0 < L; b0 += BS) {
+        const int64_t n = std::min(BS, L - b0);
+        const int64_t blk = btp[g * maxnb + b0 / BS];
+        const float* kb = kp + blk * BS * TS;
+        const float* vb = vp + blk * BS * TS;
+        if (b0 + BS < L) {  // blocks are scattered: prefetch the next one's K/V while this one is computed
+          const int64_t nblk = btp[g * maxnb + b0 / BS + 1];
+          const char* nk = reinterpret_cast<const char*>(kp + nblk * BS * TS);
+          const char* nv = reinterpret_cast<const char*>(vp + nblk * BS * TS);
+          for (int64_t t = 0; t < BS; ++t)
+            for (int64_t h = h0; h < h1; ++h)
+              for (int64_t off = 0; off < D * 4; off += 64) {
+                _mm_prefetch(nk + (t * TS + h * D) * 4 + off, _MM_HINT_T0);
+                _mm_prefetch(nv + (t * TS + h * D) * 4 + off, _MM_HINT_T0);
+              }
+        }
+        for (int64_t h = h0; h < h1; ++h) {
+          const float* kh = kb + h * D;  // token t of kv head h at kh + t * TS
+          const float* vh = vb + h * D;
+          for (int64_t j = h * group; j < (h + 1) * group; ++j) {
+            float* sj = sbuf.data() + j * BSP;
+            block_scores(qrow + j * D, kh, TS, n, D, sc, sj);
+            float bm = -INFINITY;
+            for (int64_t t = 0; t < n; ++t) bm = std::max(bm, sj[t]);
+            for (int64_t t = n; t < BSP; ++t) sj[t] = -INFINITY;
+            const float nm = std::max(m[j], bm);
+            const float corr = std::exp(m[j] - nm);  // 0 on the first block (m = -inf)
+            m[j] = nm;
+            const __m256 nmv = _mm256_set1_ps(nm);
+            __m256 lsum = _mm256_setzero_ps();
+            for (int64_t t = 0; t < BSP; t += 8) {
+              __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj + t), nmv));
+              _mm256_storeu_ps(sj + t, e);
+              lsum = _mm256_add_ps(lsum, e);
+            }
+            l[j] = l[j] * corr + hsum256(lsum);
+            block_accumulate(sj, vh, TS, n, D, corr, acc + j * D);
           }
         }
+      }
+      float* orow = op + row * H * D;
+      for (int64_t j = j0; j < j1; ++j) {
+        const __m256 inv = _mm256_set1_ps(1.f / l[j]);
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8)
+          _mm256_storeu_ps(orow + j * D + d, _mm256_mul_ps(inv, _mm256_loadu_ps(acc + j * D + d)));
+        for (; d < D; ++d) orow[j * D + d] = acc[j * D + d] / l[j];
       }
     }
   });
@@ -371,7 +474,7 @@ def _module():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        return load_inline(name="accel_cpu_kernels_v5", cpp_sources=[_SOURCE], functions=None,
+        return load_inline(name="accel_cpu_kernels_v9", cpp_sources=[_SOURCE], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels

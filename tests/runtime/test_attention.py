@@ -32,8 +32,10 @@ def test_write_gather_and_block_round_trip():
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
-@pytest.mark.parametrize("head_dim", [64, 12])  # vectorised and scalar inner loops
-def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim):
+@pytest.mark.parametrize("head_dim", [64, 12, 20])  # vectorised, scalar and mixed inner loops
+@pytest.mark.parametrize("threads", [1, 2, 8])  # 4 rows: split by row (1, 2 threads) or by kv head (8)
+@pytest.mark.parametrize("q_scale", [1.0, 8.0])  # large scores: the online softmax rescales across blocks
+def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale):
     # requests with different context lengths and scattered, shared blocks; the kernel reads the block table
     # directly, the reference gathers the blocks and runs SDPA with a padding mask
     g = torch.Generator().manual_seed(head_dim)
@@ -46,11 +48,16 @@ def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim):
     table = torch.randperm(nblocks, generator=g)[:len(ctx) * nb].view(len(ctx), nb)
     table[1, 0] = table[2, 0]  # a shared (prefix-cached) block
     rows = torch.tensor([3, 0, 2, 5])
-    q = torch.randn(6, heads, head_dim, generator=g)
+    q = torch.randn(6, heads, head_dim, generator=g) * q_scale
     mask = (torch.arange(nb * bs)[None] < ctx[:, None])[:, None, None, :]
     meta_ref = AttentionMetadata(torch.empty(0, dtype=torch.long), [], [DecodeGroup(rows, table, mask)])
     meta_ker = AttentionMetadata(torch.empty(0, dtype=torch.long), [], [DecodeGroup(rows, table, mask, ctx)])
     none = torch.empty(0, kvh, head_dim)
     ref = paged_attention(q, none, none, cache, meta_ref, 0.3)
-    got = paged_attention(q, none, none, cache, meta_ker, 0.3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = paged_attention(q, none, none, cache, meta_ker, 0.3)
+    finally:
+        torch.set_num_threads(before)
     assert torch.allclose(got[rows], ref[rows], atol=1e-5, rtol=1e-5)
