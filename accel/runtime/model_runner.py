@@ -19,6 +19,11 @@ from accel.runtime.sequence import Sequence
 KV_CACHE_DTYPES = ("auto", "int8")
 
 
+# Longest span (tokens of one request in a step) sent through the paged decode kernel as per-token decode rows;
+# each row re-reads its context, so longer prefill chunks stay on the SDPA path (one pass over the context).
+SPAN_AS_DECODE_MAX_TOKENS = 16
+
+
 def kv_bytes_per_block(model: CausalLM, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
     """Bytes of K + V for one block across all layers (int8 adds one fp32 scale per token and head)."""
     per_token_head = model.head_dim * (1 if kv_cache_dtype == "int8" else dtype.itemsize)
@@ -206,6 +211,11 @@ class ModelRunner:
             slot_parts.append(table[pos // bs] * bs + pos % bs)
             if n == 1:
                 decodes.append((q_start, ctx, seq.block_table))
+            elif self._paged_decode_kernel and n <= SPAN_AS_DECODE_MAX_TOKENS:
+                # a short span (speculative verify of k+1 tokens, a small prefill chunk): each of its tokens is a
+                # decode row over its own causal context, so it rides the decode kernel with everything else
+                # instead of a gather + masked SDPA call of its own. Its K/V are in the cache before attention.
+                decodes.extend((q_start + j, start + j + 1, seq.block_table) for j in range(n))
             else:
                 num_blocks = -(-ctx // bs)
                 mask = None

@@ -138,6 +138,11 @@ class RequestStream:
             self._engine.abort(self.request_id)
 
 
+def _put_all(items: list) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)
+
+
 class _Stream:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -311,10 +316,25 @@ class AsyncEngine:
             log.exception("engine.step() raised; aborting the requests in the engine")
             self._fail_all(RequestFailed(f"the engine failed while running this request: {type(e).__name__}: {e}"))
             return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, object]]] = {}
         for out in outputs:
             if self.metrics is not None:
                 self.metrics.observe_output(out)
-            self._deliver(out.request_id, out, last=out.finished)
+            with self._lock:
+                stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream, out))
+        # One wake-up of each event loop per step, not one per request: every call_soon_threadsafe writes the
+        # loop's self-pipe and runs a callback, and at 64 streams those wake-ups steal the CPU (and the GIL) from
+        # the step the OpenMP threads are waiting on.
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # that event loop is closed: nobody will read these requests
+                for stream, out in items:
+                    self.engine.abort(out.request_id)
+                    with self._lock:
+                        self._streams.pop(out.request_id, None)
         self._publish_stats()
 
     def _drain_commands(self) -> None:
