@@ -319,6 +319,9 @@ static inline void block_accumulate(const float* p, const float* v, int64_t ts, 
   }
 }
 
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 2
+#endif
 // Decode attention over the paged fp32 cache, flash-decoding style (online softmax, no score buffer over the
 // whole context). A task owns one query row and a range of kv heads [h0, h1): it walks the row's blocks once and,
 // per block, scores and accumulates every head of its range, so the block's K and V (all kv heads contiguous in
@@ -342,6 +345,7 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const int64_t TS = KVH * D;  // floats between consecutive tokens of one kv head
   const int64_t splits = G >= 2 * at::get_num_threads() ? 1 : KVH;  // kv-head ranges per row
   const int64_t HPS = KVH / splits;
+  const int64_t PF = PREFETCH_BLOCKS;
   at::parallel_for(0, G * splits, 1, [&](int64_t i0, int64_t i1) {
     const int64_t BSP = (BS + 7) / 8 * 8;
     std::vector<float> sbuf(H * BSP), m(H), l(H);
@@ -359,8 +363,8 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
         const int64_t blk = btp[g * maxnb + b0 / BS];
         const float* kb = kp + blk * BS * TS;
         const float* vb = vp + blk * BS * TS;
-        if (b0 + BS < L) {  // blocks are scattered: prefetch the next one's K/V while this one is computed
-          const int64_t nblk = btp[g * maxnb + b0 / BS + 1];
+        if (b0 + PF * BS < L) {  // blocks are scattered: prefetch K/V PF blocks ahead while this one is computed
+          const int64_t nblk = btp[g * maxnb + b0 / BS + PF];
           const char* nk = reinterpret_cast<const char*>(kp + nblk * BS * TS);
           const char* nv = reinterpret_cast<const char*>(vp + nblk * BS * TS);
           for (int64_t t = 0; t < BS; ++t)
@@ -474,7 +478,7 @@ def _module():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        return load_inline(name="accel_cpu_kernels_v9", cpp_sources=[_SOURCE], functions=None,
+        return load_inline(name="accel_cpu_kernels_v10", cpp_sources=[_SOURCE], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels
