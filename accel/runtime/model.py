@@ -63,6 +63,11 @@ def apply_rope_rolled(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
+def _fused_cpu_ops(x: Tensor) -> bool:
+    """accel's fused CPU kernels (RoPE, SwiGLU) apply: fp32 on CPU and the kernels compiled."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and cpu_kernels.available()
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -107,9 +112,12 @@ class Attention(nn.Module):
         t, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if hasattr(self, "qkv_proj"):  # fused at load time (see fuse_projections)
             qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) D]
-            # q and k are adjacent columns: rotate them with one set of kernels, then split the result
-            qk = apply_rope_rolled(qkv[:, :(h + kvh) * d].view(t, h + kvh, d), cos, sin)
-            q, k = qk[:, :h], qk[:, h:]
+            if _fused_cpu_ops(qkv):  # accel's RoPE kernel, in place on the q and k columns
+                cpu_kernels.rope_(qkv, cos, sin, h + kvh, d)
+                q, k = qkv[:, :h * d].view(t, h, d), qkv[:, h * d:(h + kvh) * d].view(t, kvh, d)
+            else:  # q and k are adjacent columns: rotate them with one set of kernels, then split the result
+                qk = apply_rope_rolled(qkv[:, :(h + kvh) * d].view(t, h + kvh, d), cos, sin)
+                q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
         else:
             q = apply_rope_rolled(self.q_proj(x).view(t, h, d), cos, sin)  # [T, H, D]
@@ -132,7 +140,10 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if hasattr(self, "gate_up_proj"):  # fused at load time (see fuse_projections)
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            gu = self.gate_up_proj(x)
+            if _fused_cpu_ops(gu):
+                return self.down_proj(cpu_kernels.silu_mul(gu))
+            gate, up = gu.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)

@@ -401,3 +401,36 @@ def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
     assert torch.allclose(packed(x), lin(x), atol=1e-5, rtol=1e-5)
     assert packed(x.view(1, m, 96)).shape == (1, m, 200)
     assert linear_scheme(packed) == "fp32" and weight_bytes(packed) == 200 * 96 * 4 + (200 * 4 if bias else 0)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (7, 20), (33, 64)])  # vector, scalar-tail and multi-thread
+def test_silu_mul_matches_torch(rows, inter):
+    g = torch.Generator().manual_seed(rows)
+    gu = torch.randn(rows, 2 * inter, generator=g) * 6
+    gu[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -90.0])  # exp clamps at both ends stay finite and right
+    ref = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+    got = cpu_kernels.silu_mul(gu)
+    assert got.shape == (rows, inter) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("head_dim", [64, 12])  # vectorised half (32) and scalar half (6)
+def test_rope_in_place_matches_rotate_half_and_leaves_other_columns(head_dim):
+    from accel.runtime.model import signed_sin
+
+    g = torch.Generator().manual_seed(head_dim)
+    t, heads, kv = 5, 3, 1
+    x = torch.randn(t, (heads + 2 * kv) * head_dim, generator=g)
+    ang = torch.rand(t, head_dim // 2, generator=g) * 6
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)  # [T, D], HF layout
+    rot = x[:, :(heads + kv) * head_dim].view(t, heads + kv, head_dim)
+    half = head_dim // 2
+    rotate_half = torch.cat([-rot[..., half:], rot[..., :half]], -1)
+    ref = rot * cos[:, None] + rotate_half * sin[:, None]
+    v_before = x[:, (heads + kv) * head_dim:].clone()
+    cpu_kernels.rope_(x, cos[:, None], signed_sin(sin)[:, None], heads + kv, head_dim)
+    torch.testing.assert_close(x[:, :(heads + kv) * head_dim].view(t, heads + kv, head_dim), ref, atol=1e-6,
+                               rtol=1e-6)
+    assert torch.equal(x[:, (heads + kv) * head_dim:], v_before)  # v columns untouched
