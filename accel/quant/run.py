@@ -33,27 +33,30 @@ class QuantizeResult:
     files: dict[str, str] = field(default_factory=dict)
 
 
-def rows(batches: Iterable[torch.Tensor], seq_len: int, max_rows: int | None) -> list[torch.Tensor]:
-    """Keep only full-length rows ([B, seq_len] batches), at most `max_rows` rows in total."""
-    out, n = [], 0
-    for b in batches:
-        if b.shape[1] != seq_len:
-            continue
-        if max_rows is not None:
-            b = b[: max_rows - n]
-        if b.shape[0]:
-            out.append(b)
-            n += b.shape[0]
-        if max_rows is not None and n >= max_rows:
-            break
-    return out
+def rows(batches: Iterable[torch.Tensor], seq_len: int, max_rows: int | None,
+         batch_size: int | None = None) -> list[torch.Tensor]:
+    """Keep only full-length rows ([B, seq_len] batches), at most `max_rows` rows in total.
+
+    When there are more rows than `max_rows`, the kept rows are spread evenly over the whole stream, not its
+    first rows: a stratified draw lists its samples stratum by stratum, so a prefix would be a few domains only
+    (measured: the first 32 of 89 rows of a 128-sample draw held chat, code and math and no multilingual, prose
+    or structured text).
+    """
+    full = [b for b in batches if b.shape[1] == seq_len and b.shape[0]]
+    if not full or max_rows == 0:
+        return []
+    all_rows = torch.cat(full)  # [R, seq_len]
+    if max_rows is not None and all_rows.shape[0] > max_rows:
+        keep = torch.linspace(0, all_rows.shape[0] - 1, max_rows).round().long()  # evenly spaced, sorted, unique
+        all_rows = all_rows[keep]
+    return list(all_rows.split(batch_size or full[0].shape[0]))
 
 
 def token_batches(samples: Sequence, seq_len: int, max_rows: int | None, batch_size: int = 4) -> list[torch.Tensor]:
     """Packed [B, seq_len] batches from drawn calibration samples (accel.calibration.to_batches)."""
     from accel.calibration import to_batches
 
-    out = rows(to_batches(samples, seq_len, batch_size), seq_len, max_rows)
+    out = rows(to_batches(samples, seq_len, batch_size), seq_len, max_rows, batch_size)
     if not out:
         total = sum(len(s.token_ids) for s in samples)
         raise ValueError(f"calibration draw has {total} tokens, fewer than one row of {seq_len}; "

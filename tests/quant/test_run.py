@@ -48,3 +48,20 @@ def test_run_quantize_writes_run_folder(tmp_path, metric):
     x = torch.randint(3, 256, (1, 16))
     assert loaded(x).logits.shape == (1, 16, 256)
     assert json.loads((run / "quantize.json").read_text())["method"] == "rtn"
+
+
+def test_token_batches_cap_keeps_rows_from_every_stratum_not_a_prefix():
+    # a stratified draw lists samples stratum by stratum; capping the packed rows must not keep only the first strata
+    from types import SimpleNamespace
+
+    from accel.quant.run import rows, token_batches
+
+    samples = [SimpleNamespace(token_ids=[100 * d + i for i in range(40)], domain=f"d{d}") for d in range(6)]
+    got = torch.cat(token_batches(samples, 20, max_rows=6, batch_size=4))  # 12 rows of 20, 2 per domain -> keep 6
+    assert got.shape == (6, 20)
+    assert sorted({int(r[0]) // 100 for r in got}) == [0, 1, 2, 3, 4, 5]  # every domain kept
+    assert [b.shape[0] for b in token_batches(samples, 20, max_rows=6, batch_size=4)] == [4, 2]
+    # no cap / a cap above the row count keeps everything, in order
+    assert torch.equal(torch.cat(token_batches(samples, 20, max_rows=None)), torch.cat(token_batches(samples, 20, 99)))
+    assert rows([torch.zeros(2, 20)], 20, 0) == []
+    assert rows([torch.zeros(1, 7)], 20, 5) == []  # the short tail row is not a calibration row
