@@ -154,8 +154,9 @@ def bench_offline(path: str, args, hf) -> dict:
     dt, toks, _ = ours_offline(engine, work)
     res["ours_tok_s"] = toks / dt
     if not args.skip_hf:
-        dt, toks = hf_padded(hf, work, args.hf_batch_size)
-        res["hf_padded_tok_s"] = toks / dt
+        if not args.skip_padded:
+            dt, toks = hf_padded(hf, work, args.hf_batch_size)
+            res["hf_padded_tok_s"] = toks / dt
         try:
             dt, toks = hf_continuous(hf, work)
             res["hf_continuous_tok_s"] = toks / dt
@@ -275,6 +276,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=["offline", "batch1", "prefix", "kvint8"])
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--skip-hf", action="store_true", help="ours only")
+    ap.add_argument("--skip-padded", action="store_true", help="offline: skip the (slow) padded generate peer")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
