@@ -20,7 +20,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-Scheme = Literal["int4", "int8", "fp16"]  # fp16 = the model's 16-bit dtype, or fp32 where the device prefers it
+Scheme = Literal["int4", "int4f", "int8", "fp16"]
+"""int4: integer zero point (vLLM-loadable W4A16); int4f: float zero point per group (GGUF Q4_1 form, lossless on
+Q4_1-sourced weights; transformers and accel load it, vLLM does not); fp16 = the model's 16-bit dtype, or fp32 where
+the device prefers it."""
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 

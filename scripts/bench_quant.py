@@ -6,6 +6,7 @@ Prints (and writes --out JSON, updated after every stage):
   2. plans: all-INT8 (RTN), a mixed plan at <= --target-bits average bits (GPTQ, int4 group 64 + int8) and
      uniform INT4 GPTQ at group 32 (4 + 32/32 = 5.0 bits: the same average bits as the mixed plan's budget);
   3. the same mixed plan calibrated on a stratified vs a random draw of the same size;
+  3b. INT4 with a float zero point per group ("int4f", group 32, RTN: data-free), the GGUF Q4_1 form, at 5.0 bits;
   4. held-out eval text (eval/text, never calibration data): PPL increase %, mean KL, top-1 agreement, per domain.
 Every number is measured in this run against the fp32 model measured in the same run.
 
@@ -244,6 +245,16 @@ def main():
         bits = {"mixed_gptq_stratified": mixed.avg_bits, "mixed_gptq_random": mixed.avg_bits,
                 "int4g32_gptq_stratified": 5.0}
         pair = ("mixed_gptq_stratified", "mixed_gptq_random")
+    # The allocator's plan for candidates [int4f, int8, fp16] at 5.0 bits with group 32 is all-int4f (4 + 32/32 = 5.0
+    # leaves no room for int8); RTN because the weights already lie on a Q4_1 grid that int4f reproduces.
+    f_sens = measure_sensitivity(model, token_batches(strat.train, a.sens_len, a.sens_rows), ["int4f", "int8"], 32,
+                                 "proxy", progress=False)
+    f_plan = allocate(f_sens, Budget(target_avg_bits=a.target_bits), pc, Rules(lm_head="fp16"), inf)
+    RESULTS["plans"]["int4f_g32"] = {"avg_bits": f_plan.avg_bits, "counts": f_plan.counts(), "group_size": 32}
+    with torch.no_grad():
+        variants["int4f_g32_rtn"] = {n: fake_quant(mods[n].weight, s, 32) for n, s in f_plan.schemes.items()
+                                     if s != "fp16"}
+    bits["int4f_g32_rtn"] = f_plan.avg_bits
     bits["int8_rtn"] = RESULTS["plans"]["all_int8"]["avg_bits"]
     save(a.out)
 

@@ -44,7 +44,7 @@ BROKEN = [
     # (recipe, substrings the error must contain)
     ({"quantizaton": {}}, ["quantizaton", "unknown field", "did you mean 'quantization'"]),
     ({"quantization": {"int4_group_size": 100}}, ["quantization.int4_group_size", "100", "32, 64 or 128"]),
-    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "'int4', 'int8' or 'fp16'"]),
+    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "'int4', 'int4f', 'int8' or 'fp16'"]),
     ({"quantization": {"budget": {"max_mean_kl": 0.1, "target_avg_bits": 5}}},
      ["quantization.budget", "exactly one budget"]),
     ({"quantization": {"budget": {"max_mean_kl": -1}}}, ["quantization.budget.max_mean_kl", "-1", "greater than 0"]),

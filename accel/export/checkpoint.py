@@ -39,6 +39,21 @@ def _hash_files(root: Path) -> dict[str, str]:
             if p.is_file() and p.name != MANIFEST_NAME}
 
 
+def vllm_support(config: dict) -> tuple[bool, str]:
+    """Whether vLLM has kernels for this checkpoint's quantization, from its config.json (no vLLM import).
+
+    The one accel format vLLM cannot run is INT4 with float zero points ("int4f": compressed-tensors
+    int-quantized 4-bit with a float zp_dtype); vLLM's W4A16 kernels take packed integer zero points only."""
+    qc = config.get("quantization_config") or {}
+    for name, group in (qc.get("config_groups") or {}).items():
+        w = group.get("weights") or {}
+        zp = str(w.get("zp_dtype") or "")
+        if w.get("num_bits") == 4 and not w.get("symmetric", True) and "float" in zp:
+            return False, (f"config group {name!r} is INT4 with float zero points ({zp}); vLLM's W4A16 kernels take "
+                           "integer zero points only — re-quantize with scheme 'int4' for vLLM")
+    return True, ""
+
+
 def write_export(out_dir: Path, model_dir: Path, *, recipe: dict | None = None, plan: dict | None = None,
                  draft_dir: Path | None = None, draft_pairing: dict | None = None, eval_summary: dict | None = None,
                  overwrite: bool = True) -> Path:
@@ -57,10 +72,12 @@ def write_export(out_dir: Path, model_dir: Path, *, recipe: dict | None = None, 
         if draft_dir is not None:
             shutil.copytree(draft_dir, tmp / "draft")
         config = json.loads((tmp / "config.json").read_text())
+        vllm_ok, vllm_note = vllm_support(config)
         manifest = {
             "format_version": FORMAT_VERSION,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "quantization_format": (config.get("quantization_config") or {}).get("quant_method", "none"),
+            "loaders": {"transformers": True, "vllm": vllm_ok, **({"vllm_note": vllm_note} if vllm_note else {})},
             "recipe": recipe or {},
             "plan": plan or {},
             "draft": ({"path": "draft", **(draft_pairing or {})} if draft_dir is not None else None),

@@ -46,7 +46,8 @@ from torch import Tensor, nn
 
 from accel.quant import cpu_kernels
 
-SCHEMES = ("int8", "int4", "fp16", "bf16", "fp32")
+SCHEMES = ("int8", "int4", "int4f", "fp16", "bf16", "fp32")
+INT4_SCHEMES = ("int4", "int4f")  # int4f: float (not integer) zero point per group, see quantize_int4_groupwise
 FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 # Rows of x at which the CPU switches from the int-pack kernels to dequantize + fp32 GEMM (see module docstring);
@@ -77,11 +78,13 @@ def dequantize_int8_per_channel(q: Tensor, scales: Tensor) -> Tensor:
     return q.float() * scales.float().reshape(-1)[:, None]
 
 
-def quantize_int4_groupwise(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
+def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Asymmetric group-wise RTN.
 
     w [out, in] float -> (q uint8 [out, in] in [0, 15], scales fp32 [out, in // g], zeros uint8 [out, in // g]
     in [0, 15]). The range of each group is widened to include 0 so the integer zero point represents 0.0 exactly.
+    float_zero: zeros are fp32 in [0, 15], not rounded (w = (q - zero) * scale maps the group's min and max onto
+    q = 0 and 15 exactly: the GGUF Q4_1 / HQQ form, lossless on weights that already lie on such a grid).
     """
     _check_weight(w)
     _check_group_size(w.shape[1], group_size)
@@ -91,9 +94,11 @@ def quantize_int4_groupwise(w: Tensor, group_size: int) -> tuple[Tensor, Tensor,
     hi = wg.amax(dim=-1).clamp(min=0.0)
     scales = (hi - lo) / 15.0
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # all-zero group: q = zero = 0
-    zeros = torch.round(-lo / scales).clamp_(0, 15)  # [out, G]
+    zeros = (-lo / scales).clamp_(0, 15)  # [out, G]
+    if not float_zero:
+        zeros = torch.round(zeros)
     q = torch.round(wg / scales[..., None] + zeros[..., None]).clamp_(0, 15)  # [out, G, g]
-    return q.reshape(out_f, in_f).to(torch.uint8), scales, zeros.to(torch.uint8)
+    return q.reshape(out_f, in_f).to(torch.uint8), scales, (zeros if float_zero else zeros.to(torch.uint8))
 
 
 def dequantize_int4_groupwise(q: Tensor, scales: Tensor, zeros: Tensor, group_size: int) -> Tensor:
@@ -253,13 +258,13 @@ class Int4WeightOnlyLinear(nn.Module):
     """Linear with int4 group-wise asymmetric weights; forward(x [..., in]) -> [..., out] in x.dtype.
 
     Persistent buffers (canonical layout): qweight uint8 [out, in // 2] (`pack_int4`), scales fp32 [out, G],
-    zeros uint8 [out, G], bias (optional). On CPU the weight is also converted once into the layout of
+    zeros [out, G] in [0, 15]: uint8, or fp32 with `float_zero` (scheme "int4f"), bias (optional). On CPU the weight is also converted once into the layout of
     `_weight_int4pack_mm_for_cpu` (a non-persistent cache of the same size, so RAM holds ~1 byte per weight;
     the checkpoint holds 0.5).
     """
 
     def __init__(self, in_features: int, out_features: int, group_size: int = 64, bias: bool = False,
-                 dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS) -> None:
+                 dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS, float_zero: bool = False) -> None:
         super().__init__()
         _check_group_size(in_features, group_size)
         if in_features % 2:
@@ -269,7 +274,9 @@ class Int4WeightOnlyLinear(nn.Module):
         n_groups = in_features // group_size
         self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.ones(out_features, n_groups))
-        self.register_buffer("zeros", torch.full((out_features, n_groups), 8, dtype=torch.uint8))
+        self.float_zero = float_zero
+        self.register_buffer("zeros", torch.full((out_features, n_groups), 8,
+                                                 dtype=torch.float32 if float_zero else torch.uint8))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         # Kernel-layout cache, built by _prepare() for the device the weights live on.
         self.register_buffer("_cpu_packed", None, persistent=False)
@@ -278,28 +285,31 @@ class Int4WeightOnlyLinear(nn.Module):
         self.register_buffer("_avx2_mins", None, persistent=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 64, **kwargs) -> Self:
+    def from_linear(cls, linear: nn.Linear, group_size: int = 64, float_zero: bool = False, **kwargs) -> Self:
         """Quantize an nn.Linear (RTN). The linear's own weight tensor is left untouched (tied weights stay)."""
-        q, s, z = quantize_int4_groupwise(linear.weight.detach(), group_size)
+        q, s, z = quantize_int4_groupwise(linear.weight.detach(), group_size, float_zero)
         b = linear.bias.detach() if linear.bias is not None else None
         return cls.from_quantized(q, s, z, group_size, b, **kwargs).to(linear.weight.device)
 
     @classmethod
     def from_quantized(cls, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int,
                        bias: Tensor | None = None, **kwargs) -> Self:
-        """Build from canonical tensors: qweight [out, in] in [0, 15] (unpacked), scales / zeros [out, in // g]."""
+        """Build from canonical tensors: qweight [out, in] in [0, 15] (unpacked), scales / zeros [out, in // g].
+
+        Floating-point zeros make a float-zero-point ("int4f") module; integer zeros an "int4" one."""
         if qweight.dim() != 2:
             raise ValueError(f"qweight must be [out, in] values in [0, 15]; got shape {tuple(qweight.shape)}")
         out_f, in_f = qweight.shape
         if int(qweight.min()) < 0 or int(qweight.max()) > 15 or int(zeros.min()) < 0 or int(zeros.max()) > 15:
             raise ValueError("int4 qweight and zeros must hold values in [0, 15]")
+        kwargs.setdefault("float_zero", zeros.is_floating_point())
         m = cls(in_f, out_f, group_size=group_size, bias=bias is not None, **kwargs).to(qweight.device)
         if scales.shape != m.scales.shape or zeros.shape != m.zeros.shape:
             raise ValueError(f"scales and zeros must be {tuple(m.scales.shape)}; got {tuple(scales.shape)}, "
                              f"{tuple(zeros.shape)}")
         m.qweight.copy_(pack_int4(qweight))
         m.scales.copy_(scales.float())
-        m.zeros.copy_(zeros.to(torch.uint8))
+        m.zeros.copy_(zeros.to(m.zeros.dtype))
         if bias is not None:
             m.bias = bias.detach().clone().float()
         return m
@@ -366,7 +376,7 @@ class Int4WeightOnlyLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"group_size={self.group_size}, bias={self.bias is not None}")
+                f"group_size={self.group_size}, float_zero={self.float_zero}, bias={self.bias is not None}")
 
 
 class PackedLinear(nn.Module):
@@ -480,7 +490,7 @@ def concat_quantized(mods: list[nn.Module]) -> nn.Module:
 def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> nn.Module:
     """Replace the nn.Linear submodules named in `plan` ({hf_module_name: scheme}) in place; returns `model`.
 
-    "int8" / "int4" swap in the quantized modules (int4 with `group_size`); "fp16" / "bf16" / "fp32" leave the
+    "int8" / "int4" / "int4f" swap in the quantized modules (int4 with `group_size`; int4f with float zero points); "fp16" / "bf16" / "fp32" leave the
     layer unchanged in the model's dtype. Everything is validated before anything is replaced, so a bad plan
     leaves the model untouched. A tied lm_head is replaced by a module with its own quantized copy; the
     embedding keeps the original float tensor.
@@ -496,7 +506,7 @@ def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> 
         if not isinstance(modules[name], nn.Linear):
             raise ValueError(f"plan names module {name!r} of type {type(modules[name]).__name__}; "
                              f"only nn.Linear can be quantized")
-        if scheme == "int4":
+        if scheme in INT4_SCHEMES:
             try:
                 _check_group_size(modules[name].in_features, group_size)
             except ValueError as e:
@@ -504,8 +514,8 @@ def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> 
     for name, scheme in plan.items():
         if scheme == "int8":
             new = Int8WeightOnlyLinear.from_linear(modules[name])
-        elif scheme == "int4":
-            new = Int4WeightOnlyLinear.from_linear(modules[name], group_size=group_size)
+        elif scheme in INT4_SCHEMES:
+            new = Int4WeightOnlyLinear.from_linear(modules[name], group_size=group_size, float_zero=scheme == "int4f")
         else:
             continue
         parent_name, _, child = name.rpartition(".")
@@ -517,11 +527,11 @@ _FLOAT_DTYPE_SCHEME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.floa
 
 
 def linear_scheme(module: nn.Module) -> str:
-    """The scheme of a Linear-like module: "int8", "int4", or its float dtype as "fp16" / "bf16" / "fp32"."""
+    """The scheme of a Linear-like module: "int8", "int4", "int4f", or its float dtype as "fp16" / "bf16" / "fp32"."""
     if isinstance(module, Int8WeightOnlyLinear):
         return "int8"
     if isinstance(module, Int4WeightOnlyLinear):
-        return "int4"
+        return "int4f" if module.float_zero else "int4"
     if isinstance(module, PackedLinear):
         return "fp32"
     if isinstance(module, nn.Linear) and module.weight.dtype in _FLOAT_DTYPE_SCHEME:

@@ -7,7 +7,11 @@ library's recipe (one config group per scheme, with the exact module names as ta
 
 Formats written: int8 = "int-quantized" (int8 weight [out, in] + fp scale [out, 1], channel-wise symmetric);
 int4 = "pack-quantized" (int32 `weight_packed`, `weight_scale` [out, G], packed int32 `weight_zero_point`,
-`weight_shape`; group-wise asymmetric).
+`weight_shape`; group-wise asymmetric); int4f = "int-quantized" with 4-bit args and `zp_dtype: float16` (int8
+container holding values in [-8, 7], `weight_scale` [out, G], fp16 `weight_zero_point` [out, G]): compressed-tensors'
+pack-quantized compressor packs zero points as 4-bit integers and would destroy float ones, so the unpacked format
+is the only lossless compressed-tensors form. transformers decompresses it; vLLM has no kernel for float zero points
+(accel's own runtime packs it to 4 bits in memory).
 
 A tied lm_head (SmolLM2: lm_head.weight is embed_tokens.weight) is kept out of llm-compressor's config groups: the
 library would quantize the shared tensor and damage the embeddings. Its scheme from the plan is applied at load
@@ -35,7 +39,10 @@ def _weights_args(scheme: str, group_size: int) -> dict:
         return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
     if scheme == "int4":
         return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size}
-    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int4")
+    if scheme == "int4f":
+        return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
+                "zp_dtype": "float16"}
+    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int4, int4f")
 
 
 def is_tied(model: nn.Module) -> bool:
@@ -56,7 +63,7 @@ def recipe_config(plan: Plan, tied_lm_head: bool) -> dict:
     if lm_in_groups:
         schemes["lm_head"] = plan.lm_head
     groups = {}
-    for scheme, fmt in (("int8", "int-quantized"), ("int4", "pack-quantized")):
+    for scheme, fmt in (("int8", "int-quantized"), ("int4", "pack-quantized"), ("int4f", "int-quantized")):
         targets = [n for n, s in schemes.items() if s == scheme]
         if targets:
             groups[scheme] = {"targets": targets, "weights": _weights_args(scheme, plan.group_size), "format": fmt}
@@ -175,7 +182,17 @@ def _kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int 
     w = state[f"{prefix}.weight"]
     if w.dtype != torch.int8:
         raise ValueError(f"{prefix}.weight is {w.dtype}; expected int8 for an int-quantized layer")
-    return kernels.Int8WeightOnlyLinear.from_quantized(w, state[f"{prefix}.weight_scale"], bias=bias)
+    scale = state[f"{prefix}.weight_scale"]
+    if scale.dim() == 2 and scale.shape[1] > 1:  # group-wise: 4-bit values in an int8 container ("int4f")
+        zp = state.get(f"{prefix}.weight_zero_point")
+        if zp is None or int(w.min()) < -8 or int(w.max()) > 7:
+            raise ValueError(f"{prefix}: group-wise int-quantized layer needs 4-bit values in [-8, 7] and a zero point")
+        q = (w.to(torch.int16) + 8).to(torch.uint8)  # signed -> accel's [0, 15]
+        zeros = zp.float().reshape(scale.shape) + 8.0
+        zeros = zeros if zp.is_floating_point() else zeros.to(torch.uint8)
+        return kernels.Int4WeightOnlyLinear.from_quantized(q, scale.float(), zeros, group_size or w.shape[1] // scale.shape[1],
+                                                           bias=bias)
+    return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)
 
 
 def load_quantized_for_runtime(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:

@@ -91,7 +91,7 @@ def run_quantize(recipe, run_dir: str | Path, model_path: str | Path, draw, mode
     names = quantizable_linears(model)
     pc, inf = param_counts(model, names), in_features_of(model, names)
     for n, f in inf.items():
-        if "int4" in q.candidates and f % q.int4_group_size:
+        if {"int4", "int4f"} & set(q.candidates) and f % q.int4_group_size:
             raise ValueError(f"int4_group_size {q.int4_group_size} does not divide in_features {f} of {n}; "
                              f"use 32 or 64")
 

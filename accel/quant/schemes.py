@@ -1,11 +1,13 @@
 """Quantization schemes: what each precision costs in bits, which Linears are quantizable, and fake quantization.
 
 Glossary
-- scheme: "int4" (weight-only, group-wise asymmetric), "int8" (weight-only, per output channel symmetric),
-  "fp16" (the model's 16-bit dtype; kept in fp32 on CPU, still *counted* as 16 bits).
+- scheme: "int4" (weight-only, group-wise asymmetric, integer zero point: the compressed-tensors / vLLM W4A16
+  form), "int4f" (the same with a floating-point zero point per group: the GGUF Q4_1 / HQQ form, see
+  `fake_quant_int4`), "int8" (weight-only, per output channel symmetric), "fp16" (the model's 16-bit dtype; kept in
+  fp32 on CPU, still *counted* as 16 bits).
 - bits per weight include the quantization metadata, with this convention (fp16 scale and fp16 zero point):
     int8: 8 + 16 / in_features   (one fp16 scale per output row)
-    int4: 4 + 32 / group_size    (one fp16 scale + one fp16 zero point per group of `group_size` weights)
+    int4, int4f: 4 + 32 / group_size    (one fp16 scale + one fp16 zero point per group of `group_size` weights)
     fp16: 16
 - average bits: the parameter-count-weighted mean over the quantizable Linears (lm_head and embeddings are
   reported apart, they follow explicit recipe rules).
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-SCHEMES = ("int4", "int8", "fp16")
+SCHEMES = ("int4", "int4f", "int8", "fp16")
 """From cheapest to most precise: allocation demotes towards the left, fallback promotes towards the right."""
 
 # The Linears of a decoder block that weight-only quantization targets (Llama family naming).
@@ -39,14 +41,15 @@ class SchemeInfo:
 
     def bits_per_weight(self, in_features: int, group_size: int) -> float:
         """Storage bits per weight including scales / zero points (fp16 metadata convention, see module doc)."""
-        if self.name == "int4":
+        if self.name in INT4_SCHEMES:
             return 4.0 + 32.0 / group_size
         if self.name == "int8":
             return 8.0 + 16.0 / in_features
         return 16.0
 
 
-SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int8", 8), ("fp16", 16))}
+INT4_SCHEMES = ("int4", "int4f")
+SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int4f", 4), ("int8", 8), ("fp16", 16))}
 
 
 def check_scheme(scheme: str) -> str:
@@ -100,10 +103,14 @@ def fake_quant_int8(w: torch.Tensor) -> torch.Tensor:
     return (q * scale).to(w.dtype)
 
 
-def fake_quant_int4(w: torch.Tensor, group_size: int) -> torch.Tensor:
+def fake_quant_int4(w: torch.Tensor, group_size: int, float_zero: bool = False) -> torch.Tensor:
     """Asymmetric group-wise int4 in the signed range [-8, 7] with an integer zero point (compressed-tensors).
 
     The observed range always contains 0 (min <= 0 <= max), as compressed-tensors' min-max observer does.
+    float_zero ("int4f"): the zero point is kept as an fp16 number instead of rounded to an integer (what
+    compressed-tensors does with `zp_dtype=float16`), so each group's min and max land exactly on levels -8 and 7.
+    Why it exists: GGUF Q4_1 weights (SmolLM2 ships as one) sit on a grid `d * q + m` with a float min `m`; an
+    integer zero point cannot reproduce it (~8% relative weight error per layer) and the float one can (~1e-4).
     """
     out_f, in_f = w.shape
     check_group_size(in_f, group_size)
@@ -111,8 +118,12 @@ def fake_quant_int4(w: torch.Tensor, group_size: int) -> torch.Tensor:
     lo = g.amin(dim=2, keepdim=True).clamp(max=0.0)  # [O, G, 1]
     hi = g.amax(dim=2, keepdim=True).clamp(min=0.0)
     scale = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).eps)
-    zp = torch.clamp(-8 - torch.round(lo / scale), -8, 7)
-    q = torch.clamp(torch.round(g / scale) + zp, -8, 7)
+    if float_zero:
+        zp = torch.clamp(-8 - lo / scale, -8, 7).half().float()
+        q = torch.clamp(torch.round(g / scale + zp), -8, 7)
+    else:
+        zp = torch.clamp(-8 - torch.round(lo / scale), -8, 7)
+        q = torch.clamp(torch.round(g / scale) + zp, -8, 7)
     return ((q - zp) * scale).reshape(out_f, in_f).to(w.dtype)
 
 
@@ -121,8 +132,8 @@ def fake_quant(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
     check_scheme(scheme)
     if scheme == "int8":
         return fake_quant_int8(w)
-    if scheme == "int4":
-        return fake_quant_int4(w, group_size)
+    if scheme in INT4_SCHEMES:
+        return fake_quant_int4(w, group_size, float_zero=scheme == "int4f")
     return w
 
 

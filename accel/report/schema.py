@@ -34,7 +34,7 @@ from typing import Any
 
 from accel.eval.latency import BenchResult, SweepResult
 
-SCHEME_BITS = {"int4": 4, "int8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
+SCHEME_BITS = {"int4": 4, "int4f": 4, "int8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
 
 
 class ReportInputError(ValueError):

@@ -48,7 +48,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"  # recompute | swap (K/V of preempted requests kept in host memory)
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    quant_plan: dict[str, str] | None = None  # {hf_module_name: "int8" | "int4" | "fp16" | "fp32"}
+    quant_plan: dict[str, str] | None = None  # {hf_module_name: "int8" | "int4" | "int4f" | "fp16" | "fp32"}
     quant_group_size: int = 64
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     fuse_projections: bool = True  # fuse unquantized q/k/v and gate/up Linears after the quant plan is applied

@@ -24,6 +24,8 @@ def draft_train(
     layer_choice: Annotated[str, typer.Option(help="first | spread: which target layers initialise it.")] = "first",
     calibration_dir: Annotated[Path, typer.Option(help="JSONL prompt sets with domain labels.")] = Path(
         "calibration_data"),
+    train_head: Annotated[bool, typer.Option("--train-head/--frozen-head",
+                                             help="Train the draft vocabulary's head rows (own lm_head).")] = True,
     seed: Annotated[int, typer.Option()] = 0,
     threads: Annotated[Optional[int], typer.Option(min=1, help="torch CPU threads.")] = None,
 ) -> None:
@@ -44,7 +46,8 @@ def draft_train(
         raise typer.Exit(2) from None
     res = train_draft(target_path, out, num_layers=num_layers, time_budget_minutes=minutes,
                       calibration_dir=calibration_dir, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-                      learning_rate=learning_rate, seed=seed, draft_vocab_size=vocab, layer_choice=layer_choice)
+                      learning_rate=learning_rate, seed=seed, draft_vocab_size=vocab, layer_choice=layer_choice,
+                      train_head=train_head)
     tail = res.losses[-10:]
     typer.echo(f"draft: {res.out_dir} ({res.num_layers} layers {res.layer_ids}, vocab {res.draft_vocab_size}, "
                f"coverage {res.vocab_coverage:.3f}); {res.num_prompts} replies, {res.num_train_positions} "

@@ -7,13 +7,14 @@ formula then predicts ~1.05x even at acceptance 0.5. So the draft here is
     copied from the target (a random draft accepts nothing; the copy is a much better starting point),
   * a reduced-vocabulary head: the K most frequent tokens the target predicts on the training data
     (K = 8192 by default covers nearly all of its greedy outputs). The folder stays a standard
-    LlamaForCausalLM with the full tied head (transformers loads it as is); `accel_draft.json` lists the
+    LlamaForCausalLM with a full head (transformers loads it as is); `accel_draft.json` lists the
     K ids, and DraftModelProposer computes only those rows of the head. The draft's probability outside
     the K ids is zero, which rejection sampling handles exactly.
   * trained on what it will be asked to predict: the target's own greedy replies to calibration prompts
     (the logits come free with generation) plus teacher-forced calibration text, with a soft cross-entropy
-    to the target's top-m next-token distribution restricted to the K ids. The embedding stays frozen (it
-    is the head too, and shared with the target); only the layers and the final norm learn.
+    to the target's top-m next-token distribution restricted to the K ids. The input embedding stays frozen
+    (shared with the target); the layers, the final norm and (default) the K head rows learn, so the saved draft
+    has its own lm_head (untied): a frozen head forces 2 layers to produce final-layer-like states.
 
 Budget: generation gets `gen_fraction` of the time, teacher-forced text a little more, training the rest.
 """
@@ -167,38 +168,38 @@ def generate_teacher_samples(target, tokenizer, prompts: list[list[dict]], max_n
 
 @torch.inference_mode()
 def engine_teacher_samples(target, target_path: str | Path, tokenizer, prompts: list[list[dict]],
-                           max_new_tokens: int, deadline: float, batch_size: int = 32, top_m: int = 32,
+                           max_new_tokens: int, deadline: float, batch_size: int = 32, top_m: int = 20,
                            max_prompt_tokens: int = 384) -> list[TeacherSample]:
-    """As `generate_teacher_samples`, several times faster: the runtime engine generates the greedy replies
-    (continuous batching over a paged KV cache), then one teacher-forced HF forward per batch of prompt + reply
-    gives the target's top-m distribution at every reply position (the same logits generation computed)."""
+    """As `generate_teacher_samples`, several times faster: the runtime engine generates the greedy replies with
+    continuous batching over a paged KV cache and returns the target's top-m log-probs at every reply token
+    (`SamplingParams.logprobs`: the same distributions teacher forcing would give, with no second forward).
+    All prompts are queued at once (no batch tail); at `deadline` the requests still running are aborted and
+    only finished replies are kept. top_m is capped at the engine's logprobs limit (20)."""
     from accel.runtime.engine import Engine
-    from accel.runtime.sampling_params import SamplingParams
+    from accel.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
+    top_m = min(top_m, MAX_LOGPROBS)
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for t in texts]
     eos = stop_token_ids(target, tokenizer)
     engine = Engine.from_pretrained(target_path, kv_cache_memory_bytes=512 << 20, max_num_seqs=batch_size,
                                     max_num_batched_tokens=2048)
-    params = SamplingParams(max_tokens=max_new_tokens, temperature=0, stop_token_ids=sorted(eos))
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0, stop_token_ids=sorted(eos), logprobs=top_m)
+    prompt_of = {engine.add_request(p, params): p for p in encoded}
     samples: list[TeacherSample] = []
-    for b in range(0, len(encoded), batch_size):
+    while engine.has_unfinished():
         if time.monotonic() >= deadline:
+            for rid in list(prompt_of):
+                engine.abort(rid)
             break
-        batch = encoded[b: b + batch_size]
-        replies = [o.token_ids for o in engine.generate(batch, params)]
-        seqs = [p + r for p, r in zip(batch, replies)]
-        width = max(len(x) for x in seqs)
-        ids = torch.tensor([x + [0] * (width - len(x)) for x in seqs])  # [B, T] right padded
-        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in seqs])
-        for row, (p, r) in enumerate(zip(batch, replies)):
-            if not r:
+        for out in engine.step():
+            if not out.finished or out.finish_reason == "abort" or not out.token_ids:
                 continue
-            logits = target(input_ids=ids[row: row + 1, : len(p) + len(r)],
-                            attention_mask=mask[row: row + 1, : len(p) + len(r)]).logits[0].float()
-            lp = logits[len(p) - 1: len(p) + len(r) - 1].log_softmax(-1)  # [n, V]: predicts each reply token
-            top_lp, top_ids = lp.topk(top_m, dim=-1)
-            samples.append(TeacherSample(p + r, len(p) - 1, top_ids.clone(), top_lp.clone()))
+            p = prompt_of.pop(out.request_id)
+            top = out.top_logprobs  # [n] lists of (token_id, logprob), best first
+            ids = torch.tensor([[t for t, _ in row[:top_m]] for row in top])
+            lps = torch.tensor([[lp for _, lp in row[:top_m]] for row in top])
+            samples.append(TeacherSample(p + list(out.token_ids), len(p) - 1, ids, lps))
     return samples
 
 
@@ -246,18 +247,26 @@ def distill_loss(draft, head: Tensor, lookup: Tensor, batch: list[TeacherSample]
 
 def train_on_samples(draft, samples: list[TeacherSample], vocab_ids: list[int], deadline: float,
                      learning_rate: float, seed: int, batch_tokens: int = 2048,
-                     max_steps: int | None = None) -> list[float]:
-    """AdamW on the draft's layers and final norm until `deadline` (or max_steps); returns the step losses."""
+                     max_steps: int | None = None, train_head: bool = False) -> list[float]:
+    """AdamW on the draft's layers and final norm until `deadline` (or max_steps); returns the step losses.
+
+    train_head: also train the head's `vocab_ids` rows. The head then stops being the (frozen, shared) input
+    embedding: the draft is untied (`lm_head` = the embedding with those rows replaced), so its folder holds a
+    second [V, H] matrix, and the input embedding stays the target's."""
     if not samples:
         raise ValueError("no training samples: the time budget ended before the target produced any data; "
                          "raise time_budget_minutes or lower num_prompts / max_new_tokens")
     vocab = draft.config.vocab_size
     lookup = torch.full((vocab,), -1, dtype=torch.long)
-    lookup[torch.tensor(vocab_ids)] = torch.arange(len(vocab_ids))
-    head = draft.get_output_embeddings().weight.detach()[torch.tensor(vocab_ids)]  # [K, H], frozen
+    ids = torch.tensor(vocab_ids)
+    lookup[ids] = torch.arange(len(vocab_ids))
+    head = draft.get_output_embeddings().weight.detach()[ids].clone()  # [K, H]
     for p in draft.parameters():
         p.requires_grad_(False)
     params = [p for p in list(draft.model.layers.parameters()) + list(draft.model.norm.parameters())]
+    if train_head:
+        head.requires_grad_(True)
+        params.append(head)
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
@@ -282,7 +291,20 @@ def train_on_samples(draft, samples: list[TeacherSample], vocab_ids: list[int], 
     draft.eval()
     for p in draft.parameters():
         p.requires_grad_(False)
+    if train_head:
+        untie_head(draft, ids, head.detach())
     return losses
+
+
+def untie_head(draft, ids: Tensor, rows: Tensor) -> None:
+    """Give the draft its own lm_head: the input embedding's matrix with rows `ids` replaced by `rows`."""
+    emb = draft.get_input_embeddings().weight.detach()
+    full = emb.clone()
+    full[ids] = rows.to(full.dtype)
+    draft.config.tie_word_embeddings = False
+    head = torch.nn.Linear(full.shape[1], full.shape[0], bias=False, dtype=full.dtype)
+    head.weight = torch.nn.Parameter(full, requires_grad=False)
+    draft.set_output_embeddings(head)
 
 
 def _batches(samples: list[TeacherSample], batch_tokens: int, gen: torch.Generator):
@@ -322,11 +344,12 @@ def train_draft(target_path: str | Path, out_dir: str | Path, *, num_layers: int
                 max_new_tokens: int = 128, learning_rate: float = 5e-4, seed: int = 0,
                 draft_vocab_size: int = 8192, layer_choice: str = "first", gen_fraction: float = 0.45,
                 teacher_forced_fraction: float = 0.1, progress: bool = True,
-                generator: str = "engine") -> DraftTrainResult:
+                generator: str = "engine", train_head: bool = True) -> DraftTrainResult:
     """Train a `num_layers`-layer draft of the target within the time budget and save it to out_dir.
 
     prompts: chat message lists to generate replies for (default: built from calibration_dir).
-    generator: "engine" (the runtime generates the replies, then one teacher-forced forward) or "hf".
+    generator: "engine" (the runtime generates the replies and returns their top-20 log-probs) or "hf".
+    train_head: train the draft vocabulary's head rows too (the draft gets its own, untied lm_head).
     The budget covers loading, generation, training and saving; see the module docstring for the method."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -379,7 +402,7 @@ def train_draft(target_path: str | Path, out_dir: str | Path, *, num_layers: int
     train_start = time.monotonic()
     save_margin = min(30.0, 0.05 * budget)
     losses = train_on_samples(draft, samples, vocab_ids, deadline=start + budget - save_margin,
-                              learning_rate=learning_rate, seed=seed)
+                              learning_rate=learning_rate, seed=seed, train_head=train_head)
     train_s = time.monotonic() - train_start
     if not losses:
         raise ValueError(f"time_budget_minutes={budget / 60:.2f} left no time to train after collecting the "

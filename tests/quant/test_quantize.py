@@ -127,3 +127,73 @@ def test_gptq_oneshot_checkpoint_matches_fake_quant_model(tmp_path):
     assert "lm_head" in qc["ignore"]
     loaded = load_quantized_for_runtime(ck)
     torch.testing.assert_close(loaded(X).logits, fq, atol=1e-4, rtol=1e-4)
+
+
+def _q4_1_grid(model, group_size=32):
+    """Move every quantizable weight onto a GGUF Q4_1 grid (fp16 d and min per group of 32), as SmolLM2's are."""
+    mods = dict(model.named_modules())
+    with torch.no_grad():
+        for n in quantizable_linears(model):
+            w = mods[n].weight
+            o, i = w.shape
+            g = w.reshape(o, i // group_size, group_size)
+            lo = g.amin(2, keepdim=True).half().float()
+            d = ((g.amax(2, keepdim=True) - lo) / 15).half().float()
+            w.copy_((torch.round((g - lo) / d).clamp(0, 15) * d + lo).reshape(o, i))
+
+
+@torch.no_grad()
+def test_int4f_float_zero_point_is_lossless_on_q4_1_weights_and_loads_in_runtime_and_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from accel.quant.kernels import Int4WeightOnlyLinear, linear_scheme
+
+    src = tmp_path / "q41"
+    tiny = make_tiny_llama(initializer_range=0.1, tie_word_embeddings=True)
+    _q4_1_grid(tiny)
+    tiny.save_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src).eval()
+    ref = model(X).logits
+    names = quantizable_linears(model)
+    with fake_quantized(model, {n: "int4" for n in names}, 32):
+        int_zp = model(X).logits
+    with fake_quantized(model, {n: "int4f" for n in names}, 32):
+        ours = model(X).logits
+    err_int, err_float = (int_zp - ref).abs().max(), (ours - ref).abs().max()
+    assert err_float < err_int / 20, (err_float, err_int)  # the float zero point hits the grid
+    plan = Plan(schemes={n: ("int4f" if i % 4 else "int8") for i, n in enumerate(names)}, group_size=32,
+                avg_bits=0.0, estimated_kl=0.0, lm_head="fp16")
+    with fake_quantized(model, plan.schemes, 32):
+        ours = model(X).logits
+    res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
+    torch.testing.assert_close(res.model(X).logits, ours, atol=1e-4, rtol=1e-4)  # = compressed-tensors numerics
+    ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    import json
+
+    qc = json.loads((ck / "config.json").read_text())["quantization_config"]
+    groups = {g["weights"]["num_bits"]: g for g in qc["config_groups"].values()}
+    assert groups[4]["format"] == "int-quantized" and groups[4]["weights"]["zp_dtype"] == "torch.float16"
+    loaded = load_quantized_for_runtime(ck)
+    q = loaded.model.layers[0].self_attn.k_proj
+    assert isinstance(q, Int4WeightOnlyLinear) and q.float_zero and linear_scheme(q) == "int4f"
+    torch.testing.assert_close(loaded(X).logits, ours, atol=1e-4, rtol=1e-4)
+    hf = AutoModelForCausalLM.from_pretrained(ck).eval()  # compressed-tensors decompresses the float zero points
+    torch.testing.assert_close(hf(X).logits, ours, atol=1e-4, rtol=1e-4)
+
+
+def test_int4f_kernel_module_matches_its_dequantized_weight_on_every_cpu_path():
+    from accel.quant.kernels import Int4WeightOnlyLinear, apply_plan, quantize_int4_groupwise
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48, bias=False)
+    q, s, z = quantize_int4_groupwise(lin.weight, 32, float_zero=True)
+    assert z.dtype == torch.float32 and not torch.equal(z, z.round())
+    ref_w = (q.float().reshape(48, 2, 32) - z[..., None]) * s[..., None]
+    m = Int4WeightOnlyLinear.from_linear(lin, group_size=32, float_zero=True)
+    torch.testing.assert_close(m.dequantized(), ref_w.reshape(48, 64))
+    for rows in (1, 4, 200):  # avx2 / int4pack (bf16) / dequant GEMM
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(m(x), x @ ref_w.reshape(48, 64).T, atol=3e-2, rtol=3e-2)
+    seq = torch.nn.Sequential(torch.nn.Linear(64, 48))
+    apply_plan(seq, {"0": "int4f"}, group_size=32)
+    assert isinstance(seq[0], Int4WeightOnlyLinear) and seq[0].float_zero

@@ -142,3 +142,34 @@ def test_engine_teacher_samples_are_the_targets_greedy_replies(tiny_model_dir):
         assert 1 <= len(reply) <= 6 and s.top_ids.shape == (len(reply), 4)
         assert s.top_ids[:, 0].tolist() == reply  # the reply is the target's argmax at every position
         assert torch.all(s.top_logprobs[:, :-1] >= s.top_logprobs[:, 1:])
+        # the engine's log-probs are the teacher-forced distributions of the target
+        with torch.inference_mode():
+            lp = target(torch.tensor([s.token_ids])).logits[0, s.loss_start: s.loss_start + len(reply)].log_softmax(-1)
+        torch.testing.assert_close(lp.gather(1, s.top_ids), s.top_logprobs, atol=1e-4, rtol=1e-4)
+
+
+def test_trained_head_rows_untie_the_draft_and_survive_save_and_load(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    target = make_tiny_llama(seed=0)
+    samples = _teacher_samples(target)
+    vocab_ids = sorted(set(range(0, 256, 2)) | {int(s.top_ids[0, 0]) for s in samples})
+    draft = build_draft(target, [1])
+    emb_before = draft.model.embed_tokens.weight.detach().clone()
+    losses = train_on_samples(draft, samples, vocab_ids, deadline=time.monotonic() + 600, learning_rate=3e-3,
+                              seed=0, max_steps=30, train_head=True)
+    assert losses[-1] < losses[0]
+    head = draft.get_output_embeddings().weight
+    assert head.data_ptr() != draft.model.embed_tokens.weight.data_ptr() and not draft.config.tie_word_embeddings
+    assert torch.equal(draft.model.embed_tokens.weight, emb_before)  # the input embedding is the target's
+    outside = torch.tensor(sorted(set(range(256)) - set(vocab_ids)))
+    assert torch.equal(head[outside], emb_before[outside])  # rows outside the draft vocabulary are untouched
+    assert not torch.equal(head[torch.tensor(vocab_ids)], emb_before[torch.tensor(vocab_ids)])
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {}}}))
+    out = save_draft(draft, tmp_path / "draft", tmp_path / "target", {"vocab_ids": vocab_ids})
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert torch.equal(loaded.get_output_embeddings().weight, head)
+    assert torch.equal(loaded.model.embed_tokens.weight, emb_before)
+    prop = DraftModelProposer(out, target_dir=tmp_path / "target")
+    assert torch.equal(prop.head, head[torch.tensor(vocab_ids)])
