@@ -170,15 +170,16 @@ def stage_plan(ctx: StageContext) -> dict:
 def stage_quantize(ctx: StageContext) -> dict:
     from accel.quant.allocate import Plan
     from accel.quant.quantize import oneshot_quantize, save_checkpoint
-    from accel.quant.run import token_batches
+    from accel.quant.run import calibration_batches
 
-    q, cal = ctx.recipe.quantization, ctx.recipe.calibration
+    q = ctx.recipe.quantization
     _set_threads(ctx.recipe)
     plan = Plan.from_json(ctx.upstream_path("plan.json"))
-    batches = token_batches(calibration_draw(ctx).train, cal.max_seq_len, cal.num_samples)
+    batches, weighting = calibration_batches(fresh_model(ctx), plan, calibration_draw(ctx).train, ctx.recipe)
     res = oneshot_quantize(fresh_model(ctx), plan, batches, q.method, q.gptq_dampening, tokenizer(ctx))
     save_checkpoint(res.model, plan, ctx.out_dir / "checkpoint_quantized", processor=tokenizer(ctx))
-    return {"method": q.method, "rows": sum(b.shape[0] for b in batches)}
+    return {"method": q.method, "rows": sum(b.shape[0] for b in batches),
+            "calibration_mix": weighting.to_dict() if weighting else None}
 
 
 def stage_draft(ctx: StageContext) -> dict:
@@ -350,8 +351,8 @@ def render_summary_markdown(summary: dict) -> str:
 SENSITIVITY_FIELDS = ("quantization.candidates", "quantization.int4_group_size", "quantization.sensitivity")
 PLAN_FIELDS = SENSITIVITY_FIELDS + ("quantization.budget", "quantization.overrides", "quantization.lm_head",
                                     "quantization.embeddings")
-QUANTIZE_FIELDS = ("quantization.method", "quantization.gptq_dampening", "calibration.num_samples",
-                   "calibration.max_seq_len")
+QUANTIZE_FIELDS = ("quantization.method", "quantization.gptq_dampening", "quantization.calibration_mix",
+                   "calibration.num_samples", "calibration.max_seq_len")
 
 
 def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:

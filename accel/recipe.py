@@ -118,6 +118,10 @@ class QuantizationConfig(Strict):
     overrides: dict[str, Scheme] = {}
     """regex on module names -> scheme, applied after allocation (e.g. 'layers\\.0\\.': fp16)."""
     gptq_dampening: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.01
+    calibration_mix: Literal["draw", "damage"] = "draw"
+    """Domain mix of the GPTQ / AWQ calibration rows: 'draw' = as drawn; 'damage' = each domain's share of rows
+    proportional to the plan's RTN damage (KL) on its own calibration rows, at least half the even share
+    (accel/quant/domain_weighting.py). Needs a draw with domain labels; RTN ignores it."""
 
     @field_validator("candidates")
     @classmethod

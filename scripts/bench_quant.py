@@ -232,7 +232,15 @@ def main():
         bits = {"mixed_rtn_stratified": mixed.avg_bits, "mixed_rtn_random": mixed_r.avg_bits, "int4g32_rtn": 5.0}
         pair = ("mixed_rtn_stratified", "mixed_rtn_random")
     else:
-        for label, plan, batches in (("mixed_gptq_stratified", mixed, cal_strat),
+        from accel.quant.domain_weighting import damage_weighted_batches
+
+        with timed("damage-weighted calibration rows"):
+            cal_damage, weighting = damage_weighted_batches(model, mixed.schemes, mixed.group_size, strat.train,
+                                                            a.cal_len, sum(b.shape[0] for b in cal_strat))
+        RESULTS["calibration_mix_damage"] = weighting.to_dict()
+        print("damage-weighted rows:", weighting.to_dict(), flush=True)
+        for label, plan, batches in (("mixed_gptq_stratified_damage", mixed, cal_damage),
+                                     ("mixed_gptq_stratified", mixed, cal_strat),
                                      ("mixed_gptq_random", mixed, cal_rand),
                                      ("int4g32_gptq_stratified", uni, cal_strat)):
             with timed(f"gptq {label}"):
@@ -243,8 +251,8 @@ def main():
                 variants[label] = dequantized_weights(ck)
             save(a.out)
         bits = {"mixed_gptq_stratified": mixed.avg_bits, "mixed_gptq_random": mixed.avg_bits,
-                "int4g32_gptq_stratified": 5.0}
-        pair = ("mixed_gptq_stratified", "mixed_gptq_random")
+                "mixed_gptq_stratified_damage": mixed.avg_bits, "int4g32_gptq_stratified": 5.0}
+        pair = ("mixed_gptq_stratified_damage", "mixed_gptq_random")
     # The allocator's plan for candidates [int4f, int8, fp16] at 5.0 bits with group 32 is all-int4f (4 + 32/32 = 5.0
     # leaves no room for int8); RTN because the weights already lie on a Q4_1 grid that int4f reproduces.
     f_sens = measure_sensitivity(model, token_batches(strat.train, a.sens_len, a.sens_rows), ["int4f", "int8"], 32,
@@ -289,11 +297,13 @@ def main():
     for k in labels:
         o = table[k]["overall"]
         print(f"{k:28s} {bits[k]:8.3f} {o['ppl_increase_pct']:8.2f} {o['kl_mean']:9.4f} {o['top1_agreement']:7.3f}")
+    others = [k for k in ("mixed_gptq_stratified",) if k in table]
     print(f"\n== stratified vs random calibration ({pair[0]} vs {pair[1]}): mean KL per domain ==")
     for d in table[pair[0]]["domains"]:
         s = table[pair[0]]["domains"][d]["kl_mean"]
         r = table[pair[1]]["domains"][d]["kl_mean"]
-        print(f"{d:14s} stratified {s:.4f}  random {r:.4f}  ratio {s / r:.3f}")
+        extra = "".join(f"  {k} {table[k]['domains'][d]['kl_mean']:.4f}" for k in others)
+        print(f"{d:14s} stratified {s:.4f}  random {r:.4f}  ratio {s / r:.3f}{extra}")
     print("\nseconds:", RESULTS["seconds"])
     save(a.out)
 

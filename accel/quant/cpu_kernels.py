@@ -106,25 +106,34 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale)
 }
 
 // ---- fp32 GEMV-like (a few activation rows): streams the weight once at full bandwidth -------------------
+// Up to 8 activation rows per pass over a weight row, so every weight byte is read from memory once for up to 8
+// rows (a 5-row verify step is one pass, not a 4-row and a 1-row pass over the same tile). Two FMA chains per
+// row while MB <= 4 hide FMA latency; above that the rows themselves are enough independent chains, and one
+// chain keeps the accumulators in registers (MB + 2 of 16 ymm).
 template <int MB>
 static void tilef(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int CH = MB <= 4 ? 2 : 1;
   for (int64_t n = n0; n < n1; ++n) {
     const float* row = w + n * K;
-    __m256 a0[MB], a1[MB];
-    for (int m = 0; m < MB; ++m) { a0[m] = _mm256_setzero_ps(); a1[m] = _mm256_setzero_ps(); }
+    __m256 a[CH][MB];
+    for (int c = 0; c < CH; ++c)
+      for (int m = 0; m < MB; ++m) a[c][m] = _mm256_setzero_ps();
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-      __m256 w0 = _mm256_loadu_ps(row + k), w1 = _mm256_loadu_ps(row + k + 8);
-      for (int m = 0; m < MB; ++m) {
-        a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * K + k), a0[m]);
-        a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * K + k + 8), a1[m]);
+    for (; k + 8 * CH <= K; k += 8 * CH) {
+      for (int c = 0; c < CH; ++c) {
+        const __m256 wv = _mm256_loadu_ps(row + k + 8 * c);
+        for (int m = 0; m < MB; ++m) a[c][m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k + 8 * c), a[c][m]);
       }
     }
     for (; k < K; k += 8) {
-      __m256 w0 = _mm256_loadu_ps(row + k);
-      for (int m = 0; m < MB; ++m) a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * K + k), a0[m]);
+      const __m256 wv = _mm256_loadu_ps(row + k);
+      for (int m = 0; m < MB; ++m) a[0][m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k), a[0][m]);
     }
-    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(_mm256_add_ps(a0[m], a1[m]));
+    for (int m = 0; m < MB; ++m) {
+      __m256 t = a[0][m];
+      if (CH == 2) t = _mm256_add_ps(t, a[CH - 1][m]);
+      y[m * N + n] = hsum256(t);
+    }
   }
 }
 
@@ -141,12 +150,18 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
   at::parallel_for(0, (N + TN - 1) / TN, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * TN, n1 = std::min(N, n0 + TN);
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {
-        switch (std::min<int64_t>(4, M - m0)) {
-          case 4: tilef<4>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); break;
-          case 3: tilef<3>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); break;
-          case 2: tilef<2>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); break;
-          default: tilef<1>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); break;
+      for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        const float* xm = xp + m0 * K;
+        float* ym = yp + m0 * N;
+        switch (std::min<int64_t>(8, M - m0)) {
+          case 8: tilef<8>(xm, K, wp, ym, N, n0, n1); break;
+          case 7: tilef<7>(xm, K, wp, ym, N, n0, n1); break;
+          case 6: tilef<6>(xm, K, wp, ym, N, n0, n1); break;
+          case 5: tilef<5>(xm, K, wp, ym, N, n0, n1); break;
+          case 4: tilef<4>(xm, K, wp, ym, N, n0, n1); break;
+          case 3: tilef<3>(xm, K, wp, ym, N, n0, n1); break;
+          case 2: tilef<2>(xm, K, wp, ym, N, n0, n1); break;
+          default: tilef<1>(xm, K, wp, ym, N, n0, n1); break;
         }
       }
     }
@@ -547,7 +562,7 @@ def _module():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        return load_inline(name="accel_cpu_kernels_v11", cpp_sources=[_SOURCE], functions=None,
+        return load_inline(name="accel_cpu_kernels_v12", cpp_sources=[_SOURCE], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels

@@ -64,6 +64,20 @@ def token_batches(samples: Sequence, seq_len: int, max_rows: int | None, batch_s
     return out
 
 
+def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe):
+    """The oneshot's calibration rows: the draw's rows, or (quantization.calibration_mix 'damage', methods that
+    use data) the same number of rows mixed by the plan's per-domain damage. Returns (batches, weighting|None)."""
+    q, cal = recipe.quantization, recipe.calibration
+    batches = token_batches(train, cal.max_seq_len, cal.num_samples)
+    if q.calibration_mix != "damage" or q.method == "rtn":
+        return batches, None
+    from accel.quant.domain_weighting import damage_weighted_batches
+
+    total = sum(b.shape[0] for b in batches)
+    return damage_weighted_batches(model, {**plan.schemes, "lm_head": plan.lm_head}, plan.group_size, train,
+                                   cal.max_seq_len, total)
+
+
 def _say(console, msg: str) -> None:
     if console is not None:
         console.log(msg)
@@ -126,7 +140,9 @@ def run_quantize(recipe, run_dir: str | Path, model_path: str | Path, draw, mode
                   f"measured KL {plan.measured_kl}")
 
     t = time.perf_counter()
-    cal_batches = token_batches(draw.train, cal.max_seq_len, cal.num_samples)
+    cal_batches, weighting = calibration_batches(model, plan, draw.train, recipe)
+    if weighting is not None:
+        _say(console, f"calibration rows by domain damage: {weighting.rows}")
     # llm-compressor modifies the model it gets in place: give it a fresh copy, keep the caller's model intact
     fresh = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     res = oneshot_quantize(fresh, plan, cal_batches, q.method, q.gptq_dampening, tokenizer)
@@ -134,7 +150,9 @@ def run_quantize(recipe, run_dir: str | Path, model_path: str | Path, draw, mode
     seconds["quantize"] = time.perf_counter() - t
     _say(console, f"{q.method} oneshot + save: {seconds['quantize']:.0f}s -> {ck}")
     (run_dir / "quantize.json").write_text(json.dumps({"seconds": seconds, "method": q.method,
-                                                       "counts": plan.counts(), "avg_bits": plan.avg_bits}, indent=1))
+                                                       "counts": plan.counts(), "avg_bits": plan.avg_bits,
+                                                       "calibration_mix": weighting.to_dict() if weighting else None},
+                                                      indent=1))
     files = {k: str(run_dir / v) for k, v in (("sensitivity", "sensitivity.json"), ("heatmap", "sensitivity.png"),
                                               ("plan", "plan.json"), ("checkpoint", "checkpoint_quantized"))}
     return QuantizeResult(plan=plan, sensitivity=sens, checkpoint=ck, seconds=seconds, files=files)
