@@ -35,6 +35,7 @@ from torch import Tensor
 from accel.spec.proposer import DRAFT_META_FILE
 from accel.spec.prompts import build_prompts, load_samples
 
+TEACHER_TOP_M = 20  # target log-probs kept per position: the runtime's logprobs limit, so every source matches
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "vocab.json", "merges.txt")
 
@@ -134,7 +135,7 @@ def stop_token_ids(model, tokenizer) -> set[int]:
 
 @torch.inference_mode()
 def generate_teacher_samples(target, tokenizer, prompts: list[list[dict]], max_new_tokens: int, deadline: float,
-                             batch_size: int = 8, top_m: int = 32, max_prompt_tokens: int = 384) -> list[TeacherSample]:
+                             batch_size: int = 8, top_m: int = TEACHER_TOP_M, max_prompt_tokens: int = 384) -> list[TeacherSample]:
     """The target's greedy replies to chat prompts with its top-m next-token distribution at each reply token.
 
     Batches of similar-length prompts (left padded); stops starting new batches at `deadline`."""
@@ -168,7 +169,7 @@ def generate_teacher_samples(target, tokenizer, prompts: list[list[dict]], max_n
 
 @torch.inference_mode()
 def engine_teacher_samples(target, target_path: str | Path, tokenizer, prompts: list[list[dict]],
-                           max_new_tokens: int, deadline: float, batch_size: int = 32, top_m: int = 20,
+                           max_new_tokens: int, deadline: float, batch_size: int = 32, top_m: int = TEACHER_TOP_M,
                            max_prompt_tokens: int = 384) -> list[TeacherSample]:
     """As `generate_teacher_samples`, several times faster: the runtime engine generates the greedy replies with
     continuous batching over a paged KV cache and returns the target's top-m log-probs at every reply token
@@ -205,7 +206,7 @@ def engine_teacher_samples(target, target_path: str | Path, tokenizer, prompts: 
 
 @torch.inference_mode()
 def teacher_forced_samples(target, tokenizer, texts: list[str], deadline: float, max_len: int = 256,
-                           batch_size: int = 8, top_m: int = 32) -> list[TeacherSample]:
+                           batch_size: int = 8, top_m: int = TEACHER_TOP_M) -> list[TeacherSample]:
     """The target's top-m next-token distribution at every position of calibration texts (one forward each)."""
     samples: list[TeacherSample] = []
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"][:max_len] for t in texts]
@@ -237,8 +238,9 @@ def distill_loss(draft, head: Tensor, lookup: Tensor, batch: list[TeacherSample]
     rows = torch.cat([torch.full((len(s.top_ids),), b) for b, s in enumerate(batch)])  # [N]
     cols = torch.cat([torch.arange(s.loss_start, s.loss_start + len(s.top_ids)) for s in batch])  # [N]
     logq = (hidden[rows, cols] @ head.T).log_softmax(-1)  # [N, K]
-    top_ids = torch.cat([s.top_ids for s in batch])  # [N, m]
-    p = torch.cat([s.top_logprobs for s in batch]).exp()  # [N, m]
+    m = min(s.top_ids.shape[1] for s in batch)  # sources may keep different top-m: use the common best m
+    top_ids = torch.cat([s.top_ids[:, :m] for s in batch])  # [N, m]
+    p = torch.cat([s.top_logprobs[:, :m] for s in batch]).exp()  # [N, m]
     reduced = lookup[top_ids]  # [N, m]
     p = torch.where(reduced >= 0, p, torch.zeros_like(p))
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)

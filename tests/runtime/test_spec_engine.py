@@ -177,9 +177,9 @@ def test_speculation_off_at_large_batch_and_adaptive_length(tiny_llama_dir):
     # drafting started only once fewer than 3 requests ran, i.e. after the short ones finished
     assert spy.calls and max(spy.calls) == 1
     s = outs[2].spec_decode
-    # always rejected: the adaptive length drops to 0 and only probes (1 token every 8 steps) remain
+    # always rejected: the adaptive length drops to 0 and only probes remain, backing off (8 x 2, 8 x 4, ... steps)
     assert s.num_accepted_tokens == 0
-    assert s.num_draft_tokens < 25 and s.num_drafts >= 5
+    assert s.num_draft_tokens < 10 and 2 <= s.num_drafts <= 4
 
 
 def test_mismatched_draft_tokenizer_is_refused(tmp_path):

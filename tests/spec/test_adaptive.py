@@ -61,13 +61,52 @@ def test_controller_lowers_k_then_probes():
         ctl.observe("r", 4, 0)  # everything rejected
     assert ctl.estimates["r"].alpha < 0.15
     assert ctl.num_speculative_tokens("r", 1) == 0
-    ctl.observe("r", 0, 0)
-    assert ctl.num_speculative_tokens("r", 1) == 0
-    ctl.observe("r", 0, 0)
-    assert ctl.num_speculative_tokens("r", 1) == 1  # third step without drafts: probe with one token
+    backoff = ctl.estimates["r"].probe_backoff
+    assert backoff == 16  # four drafts that accepted nothing: the probe waits 3 x 16 steps
+    for _ in range(3 * backoff - 1):
+        assert ctl.num_speculative_tokens("r", 1) == 0
+        ctl.observe("r", 0, 0)
+    assert ctl.num_speculative_tokens("r", 1) == 1  # 48th step without drafts: probe with one token
     for _ in range(3):
         ctl.observe("r", 1, 1)  # the text turned predictable
     assert ctl.num_speculative_tokens("r", 1) >= 2
+
+
+def test_new_requests_start_from_the_acceptance_the_proposer_has_shown():
+    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.3, prior_alpha=0.5, prior_weight=2.0))
+    assert ctl.num_speculative_tokens("a", 1) == 1  # default prior 0.5 at c 0.3: one token pays
+    ctl.observe("a", 1, 1)  # one step of evidence: still below prior_weight, the default prior stays
+    assert ctl._prior().alpha == 0.5
+    for _ in range(9):
+        ctl.observe("a", 1, 0)  # the proposer keeps failing
+    assert ctl.global_successes == 1 and ctl.global_failures == 9
+    assert ctl._prior().alpha == pytest.approx(0.1)
+    assert ctl.num_speculative_tokens("b", 1) == 0  # a new request does not relearn it from 0.5
+    ctl.observe("b", 0, 0)  # steps without drafts are no evidence
+    assert ctl.global_successes + ctl.global_failures == 10
+
+
+def test_failed_probes_back_off_and_accepted_ones_come_back():
+    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=2, cost_ratio=0.3, prior_alpha=0.0, prior_weight=2.0,
+                                             probe_interval=2))
+
+    def steps_to_probe():
+        n = 0
+        while ctl.num_speculative_tokens("r", 1) == 0:
+            ctl.observe("r", 0, 0)
+            n += 1
+        return n
+
+    assert steps_to_probe() == 1  # probe_interval 2: one step without drafts, then a probe
+    ctl.observe("r", 1, 0)  # the probe accepts nothing
+    assert steps_to_probe() == 3  # waits 2 x 2 steps
+    ctl.observe("r", 1, 0)
+    assert steps_to_probe() == 7  # 2 x 4
+    for _ in range(10):
+        ctl.observe("r", 1, 0)
+    assert ctl.estimates["r"].probe_backoff == 16  # capped
+    ctl.observe("r", 1, 1)
+    assert ctl.estimates["r"].probe_backoff == 8  # an accepted probe halves the wait
 
 
 def test_controller_batch_cutoff_and_non_adaptive():

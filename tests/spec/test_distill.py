@@ -173,3 +173,16 @@ def test_trained_head_rows_untie_the_draft_and_survive_save_and_load(tmp_path):
     assert torch.equal(loaded.model.embed_tokens.weight, emb_before)
     prop = DraftModelProposer(out, target_dir=tmp_path / "target")
     assert torch.equal(prop.head, head[torch.tensor(vocab_ids)])
+
+
+def test_distill_loss_mixes_sources_with_different_top_m():
+    # engine replies keep the runtime's top-20 and teacher-forced text may keep more: one batch holds both
+    target = make_tiny_llama(seed=0)
+    draft = build_draft(target, [0])
+    a, b = _teacher_samples(target, n=2, length=5)
+    wide = TeacherSample(b.token_ids, b.loss_start, torch.cat([b.top_ids, b.top_ids[:, :3]], 1),
+                         torch.cat([b.top_logprobs, b.top_logprobs[:, :3] - 50], 1))
+    head, lookup = draft.lm_head.weight.detach(), torch.arange(256)
+    mixed = float(distill_loss(draft, head, lookup, [a, wide]).detach())
+    same = float(distill_loss(draft, head, lookup, [a, b]).detach())
+    assert mixed == pytest.approx(same, rel=1e-6)
