@@ -403,7 +403,7 @@ class PackedLinear(nn.Module):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)  # opaque mkldnn tensor
         self.register_buffer("bias", linear.bias.detach().clone() if linear.bias is not None else None)
 
-    AVX2_MAX_ROWS = 64
+    AVX2_MAX_ROWS = 96
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)

@@ -387,10 +387,11 @@ def test_int4_from_compressed_tensors_matches_the_library_packing():
     assert torch.equal(z.int(), zp.int() + 8)
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 13, 70])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 13, 70, 97])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
-    # <= AVX2_MAX_ROWS rows go through accel's AVX2 fp32 kernel (8-row passes: 5, 8, 13 rows), more through oneDNN
+    # <= AVX2_MAX_ROWS (96) rows go through accel's AVX2 fp32 kernels (1-3 rows: row passes; 4+: 4 x 3 register
+    # tiles with 1-3 leftover rows and 200 % 3 leftover weight rows), more through oneDNN
     from accel.quant.kernels import PackedLinear, packed_linear_available
 
     if not packed_linear_available():

@@ -35,11 +35,12 @@ def test_write_gather_and_block_round_trip():
 @pytest.mark.parametrize("head_dim", [64, 12, 20])  # vectorised, scalar and mixed inner loops
 @pytest.mark.parametrize("threads", [1, 2, 8])  # 4 rows: split by row (1, 2 threads) or by kv head (8)
 @pytest.mark.parametrize("q_scale", [1.0, 8.0])  # large scores: the online softmax rescales across blocks
-def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale):
+@pytest.mark.parametrize("heads", [6, 2, 10, 16])  # 2 kv heads: GQA groups 3, 1, 5 (tiles 4 + 1), 8 (4 + 4)
+def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale, heads):
     # requests with different context lengths and scattered, shared blocks; the kernel reads the block table
     # directly, the reference gathers the blocks and runs SDPA with a padding mask
     g = torch.Generator().manual_seed(head_dim)
-    bs, kvh, heads, nblocks = 4, 2, 6, 40
+    bs, kvh, nblocks = 4, 2, 40
     cache = PagedKVCache(nblocks, bs, kvh, head_dim, torch.float32, torch.device("cpu"), torch.float32)
     cache.k.normal_(generator=g)
     cache.v.normal_(generator=g)
