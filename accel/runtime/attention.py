@@ -71,6 +71,8 @@ class PagedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.quantized = dtype == torch.int8
         self.compute_dtype = compute_dtype
+        # fp32 CPU cache: accel's kv_write_ (one call, no index_copy_ dispatch) when the kernels are built
+        self.fast_write = (dtype == torch.float32 and self.k.device.type == "cpu" and cpu_kernels.available())
         if self.quantized:
             self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
             self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
@@ -78,6 +80,10 @@ class PagedKVCache:
     def write(self, slots: Tensor, k: Tensor, v: Tensor) -> None:
         """Store k, v [T, kv_heads, head_dim] into the given flat slots [T]."""
         nkv, hd = k.shape[1], k.shape[2]
+        if (self.fast_write and k.dtype == v.dtype == torch.float32 and k.stride(2) == v.stride(2) == 1
+                and k.stride(1) == v.stride(1) == hd):
+            cpu_kernels.kv_write_(self.k, self.v, k, v, slots)
+            return
         if not self.quantized:
             self.k.view(-1, nkv, hd).index_copy_(0, slots, k.to(self.k.dtype))
             self.v.view(-1, nkv, hd).index_copy_(0, slots, v.to(self.v.dtype))
@@ -147,7 +153,8 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
         out[rows] = o[0].transpose(0, 1)
     use_kernel = (q.device.type == "cpu" and q.dtype == torch.float32 and not cache.quantized
                   and cache.k.dtype == torch.float32 and cpu_kernels.available())
-    qc = q.contiguous() if use_kernel and meta.decode_groups else q
+    # the kernel takes q rows with any row stride (a view into the fused qkv output: no copy)
+    qc = q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous()
     for g in meta.decode_groups:
         if use_kernel and g.context_lens is not None:
             cpu_kernels.paged_decode_attention(out, qc, cache.k, cache.v, g.block_table,

@@ -405,6 +405,19 @@ def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("rows,hidden", [(1, 576), (5, 100), (40, 20)])  # 32-wide chains, 8-wide, scalar tails
+def test_rms_norm_kernels_match_torch(rows, hidden):
+    g = torch.Generator().manual_seed(hidden)
+    x, res, w = (torch.randn(rows, hidden, generator=g) for _ in range(3))
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, w[0], 1e-5),
+                               torch.nn.functional.rms_norm(x, (hidden,), w[0], 1e-5), atol=1e-5, rtol=1e-5)
+    summed = res + x
+    got = cpu_kernels.add_rms_norm_(x, res, w[0], 1e-5)
+    torch.testing.assert_close(res, summed)  # residual updated in place
+    torch.testing.assert_close(got, torch.nn.functional.rms_norm(summed, (hidden,), w[0], 1e-5), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (7, 20), (33, 64)])  # vector, scalar-tail and multi-thread
 def test_silu_mul_matches_torch(rows, inter):
     g = torch.Generator().manual_seed(rows)

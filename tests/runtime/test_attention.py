@@ -19,12 +19,17 @@ def test_write_gather_and_block_round_trip():
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.int8):
         cache = PagedKVCache(6, 4, 2, 8, dtype, torch.device("cpu"), torch.float32)
-        k, v = torch.randn(8, 2, 8), torch.randn(8, 2, 8)
+        qkv = torch.randn(8, 7, 8)  # k and v as views into a fused qkv row, as the model writes them
+        k, v = qkv[:, 3:5], qkv[:, 5:7]
         slots = torch.tensor([4, 5, 6, 7, 12, 13, 14, 15])  # blocks 1 and 3
         cache.write(slots, k, v)
         gk, gv = cache.gather(torch.tensor([1, 3]))  # [8, 2, 8]
         tol = 0 if dtype == torch.float32 else 0.05
         torch.testing.assert_close(gk, k, atol=tol, rtol=0)
+        torch.testing.assert_close(gv, v, atol=tol, rtol=0)
+        if cache.fast_write:  # a slot past the cache is an error, not a write into other memory
+            with pytest.raises(RuntimeError, match="outside the cache"):
+                cache.write(torch.tensor([24]), k[:1], v[:1])  # 6 blocks x 4 = 24 slots
         saved = cache.read_blocks(torch.tensor([1, 3]), torch.device("cpu"))
         cache.write_blocks(torch.tensor([0, 5]), saved)
         k2, v2 = cache.gather(torch.tensor([0, 5]))
@@ -49,7 +54,8 @@ def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale,
     table = torch.randperm(nblocks, generator=g)[:len(ctx) * nb].view(len(ctx), nb)
     table[1, 0] = table[2, 0]  # a shared (prefix-cached) block
     rows = torch.tensor([3, 0, 2, 5])
-    q = torch.randn(6, heads, head_dim, generator=g) * q_scale
+    # q as a view into a wider row (the fused qkv output): the kernel reads it through its row stride
+    q = (torch.randn(6, heads + 3, head_dim, generator=g) * q_scale)[:, :heads]
     mask = (torch.arange(nb * bs)[None] < ctx[:, None])[:, None, None, :]
     meta_ref = AttentionMetadata(torch.empty(0, dtype=torch.long), [], [DecodeGroup(rows, table, mask)])
     meta_ker = AttentionMetadata(torch.empty(0, dtype=torch.long), [], [DecodeGroup(rows, table, mask, ctx)])
