@@ -456,12 +456,16 @@ static inline void gqa_accumulate(const float* p, int64_t ps, const float* v, in
 #define PREFETCH_BLOCKS 1
 #endif
 // Decode attention over the paged fp32 cache, flash-decoding style (online softmax, no score buffer over the
-// whole context). A task owns one query row and a range of kv heads [h0, h1): it walks the row's blocks once and,
-// per block, scores and accumulates every head of its range, so the block's K and V (all kv heads contiguous in
-// the [blocks, block_size, kv_heads, D] layout) come from DRAM once. Rows are split across threads when there
-// are enough of them; a lone row is split by kv head instead so every thread works.
+// whole context). A task owns one span and a range of kv heads [h0, h1). A span is the query rows of one request
+// in this step: one decode token, or the k + 1 rows of a speculative verification (row r at context length L_r,
+// each row seeing its own causal prefix). The task walks the request's blocks once and, per block, scores and
+// accumulates every row and head of its range, so the block's K and V (all kv heads contiguous in the
+// [blocks, block_size, kv_heads, D] layout) come from DRAM once for all the span's rows: a verify step of 8 rows
+// reads the context once, not 8 times. Spans are split across threads when there are enough of them; otherwise
+// each span is split by kv head so every thread works.
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                 torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, double scale) {
+                 torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, double scale,
+                 torch::Tensor span_offsets) {
   auto bt = block_tables.to(at::kLong).contiguous();
   auto cl = context_lens.to(at::kLong).contiguous();
   auto rw = rows.to(at::kLong).contiguous();
@@ -479,51 +483,75 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int64_t TS = KVH * D;  // floats between consecutive tokens of one kv head
-  const int64_t splits = G >= 2 * at::get_num_threads() ? 1 : KVH;  // kv-head ranges per row
+  // spans: rows [so[s], so[s + 1]) of the arrays share one request's blocks (empty: every row is its own span)
+  std::vector<int64_t> so;
+  if (span_offsets.numel() == 0) {
+    so.resize(G + 1);
+    for (int64_t g = 0; g <= G; ++g) so[g] = g;
+  } else {
+    auto o = span_offsets.to(at::kLong).contiguous();
+    so.assign(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel());
+    TORCH_CHECK(so.front() == 0 && so.back() == G, "span offsets must run from 0 to the number of rows");
+  }
+  const int64_t S = static_cast<int64_t>(so.size()) - 1;
+  std::vector<int64_t> longest(S), cost(S);  // per span: the row with the longest context (its table covers all)
+  int64_t maxR = 1;
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK(so[s + 1] > so[s], "empty span");
+    maxR = std::max(maxR, so[s + 1] - so[s]);
+    longest[s] = so[s];
+    cost[s] = 0;
+    for (int64_t g = so[s]; g < so[s + 1]; ++g) {
+      TORCH_CHECK(clp[g] <= maxnb * BS, "context longer than the block table");
+      if (clp[g] > clp[longest[s]]) longest[s] = g;
+      cost[s] += clp[g] / 4;  // extra rows reuse the span's K/V from cache: a fraction of a row's cost
+    }
+    cost[s] += clp[longest[s]] + BS;  // the context read once, + a block's worth of per-span fixed cost
+  }
+  const int64_t splits = S >= 2 * at::get_num_threads() ? 1 : KVH;  // kv-head ranges per span
   const int64_t HPS = KVH / splits;
   const int64_t PF = PREFETCH_BLOCKS;
-  // Work per row is its context length, and decode rows arrive sorted by it: at::parallel_for's equal
-  // contiguous ranges would give one thread every long context. Rows are dealt to threads longest first, each
+  // Work per span follows its context length, and decode rows arrive sorted by it: at::parallel_for's equal
+  // contiguous ranges would give one thread every long context. Spans are dealt to threads longest first, each
   // to the least-loaded thread (LPT), and each thread walks its own list.
-  const int64_t nt = std::min<int64_t>(at::get_num_threads(), G * splits);
+  const int64_t nt = std::min<int64_t>(at::get_num_threads(), S * splits);
   std::vector<std::vector<int64_t>> lists(std::max<int64_t>(nt, 1));
   if (splits == 1 && nt > 1) {
-    std::vector<int64_t> byl(G), load(nt, 0);
-    for (int64_t g = 0; g < G; ++g) byl[g] = g;
-    std::stable_sort(byl.begin(), byl.end(), [&](int64_t a, int64_t b) { return clp[a] > clp[b]; });
-    for (int64_t g : byl) {
+    std::vector<int64_t> order(S), load(nt, 0);
+    for (int64_t s = 0; s < S; ++s) order[s] = s;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+    for (int64_t s : order) {
       const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
-      lists[t].push_back(g);
-      load[t] += clp[g] + BS;  // + a block's worth: per-row fixed cost
+      lists[t].push_back(s);
+      load[t] += cost[s];
     }
   } else {
-    const int64_t per = (G * splits + lists.size() - 1) / lists.size();
-    for (int64_t i = 0; i < G * splits; ++i) lists[i / per].push_back(i);
+    const int64_t per = (S * splits + lists.size() - 1) / lists.size();
+    for (int64_t i = 0; i < S * splits; ++i) lists[i / per].push_back(i);
   }
   at::parallel_for(0, lists.size(), 1, [&](int64_t t0, int64_t t1) {
     const int64_t BSP = (BS + 7) / 8 * 8;
-    std::vector<float> sbuf(H * BSP), m(H), l(H);
-    std::vector<float, std::allocator<float>> accv(H * D + 8);
-    float* acc = accv.data();
+    std::vector<float> sbuf(H * BSP), mv(maxR * H), lv(maxR * H);
+    std::vector<float> accv(maxR * H * D + 8);
     for (int64_t t = t0; t < t1; ++t)
     for (int64_t i : lists[t]) {
-      const int64_t g = i / splits, h0 = (i % splits) * HPS, h1 = h0 + HPS, L = clp[g], row = rp[g];
-      TORCH_CHECK(L <= maxnb * BS, "context longer than the block table");
+      const int64_t s = i / splits, h0 = (i % splits) * HPS, h1 = h0 + HPS;
+      const int64_t r0 = so[s], R = so[s + 1] - r0, gl = longest[s], Lmax = clp[gl];
       const int64_t j0 = h0 * group, j1 = h1 * group;  // query heads of this task
-      const float* qrow = qp + row * QS;
-      for (int64_t j = j0; j < j1; ++j) { m[j] = -INFINITY; l[j] = 0.f; }
-      for (int64_t x = j0 * D; x < j1 * D; ++x) acc[x] = 0.f;
-      for (int64_t b0 = 0; b0 < L; b0 += BS) {
-        const int64_t n = std::min(BS, L - b0);
-        const int64_t blk = btp[g * maxnb + b0 / BS];
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t j = j0; j < j1; ++j) { mv[r * H + j] = -INFINITY; lv[r * H + j] = 0.f; }
+        for (int64_t x = j0 * D; x < j1 * D; ++x) accv[r * H * D + x] = 0.f;
+      }
+      for (int64_t b0 = 0; b0 < Lmax; b0 += BS) {
+        const int64_t blk = btp[gl * maxnb + b0 / BS];
         const float* kb = kp + blk * BS * TS;
         const float* vb = vp + blk * BS * TS;
         // blocks are scattered, so the hardware prefetcher cannot run ahead: prefetch the block PF ahead, its
         // lines spread over this block's head tiles (one burst of ~400 prefetches stalls on the miss buffers)
         const char* nk = nullptr;
         const char* nv = nullptr;
-        if (b0 + PF * BS < L) {
-          const int64_t nblk = btp[g * maxnb + b0 / BS + PF];
+        if (b0 + PF * BS < Lmax) {
+          const int64_t nblk = btp[gl * maxnb + b0 / BS + PF];
           nk = reinterpret_cast<const char*>(kp + nblk * BS * TS + h0 * D);
           nv = reinterpret_cast<const char*>(vp + nblk * BS * TS + h0 * D);
         }
@@ -537,59 +565,72 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
           }
           const float* kh = kb + h * D;  // token t of kv head h at kh + t * TS
           const float* vh = vb + h * D;
-          for (int64_t j0q = h * group; j0q < (h + 1) * group; j0q += 4) {  // query heads in tiles of <= 4
-            const int64_t nq = std::min<int64_t>(4, (h + 1) * group - j0q);
-            float* sq = sbuf.data() + j0q * BSP;
-            if (D % 8 == 0) {
-              switch (nq) {
-                case 4: gqa_scores<4>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
-                case 3: gqa_scores<3>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
-                case 2: gqa_scores<2>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
-                default: gqa_scores<1>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+          for (int64_t r = 0; r < R; ++r) {
+            const int64_t L = clp[r0 + r];
+            if (b0 >= L) continue;  // this row's causal prefix ends before the block
+            const int64_t n = std::min(BS, L - b0);
+            const float* qrow = qp + rp[r0 + r] * QS;
+            float* m = mv.data() + r * H;
+            float* l = lv.data() + r * H;
+            float* acc = accv.data() + r * H * D;
+            for (int64_t j0q = h * group; j0q < (h + 1) * group; j0q += 4) {  // query heads in tiles of <= 4
+              const int64_t nq = std::min<int64_t>(4, (h + 1) * group - j0q);
+              float* sq = sbuf.data() + j0q * BSP;
+              if (D % 8 == 0) {
+                switch (nq) {
+                  case 4: gqa_scores<4>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                  case 3: gqa_scores<3>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                  case 2: gqa_scores<2>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                  default: gqa_scores<1>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                }
+              } else {
+                for (int64_t j = 0; j < nq; ++j) block_scores(qrow + (j0q + j) * D, kh, TS, n, D, sc, sq + j * BSP);
               }
-            } else {
-              for (int64_t j = 0; j < nq; ++j) block_scores(qrow + (j0q + j) * D, kh, TS, n, D, sc, sq + j * BSP);
-            }
-            float corr[4];
-            for (int64_t jj = 0; jj < nq; ++jj) {
-              const int64_t j = j0q + jj;
-              float* sj = sq + jj * BSP;
-              float bm = -INFINITY;
-              for (int64_t t = 0; t < n; ++t) bm = std::max(bm, sj[t]);
-              for (int64_t t = n; t < BSP; ++t) sj[t] = -INFINITY;
-              const float nm = std::max(m[j], bm);
-              corr[jj] = std::exp(m[j] - nm);  // 0 on the first block (m = -inf)
-              m[j] = nm;
-              const __m256 nmv = _mm256_set1_ps(nm);
-              __m256 lsum = _mm256_setzero_ps();
-              for (int64_t t = 0; t < BSP; t += 8) {
-                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj + t), nmv));
-                _mm256_storeu_ps(sj + t, e);
-                lsum = _mm256_add_ps(lsum, e);
+              float corr[4];
+              for (int64_t jj = 0; jj < nq; ++jj) {
+                const int64_t j = j0q + jj;
+                float* sj = sq + jj * BSP;
+                float bm = -INFINITY;
+                for (int64_t u = 0; u < n; ++u) bm = std::max(bm, sj[u]);
+                for (int64_t u = n; u < BSP; ++u) sj[u] = -INFINITY;
+                const float nm = std::max(m[j], bm);
+                corr[jj] = std::exp(m[j] - nm);  // 0 on the first block (m = -inf)
+                m[j] = nm;
+                const __m256 nmv = _mm256_set1_ps(nm);
+                __m256 lsum = _mm256_setzero_ps();
+                for (int64_t u = 0; u < BSP; u += 8) {
+                  __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj + u), nmv));
+                  _mm256_storeu_ps(sj + u, e);
+                  lsum = _mm256_add_ps(lsum, e);
+                }
+                l[j] = l[j] * corr[jj] + hsum256(lsum);
               }
-              l[j] = l[j] * corr[jj] + hsum256(lsum);
-            }
-            if (D % 8 == 0) {
-              switch (nq) {
-                case 4: gqa_accumulate<4>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
-                case 3: gqa_accumulate<3>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
-                case 2: gqa_accumulate<2>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
-                default: gqa_accumulate<1>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+              if (D % 8 == 0) {
+                switch (nq) {
+                  case 4: gqa_accumulate<4>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+                  case 3: gqa_accumulate<3>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+                  case 2: gqa_accumulate<2>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+                  default: gqa_accumulate<1>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+                }
+              } else {
+                for (int64_t j = 0; j < nq; ++j)
+                  block_accumulate(sq + j * BSP, vh, TS, n, D, corr[j], acc + (j0q + j) * D);
               }
-            } else {
-              for (int64_t j = 0; j < nq; ++j)
-                block_accumulate(sq + j * BSP, vh, TS, n, D, corr[j], acc + (j0q + j) * D);
             }
           }
         }
       }
-      float* orow = op + row * H * D;
-      for (int64_t j = j0; j < j1; ++j) {
-        const __m256 inv = _mm256_set1_ps(1.f / l[j]);
-        int64_t d = 0;
-        for (; d + 8 <= D; d += 8)
-          _mm256_storeu_ps(orow + j * D + d, _mm256_mul_ps(inv, _mm256_loadu_ps(acc + j * D + d)));
-        for (; d < D; ++d) orow[j * D + d] = acc[j * D + d] / l[j];
+      for (int64_t r = 0; r < R; ++r) {
+        float* orow = op + rp[r0 + r] * H * D;
+        const float* acc = accv.data() + r * H * D;
+        const float* l = lv.data() + r * H;
+        for (int64_t j = j0; j < j1; ++j) {
+          const __m256 inv = _mm256_set1_ps(1.f / l[j]);
+          int64_t d = 0;
+          for (; d + 8 <= D; d += 8)
+            _mm256_storeu_ps(orow + j * D + d, _mm256_mul_ps(inv, _mm256_loadu_ps(acc + j * D + d)));
+          for (; d < D; ++d) orow[j * D + d] = acc[j * D + d] / l[j];
+        }
       }
     }
   });
@@ -771,7 +812,7 @@ def _module():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        return load_inline(name="accel_cpu_kernels_v19", cpp_sources=[_SOURCE], functions=None,
+        return load_inline(name="accel_cpu_kernels_v20", cpp_sources=[_SOURCE], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels
@@ -798,10 +839,15 @@ def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, mins: Tensor, group_si
 
 
 def paged_decode_attention(out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, rows: Tensor, scale: float) -> None:
+                           context_lens: Tensor, rows: Tensor, scale: float, span_offsets: Tensor | None = None
+                           ) -> None:
     """Decode attention for rows `rows` of q [T, H, D] over the paged fp32 cache (K/V [blocks, bs, KVH, D],
-    block_tables [G, nb], context_lens [G]); writes out[rows] (out [T, H, D], contiguous)."""
-    _module().paged_decode_attention(out, q, k_cache, v_cache, block_tables, context_lens, rows, scale)
+    block_tables [G, nb], context_lens [G]); writes out[rows] (out [T, H, D], contiguous).
+
+    span_offsets [S + 1]: rows so[s]..so[s+1]-1 belong to one request (e.g. a verify step's k + 1 rows) and read
+    its blocks once together; None: every row alone."""
+    spans = span_offsets if span_offsets is not None else torch.empty(0, dtype=torch.long)
+    _module().paged_decode_attention(out, q, k_cache, v_cache, block_tables, context_lens, rows, scale, spans)
 
 
 def kv_write_(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:

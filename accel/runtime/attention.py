@@ -52,6 +52,9 @@ class DecodeGroup:
     block_table: Tensor  # [G, nb] long, padded with block 0 (masked out)
     mask: Tensor  # [G, 1, 1, nb * block_size] bool
     context_lens: Tensor | None = None  # [G] long (CPU); enables accel's paged decode kernel
+    # [S + 1] long (CPU), kernel only: rows spans[s]..spans[s+1]-1 are one request's (a verify step's k + 1 rows),
+    # read its blocks once together; None: every row alone
+    spans: Tensor | None = None
 
 
 @dataclass
@@ -158,7 +161,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
     for g in meta.decode_groups:
         if use_kernel and g.context_lens is not None:
             cpu_kernels.paged_decode_attention(out, qc, cache.k, cache.v, g.block_table,
-                                               g.context_lens, g.token_idx, scale)
+                                               g.context_lens, g.token_idx, scale, g.spans)
             continue
         n = g.token_idx.shape[0]
         qg = q.index_select(0, g.token_idx).view(n, num_kv, group, -1)  # [G, KVH, group, D]: shared-KV heads as rows

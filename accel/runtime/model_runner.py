@@ -198,7 +198,7 @@ class ModelRunner:
         pos_parts: list[Tensor] = []
         slot_parts: list[Tensor] = []
         prefills: list[PrefillSpan] = []
-        decodes: list[tuple[int, int, list[int]]] = []  # (flat row, context_len, block table)
+        decodes: list[tuple[int, int, list[int]]] = []  # (flat row, context_len, block table), a request's rows adjacent
         sample_rows: list[tuple[int, int]] = []
         for i, r in enumerate(scheduled):
             seq, n = r.seq, r.num_tokens
@@ -231,13 +231,29 @@ class ModelRunner:
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(pos_parts).to(dev), meta, sample_rows)
 
     def _decode_groups(self, decodes: list[tuple[int, int, list[int]]]) -> list[DecodeGroup]:
-        """Batch decode rows of similar context length (sorted, split when padding would exceed the ratio)."""
+        """Batch decode rows of similar context length (sorted, split when padding would exceed the ratio).
+
+        With accel's paged decode kernel: one group in request order, each request's rows one span (the
+        kernel reads a request's blocks once for all its rows and balances spans over threads itself)."""
         if not decodes:
             return []
         bs = self.config.block_size
+        if self._paged_decode_kernel:
+            nb = -(-max(d[1] for d in decodes) // bs)
+            table = torch.zeros(len(decodes), nb, dtype=torch.long)
+            offsets = [0]
+            for j, (_, ctx, bt) in enumerate(decodes):
+                m = min(len(bt), nb)
+                table[j, :m] = torch.tensor(bt[:m], dtype=torch.long)
+                if j and bt is not decodes[j - 1][2]:  # a new request (rows of one request share its table)
+                    offsets.append(j)
+            offsets.append(len(decodes))
+            ctx = torch.tensor([d[1] for d in decodes])
+            return [DecodeGroup(token_idx=torch.tensor([d[0] for d in decodes]), block_table=table,
+                                mask=torch.empty(0, dtype=torch.bool), context_lens=ctx,
+                                spans=torch.tensor(offsets, dtype=torch.long))]
         decodes = sorted(decodes, key=lambda d: d[1])
-        # accel's paged decode kernel reads each request's own context length: no padding, so one group
-        ratio = float("inf") if self._paged_decode_kernel else self.config.decode_group_ratio
+        ratio = self.config.decode_group_ratio
         groups: list[list[tuple[int, int, list[int]]]] = [[decodes[0]]]
         for d in decodes[1:]:
             if d[1] > groups[-1][0][1] * ratio + bs:
@@ -254,8 +270,7 @@ class ModelRunner:
             ctx = torch.tensor([d[1] for d in g])  # [G]
             mask = torch.arange(nb * bs).unsqueeze(0) < ctx.unsqueeze(1)  # [G, L]
             out.append(DecodeGroup(token_idx=torch.tensor([d[0] for d in g], device=self.device),
-                                   block_table=table.to(self.device), mask=mask[:, None, None, :].to(self.device),
-                                   context_lens=ctx if self._paged_decode_kernel else None))
+                                   block_table=table.to(self.device), mask=mask[:, None, None, :].to(self.device)))
         return out
 
 

@@ -41,24 +41,30 @@ def test_write_gather_and_block_round_trip():
 @pytest.mark.parametrize("threads", [1, 2, 8])  # 4 rows: split by row (1, 2 threads) or by kv head (8)
 @pytest.mark.parametrize("q_scale", [1.0, 8.0])  # large scores: the online softmax rescales across blocks
 @pytest.mark.parametrize("heads", [6, 2, 10, 16])  # 2 kv heads: GQA groups 3, 1, 5 (tiles 4 + 1), 8 (4 + 4)
-def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale, heads):
+@pytest.mark.parametrize("spans", [False, True])
+def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale, heads, spans):
     # requests with different context lengths and scattered, shared blocks; the kernel reads the block table
-    # directly, the reference gathers the blocks and runs SDPA with a padding mask
+    # directly, the reference gathers the blocks and runs SDPA with a padding mask. With spans, rows 1-3 are one
+    # request's verify rows (contexts 11, 12, 13 over one table, each row its own causal prefix) read together.
     g = torch.Generator().manual_seed(head_dim)
     bs, kvh, nblocks = 4, 2, 40
     cache = PagedKVCache(nblocks, bs, kvh, head_dim, torch.float32, torch.device("cpu"), torch.float32)
     cache.k.normal_(generator=g)
     cache.v.normal_(generator=g)
-    ctx = torch.tensor([1, 7, 16, 13])
+    ctx = torch.tensor([1, 11, 12, 13]) if spans else torch.tensor([1, 7, 16, 13])
     nb = 4
     table = torch.randperm(nblocks, generator=g)[:len(ctx) * nb].view(len(ctx), nb)
     table[1, 0] = table[2, 0]  # a shared (prefix-cached) block
+    if spans:
+        table[2:] = table[1]
     rows = torch.tensor([3, 0, 2, 5])
     # q as a view into a wider row (the fused qkv output): the kernel reads it through its row stride
     q = (torch.randn(6, heads + 3, head_dim, generator=g) * q_scale)[:, :heads]
     mask = (torch.arange(nb * bs)[None] < ctx[:, None])[:, None, None, :]
     meta_ref = AttentionMetadata(torch.empty(0, dtype=torch.long), [], [DecodeGroup(rows, table, mask)])
-    meta_ker = AttentionMetadata(torch.empty(0, dtype=torch.long), [], [DecodeGroup(rows, table, mask, ctx)])
+    offsets = torch.tensor([0, 1, 4]) if spans else None
+    meta_ker = AttentionMetadata(torch.empty(0, dtype=torch.long), [],
+                                 [DecodeGroup(rows, table, mask, ctx, spans=offsets)])
     none = torch.empty(0, kvh, head_dim)
     ref = paged_attention(q, none, none, cache, meta_ref, 0.3)
     before = torch.get_num_threads()
