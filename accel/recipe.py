@@ -172,6 +172,8 @@ class SpeculationConfig(Strict):
     adaptive: bool = True
     """Adapt the speculation length per request from its recent acceptance."""
     disable_above_batch_size: Annotated[int, Field(ge=1)] | None = 16
+    # decode rows + draft tokens per step at most (None: no cap); see SpecConfig.max_step_rows
+    max_step_rows: Annotated[int, Field(ge=2)] | None = 16
     """Switch speculation off when this many requests run at once (it would cost throughput)."""
 
     @model_validator(mode="after")

@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--ngram-min-n", type=int, default=2, help="shortest suffix prompt lookup matches")
     ap.add_argument("--ngram-max-n", type=int, default=4, help="longest suffix prompt lookup matches")
     ap.add_argument("--disable-above", type=int, default=16, help="disable_above_batch_size (0: never)")
+    ap.add_argument("--max-step-rows", type=int, default=16, help="max_step_rows: decode rows + drafts (0: no cap)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
@@ -108,7 +109,8 @@ def main() -> None:
                     spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=args.draft,
                                       num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
                                       ngram_min_n=args.ngram_min_n, ngram_max_n=args.ngram_max_n,
-                                      disable_above_batch_size=args.disable_above or None)
+                                      disable_above_batch_size=args.disable_above or None,
+                                      max_step_rows=args.max_step_rows or None)
                 config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,
                                       max_num_batched_tokens=2048)
                 proposer = None

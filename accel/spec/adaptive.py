@@ -161,6 +161,11 @@ class AdaptiveSpeculation:
             self.global_successes += num_accepted_tokens
             self.global_failures += 1.0 if num_accepted_tokens < num_draft_tokens else 0.0
 
+    def alpha(self, request_id: str) -> float:
+        """The request's current acceptance estimate (the prior for one not seen yet)."""
+        est = self.estimates.get(request_id)
+        return (est if est is not None else self._prior()).alpha
+
     def forget(self, request_id: str) -> None:
         """Drop a finished request's state."""
         self.estimates.pop(request_id, None)

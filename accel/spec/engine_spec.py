@@ -84,6 +84,10 @@ class SpecDecoder:
             seqs.append(seq)
         if not reqs:
             return {}
+        if self.config.max_step_rows is not None:
+            reqs, seqs = self._fit_step_rows(reqs, seqs, running)
+            if not reqs:
+                return {}
         props = self.proposer.propose(reqs)
         probs: dict[str, Tensor | None] = {}
         for i, seq in enumerate(seqs):
@@ -91,6 +95,22 @@ class SpecDecoder:
             if seq.spec_token_ids:
                 probs[seq.request_id] = None if props.probs is None else props.probs[i]
         return probs
+
+    def _fit_step_rows(self, reqs: list[ProposalRequest], seqs: list, running: list
+                       ) -> tuple[list[ProposalRequest], list]:
+        """Cap the step at `max_step_rows` decode rows + draft tokens: drafts go first to the requests with the
+        best acceptance estimate, each cut to what is left (requests left with 0 draft nothing this step)."""
+        left = self.config.max_step_rows - sum(1 for s in running if s.num_tokens - s.num_computed_tokens == 1)
+        order = sorted(range(len(reqs)), key=lambda i: -self.adaptive.alpha(reqs[i].request_id))
+        keep = []
+        for i in order:
+            k = min(reqs[i].k, max(left, 0))
+            if k > 0:
+                reqs[i].k = k
+                keep.append(i)
+                left -= k
+        keep.sort()  # proposal order as scheduled
+        return [reqs[i] for i in keep], [seqs[i] for i in keep]
 
     def observe(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
         """Count every verification of this step and feed the adaptive lengths."""

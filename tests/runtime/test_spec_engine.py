@@ -75,6 +75,7 @@ def refs16(tiny_llama_dir):
 def _spec(method: str, draft=None, **kw) -> SpecConfig:
     kw.setdefault("adaptive", False)
     kw.setdefault("disable_above_batch_size", None)
+    kw.setdefault("max_step_rows", None)
     return SpecConfig(method=method, draft_model=None if draft is None else str(draft), **kw)
 
 
@@ -180,6 +181,25 @@ def test_speculation_off_at_large_batch_and_adaptive_length(tiny_llama_dir):
     # always rejected: the adaptive length drops to 0 and only probes remain, backing off (8 x 2, 8 x 4, ... steps)
     assert s.num_accepted_tokens == 0
     assert s.num_draft_tokens < 10 and 2 <= s.num_drafts <= 4
+
+
+def test_step_row_cap_gives_the_drafts_to_the_best_requests(tiny_llama_dir):
+    path, hf = tiny_llama_dir
+    spy = OracleProposer([], [])
+    ks: list[list[int]] = []
+    spy.propose = lambda reqs: (ks.append([r.k for r in reqs]), Proposals([[0] * r.k for r in reqs]))[1]
+    engine = Engine(load_model(path, torch.float32, torch.device("cpu")),
+                    EngineConfig(model=str(path), block_size=4, num_kv_blocks=128,
+                                 speculative=_spec("ngram", num_speculative_tokens=4, max_step_rows=6)), proposer=spy)
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in prompts]
+    # first decode step: 3 decode rows leave 3 draft tokens, all to one request (k_max 4 cut to 3)
+    assert ks[0] == [3]
+    assert all(sum(k) <= 5 and max(k) <= 4 for k in ks)  # never more than 6 rows (>= 1 decode row)
+    with pytest.raises(ValueError, match="max_step_rows=1 is invalid"):
+        SpecConfig(method="ngram", max_step_rows=1)
 
 
 def test_mismatched_draft_tokenizer_is_refused(tmp_path):
