@@ -50,7 +50,10 @@ class CalibrationConfig(Strict):
     max_seq_len: Annotated[int, Field(ge=16, le=32_768)] = 512
     length_buckets: list[Annotated[int, Field(ge=1)]] = [64, 256, 1024]
     """Upper bounds (tokens) of the length buckets; the last bucket is open-ended."""
-    allocation: Literal["proportional", "equal", "weights"] = "proportional"
+    allocation: Literal["proportional", "equal", "balanced", "weights"] = "proportional"
+    """Units per stratum: proportional to its size, equal per stratum, balanced (domains by sqrt of their size,
+    buckets by size within a domain: rare domains get more than their share, common ones keep most of theirs), or
+    explicit domain weights."""
     weights: dict[str, Annotated[float, Field(ge=0.0)]] | None = None
     """domain -> weight, required when allocation is 'weights'."""
     domains: list[str] | None = None

@@ -13,12 +13,19 @@ Cost ratio c: seconds per draft forward (time in the proposer / draft forwards, 
 target decode step of the run without speculation (same batch size). n-gram lookup: time in the proposer per
 step over the target step. Leviathan: (1 - a^(g+1)) / ((1 - a)(g c + 1)) with a the acceptance rate and g the
 mean draft length; it assumes verifying g + 1 tokens costs one decode step, which a CPU only approaches.
+"engine" is the cost ratio the engine itself measured and fed to the adaptive rule (`adaptive.CostMeter`: draft
+time per forward + the fitted extra target time per verified row).
+
+--repeats R runs the methods R times, interleaved (off, ngram, draft, off, ...) on engines kept warm, and reports
+the median speedup with its range: on a VM whose speed drifts +-10% over minutes a single back-to-back pair is
+not enough to tell 0.95x from 1.0x.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -55,12 +62,16 @@ def main() -> None:
     ap.add_argument("--sets", default="input-grounded,open-ended")
     ap.add_argument("--methods", default="off,ngram,draft")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--draft-quant", choices=["int8", "int4"], default=None,
+                    help="quantize the draft's decoder Linears (draft_quant_scheme)")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens (k_max)")
     ap.add_argument("--no-adaptive", action="store_true")
     ap.add_argument("--ngram-min-n", type=int, default=2, help="shortest suffix prompt lookup matches")
     ap.add_argument("--ngram-max-n", type=int, default=4, help="longest suffix prompt lookup matches")
     ap.add_argument("--disable-above", type=int, default=16, help="disable_above_batch_size (0: never)")
     ap.add_argument("--max-step-rows", type=int, default=16, help="max_step_rows: decode rows + drafts (0: no cap)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every method this many times, interleaved; report the median speedup and its range")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
@@ -98,15 +109,18 @@ def main() -> None:
     eos = [2] + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, stop_token_ids=eos)
     methods = [m for m in args.methods.split(",") if m != "draft" or args.draft]
+    if methods[0] != "off" or any(m not in ("off", "ngram", "draft") for m in methods):
+        ap.error(f"--methods {args.methods!r}: must start with off, then any of ngram, draft")
     results = []
     for batch in [int(b) for b in args.batches.split(",")]:
         for set_name in args.sets.split(","):
             prompts = sets[set_name][: args.prompts if batch == 1 else batch]
-            base, base_tps, base_step_s = None, None, None
+            engines, proposers = {}, {}
             for method in methods:
                 spec = None
                 if method != "off":
                     spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=args.draft,
+                                      draft_quant_scheme=args.draft_quant if method == "draft" else None,
                                       num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
                                       ngram_min_n=args.ngram_min_n, ngram_max_n=args.ngram_max_n,
                                       disable_above_batch_size=args.disable_above or None,
@@ -118,34 +132,54 @@ def main() -> None:
                     blocks = (512 << 20) // (2 * model.num_layers * 16 * model.num_kv_heads * model.head_dim * 4)
                     proposer = _Timed(build_proposer(spec, str(target_path), blocks, 16, torch.device("cpu"),
                                                      torch.float32))
-                engine = Engine(model, config, tok, proposer=proposer)
-                run(engine, prompts[:1], params, 1, set_name)  # warm-up (also first-call allocations)
-                if proposer is not None:
-                    proposer.reset()
-                if engine.spec is not None:
-                    _reset_stats(engine)
-                outs, secs, steps = run(engine, prompts, params, batch, set_name)
-                n_tok = sum(len(o) for o in outs)
-                tps = n_tok / secs
-                row = {"batch": batch, "set": set_name, "method": method, "tokens": n_tok, "seconds": secs,
-                       "steps": steps, "tokens_per_s": tps}
-                if method == "off":
-                    base, base_tps, base_step_s = outs, tps, secs / max(1, steps)
-                    row.update(speedup=1.0, greedy_identical=True)
-                else:
-                    row.update(speedup=tps / base_tps, greedy_identical=outs == base,
-                               num_identical=sum(a == b for a, b in zip(outs, base)))
-                    st = engine.stats().spec_decode
-                    row.update(st.to_dict())
-                    alpha = st.acceptance_rate
-                    gamma = st.num_draft_tokens / st.num_drafts if st.num_drafts else 0.0
-                    per_fwd = proposer.seconds / max(1, proposer.forwards)
-                    c = per_fwd / base_step_s
-                    row.update(mean_draft_len=gamma, cost_ratio=c,
-                               predicted_speedup=None if alpha is None else leviathan_speedup(alpha, gamma, c))
+                engines[method] = Engine(model, config, tok, proposer=proposer)
+                proposers[method] = proposer
+                run(engines[method], prompts[:1], params, 1, set_name)  # warm-up (also first-call allocations)
+            # Methods alternate within each repeat (off, ngram, draft, off, ngram, ...): this VM drifts by +-10%
+            # over minutes, so a ratio of runs measured seconds apart is steadier than one of runs minutes apart.
+            reps: dict[str, list[dict]] = {m: [] for m in methods}
+            for rep in range(args.repeats):
+                base = None
+                for method in methods:
+                    engine, proposer = engines[method], proposers[method]
+                    if proposer is not None:
+                        proposer.reset()
+                    if engine.spec is not None:
+                        _reset_stats(engine)
+                    outs, secs, steps = run(engine, prompts, params, batch, set_name)
+                    row = {"batch": batch, "set": set_name, "method": method, "repeat": rep,
+                           "tokens": sum(len(o) for o in outs), "seconds": secs, "steps": steps}
+                    row["tokens_per_s"] = row["tokens"] / secs
+                    if method == "off":
+                        base = {"outs": outs, "tps": row["tokens_per_s"], "step_s": secs / max(1, steps)}
+                        row.update(speedup=1.0, greedy_identical=True)
+                    else:
+                        row.update(speedup=row["tokens_per_s"] / base["tps"], greedy_identical=outs == base["outs"],
+                                   num_identical=sum(a == b for a, b in zip(outs, base["outs"])))
+                        st = engine.stats().spec_decode
+                        row.update(st.to_dict())
+                        alpha = st.acceptance_rate
+                        gamma = st.num_draft_tokens / st.num_drafts if st.num_drafts else 0.0
+                        c = proposer.seconds / max(1, proposer.forwards) / base["step_s"]
+                        meter = engine.spec.cost
+                        row.update(mean_draft_len=gamma, cost_ratio=c,
+                                   engine_cost_ratio=engine.spec.adaptive.measured_cost_ratio,
+                                   engine_propose_ratio=None if meter is None else meter.propose_ratio,
+                                   predicted_speedup=None if alpha is None else leviathan_speedup(alpha, gamma, c))
+                    reps[method].append(row)
+                    if args.repeats > 1:
+                        _print(row, prefix=f"  repeat {rep}: ")
+            for method in methods:
+                row = dict(median_row(reps[method]))
+                row["repeats"] = len(reps[method])
+                if method != "off":
+                    ratios = sorted(r["speedup"] for r in reps[method])
+                    row.update(speedup=statistics.median(ratios), speedup_min=ratios[0], speedup_max=ratios[-1],
+                               speedups=ratios, greedy_identical=all(r["greedy_identical"] for r in reps[method]))
+                row["tokens_per_s_all"] = [r["tokens_per_s"] for r in reps[method]]
                 results.append(row)
                 _print(row)
-                engine = None
+            engines = proposers = None
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"k": args.k, "max_new_tokens": args.max_new_tokens, "adaptive": not args.no_adaptive,
@@ -181,15 +215,22 @@ def _reset_stats(engine) -> None:
     engine.spec.per_domain = {}
 
 
-def _print(row: dict) -> None:
+def median_row(rows: list[dict]) -> dict:
+    """The repeat with the median speedup (off: the median tokens/s), so its counters belong to one run."""
+    key = "speedup" if rows[0]["method"] != "off" else "tokens_per_s"
+    return sorted(rows, key=lambda r: r[key])[(len(rows) - 1) // 2]
+
+
+def _print(row: dict, prefix: str = "") -> None:
     def f(key, fmt):
         v = row.get(key)
         return "-" if v is None else format(v, fmt)
 
-    print(f"batch {row['batch']:2d} {row['set']:15s} {row['method']:6s} {row['tokens_per_s']:7.2f} tok/s "
-          f"{row['speedup']:.2f}x  acceptance {f('acceptance_rate', '.3f')}  mean len "
+    rng = f" [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}]" if "speedup_min" in row else ""
+    print(f"{prefix}batch {row['batch']:2d} {row['set']:15s} {row['method']:6s} {row['tokens_per_s']:7.2f} tok/s "
+          f"{row['speedup']:.2f}x{rng}  acceptance {f('acceptance_rate', '.3f')}  mean len "
           f"{f('mean_acceptance_length', '.2f')}  draft len {f('mean_draft_len', '.2f')}  cost "
-          f"{f('cost_ratio', '.3f')}  Leviathan {f('predicted_speedup', '.2f')}x  "
+          f"{f('cost_ratio', '.3f')} (engine {f('engine_cost_ratio', '.3f')})  Leviathan {f('predicted_speedup', '.2f')}x  "
           f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})", flush=True)
 
 

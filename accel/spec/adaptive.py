@@ -124,6 +124,8 @@ class AdaptiveSpeculation:
     # all requests' verification evidence, undecayed: the prior of new requests once it outweighs the default
     global_successes: float = 0.0
     global_failures: float = 0.0
+    # set by the engine from `CostMeter` when the cost ratio is measured, not configured (None: config's)
+    measured_cost_ratio: float | None = None
 
     def _prior(self) -> AcceptanceEstimate:
         cfg = self.config
@@ -143,7 +145,8 @@ class AdaptiveSpeculation:
         est = self.estimates.get(request_id)
         if est is None:
             est = self.estimates[request_id] = self._prior()
-        k = best_speculation_length(est.alpha, cfg.cost_ratio, cfg.k_max, cfg.min_speedup)
+        cost = cfg.cost_ratio if self.measured_cost_ratio is None else self.measured_cost_ratio
+        k = best_speculation_length(est.alpha, cost, cfg.k_max, cfg.min_speedup)
         if k == 0 and cfg.k_max > 0 and est.steps_without_draft + 1 >= cfg.probe_interval * est.probe_backoff:
             return 1  # probe: keep measuring a request whose drafts stopped paying off
         return k
@@ -169,3 +172,64 @@ class AdaptiveSpeculation:
     def forget(self, request_id: str) -> None:
         """Drop a finished request's state."""
         self.estimates.pop(request_id, None)
+
+
+@dataclass
+class CostMeter:
+    """The draft/target cost ratio c of Leviathan's formula, measured on the running engine.
+
+    c = (seconds proposing per sequential draft forward) / (seconds of the target step)      [the draft]
+      + (extra target seconds per verified row) / (seconds of a decode step without drafts)  [verification]
+
+    Why both: a draft model's forwards are the familiar cost, but on a CPU each verified row also costs the
+    target ~5% of a decode step at batch 1 (the forward is no longer purely weight-streaming), which the
+    formula's "verifying k + 1 tokens costs one step" hides; n-gram lookup is almost free to propose, and the
+    verification term is all of its cost. The verification term is the slope of an exponentially weighted
+    least-squares fit of decode-only step seconds on the number of rows (steps that mix in a prefill chunk are
+    left out); until the rows have varied enough to fit a slope, `fallback_verify` stands in for it.
+    Both terms are exponentially averaged (`decay` per observed step) so a change in batch size is followed.
+    """
+
+    fallback_verify: float = 0.05
+    decay: float = 0.95
+    propose_ratio: float | None = None
+    _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, w x, w x^2, w y, w x y
+
+    def observe(self, propose_seconds: float, draft_forwards: int, step_seconds: float, rows: int,
+                decode_rows: int, decode_only: bool) -> None:
+        """One engine step: time spent proposing (and how many sequential draft forwards it ran), the target
+        step's seconds and rows (`decode_rows` of them without drafts), whether only decode rows ran."""
+        if step_seconds <= 0:
+            return
+        if draft_forwards > 0:
+            r = propose_seconds / draft_forwards / step_seconds
+            self.propose_ratio = r if self.propose_ratio is None else self.decay * self.propose_ratio + (
+                1 - self.decay) * r
+        if decode_only and rows > 0:
+            x, y = float(rows), step_seconds
+            for i, v in enumerate((1.0, x, x * x, y, x * y)):
+                self._s[i] = self.decay * self._s[i] + v
+
+    def slope(self) -> float | None:
+        """Extra seconds per row from the fit; None while the rows have not varied enough (variance < 1 row^2)."""
+        s0, s1, s2, sy, sxy = self._s
+        if s0 <= 0:
+            return None
+        var = s2 / s0 - (s1 / s0) ** 2
+        if var < 1.0:
+            return None
+        return max(0.0, (sxy / s0 - (s1 / s0) * (sy / s0)) / var)
+
+    def verify_ratio(self, decode_rows: int) -> float:
+        b = self.slope()
+        if b is None:
+            return self.fallback_verify
+        s0, s1, _, sy, sxy = self._s
+        a = sy / s0 - b * s1 / s0  # intercept
+        base = a + b * max(1, decode_rows)
+        return b / base if base > 0 else self.fallback_verify
+
+    def cost_ratio(self, decode_rows: int, fallback_propose: float) -> float:
+        """c for a batch of `decode_rows` requests (fallback_propose until a draft forward was timed)."""
+        p = fallback_propose if self.propose_ratio is None else self.propose_ratio
+        return p + self.verify_ratio(decode_rows)

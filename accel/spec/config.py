@@ -25,7 +25,9 @@ class SpecConfig:
     adaptive                  per-request draft length from recent acceptance (False: always k_max).
     cost_ratio                cost of one draft token relative to one target decode step, verification of the
                               extra position included; the adaptive rule picks k with Leviathan's formula.
-                              None: 0.15 for n-gram, 0.3 for a draft model (CPU measurements, see DESIGN).
+                              None: measured while the engine runs (`adaptive.CostMeter`: time proposing per
+                              draft forward + the fitted extra target time per verified row), starting from
+                              0.06 for n-gram and 0.3 for a draft model; a number fixes it.
     disable_above_batch_size  no speculation at all while at least this many requests run (None: never off).
     max_step_rows             decode rows + draft tokens one step may carry (None: no cap). Drafts go to the
                               requests with the best recent acceptance until the step holds this many rows: on
@@ -67,8 +69,13 @@ class SpecConfig:
             raise ValueError(f"disable_above_batch_size={self.disable_above_batch_size} is invalid; "
                              "allowed: None or >= 1")
 
+    def default_cost_ratio(self) -> float:
+        """The draft's own cost before it was measured: n-gram lookup ~0, a small draft model ~0.25 (CPU)."""
+        return 0.01 if self.method == "ngram" else 0.25
+
     def adaptive_config(self) -> AdaptiveConfig:
-        ratio = self.cost_ratio if self.cost_ratio is not None else (0.15 if self.method == "ngram" else 0.3)
+        # the configured ratio, or (measured later by the engine's CostMeter) the draft's prior + verification
+        ratio = self.cost_ratio if self.cost_ratio is not None else self.default_cost_ratio() + 0.05
         return AdaptiveConfig(k_max=self.num_speculative_tokens, cost_ratio=ratio,
                               disable_at_batch_size=self.disable_above_batch_size, adaptive=self.adaptive,
                               probe_interval=self.probe_interval)

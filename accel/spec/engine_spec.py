@@ -14,12 +14,13 @@ the bonus token never pass max_tokens or the model length. Requests that ask for
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from torch import Tensor
 
 from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput
-from accel.spec.adaptive import AdaptiveSpeculation
+from accel.spec.adaptive import AdaptiveSpeculation, CostMeter
 from accel.spec.config import SpecConfig
 from accel.spec.proposer import NgramProposer, ProposalRequest, Proposer
 from accel.spec.stats import SpecDecodeStats
@@ -47,6 +48,9 @@ class SpecDecoder:
                                                    engine.config.block_size, engine.runner.device,
                                                    engine.runner.dtype)
         self.adaptive = AdaptiveSpeculation(config.adaptive_config())
+        # cost_ratio None in the config: measure it on this engine (CostMeter); a number: use it as given
+        self.cost = CostMeter() if config.cost_ratio is None else None
+        self._propose_s, self._draft_forwards, self._step_t0 = 0.0, 0, None
         self.total = SpecDecodeStats()
         self.per_domain: dict[str, SpecDecodeStats] = {}
         self._domain: dict[str, str | None] = {}
@@ -62,9 +66,16 @@ class SpecDecoder:
 
     def propose(self) -> dict[str, Tensor | None]:
         """Set `spec_token_ids` of the running decode requests; returns their draft distributions (q)."""
+        try:
+            return self._propose()
+        finally:
+            self._step_t0 = time.perf_counter()  # the target step runs from here to observe()
+
+    def _propose(self) -> dict[str, Tensor | None]:
         sched = self.engine.scheduler
         running = sched.running
         self._drafted = set()
+        self._propose_s, self._draft_forwards = 0.0, 0
         for seq in running:
             seq.spec_token_ids = []
         batch = len(running)
@@ -88,7 +99,10 @@ class SpecDecoder:
             reqs, seqs = self._fit_step_rows(reqs, seqs, running)
             if not reqs:
                 return {}
+        t0 = time.perf_counter()
         props = self.proposer.propose(reqs)
+        self._propose_s = time.perf_counter() - t0
+        self._draft_forwards = max(r.k for r in reqs)  # a draft model runs max(k) batched forwards
         probs: dict[str, Tensor | None] = {}
         for i, seq in enumerate(seqs):
             seq.spec_token_ids = list(props.token_ids[i])
@@ -113,7 +127,13 @@ class SpecDecoder:
         return [reqs[i] for i in keep], [seqs[i] for i in keep]
 
     def observe(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
-        """Count every verification of this step and feed the adaptive lengths."""
+        """Count every verification of this step and feed the adaptive lengths and the cost meter."""
+        if self.cost is not None and self._step_t0 is not None:
+            decode_only = all(r.num_tokens == 1 + len(r.spec_token_ids) for r in sched.scheduled)
+            self.cost.observe(self._propose_s, self._draft_forwards, time.perf_counter() - self._step_t0,
+                              sched.num_scheduled_tokens, len(sched.scheduled), decode_only)
+            self.adaptive.measured_cost_ratio = self.cost.cost_ratio(len(sched.scheduled),
+                                                                     self.config.default_cost_ratio())
         for req, sampled in zip(sched.scheduled, out.sampled_token_ids):
             rid = req.seq.request_id
             if not sampled or rid not in self._drafted:

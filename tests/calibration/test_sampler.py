@@ -36,6 +36,15 @@ def test_equal_counts_redistribute_short_stratum(base_samples, tok):
     assert any("('a', '>40') has only 1 unit(s)" in n and "redistributed" in n for n in d.notes)
 
 
+def test_balanced_counts_give_the_smaller_domain_sqrt_share(base_samples, tok):
+    d = stratified_draw(base_samples, tok, cfg(allocation="balanced", num_samples=20))
+    # domains by sqrt(size): a sqrt(10), b sqrt(20) -> 8.28 / 11.72 units; within a by size [6, 3, 1] / 10
+    assert drawn(d) == {A20: 5, A40: 2, A_LONG: 1, B20: 6, B40: 6}
+    prop = stratified_draw(base_samples, tok, cfg(num_samples=20))
+    a = lambda x: sum(n for (dom, _), n in drawn(x).items() if dom == "a")  # noqa: E731
+    assert a(prop) < a(d) < 10  # more than its proportional 1/3, less than an equal half
+
+
 def test_weight_counts(base_samples, tok):
     d = stratified_draw(base_samples, tok, cfg(allocation="weights", weights={"a": 3, "b": 1}, num_samples=8))
     # stratum weights a: 3 x [6, 3, 1]/10, b: 1 x [10, 10]/20 -> shares [3.6, 1.8, .6, 1, 1]

@@ -183,6 +183,46 @@ def test_speculation_off_at_large_batch_and_adaptive_length(tiny_llama_dir):
     assert s.num_draft_tokens < 10 and 2 <= s.num_drafts <= 4
 
 
+class SlowProposer(OracleProposer):
+    """The oracle's (mostly right) drafts, after `delay` seconds per call: a draft model far costlier than the target."""
+
+    def __init__(self, prompts, refs, delay: float) -> None:
+        super().__init__(prompts, refs)
+        self.delay = delay
+
+    def propose(self, requests):
+        import time
+
+        time.sleep(self.delay)
+        return super().propose(requests)
+
+
+@pytest.mark.parametrize("delay, speculates", [(0.0, True), (0.25, False)])
+def test_measured_cost_ratio_switches_off_a_draft_that_costs_more_than_it_returns(tiny_llama_dir, refs16, delay,
+                                                                                  speculates):
+    path, _ = tiny_llama_dir
+    prompts, refs = refs16
+    proposer = SlowProposer(prompts[:1], refs[:1], delay)
+    engine = Engine(load_model(path, torch.float32, torch.device("cpu")),
+                    EngineConfig(model=str(path), block_size=4, num_kv_blocks=128,
+                                 speculative=_spec("ngram", adaptive=True, num_speculative_tokens=4,
+                                                   probe_interval=64)), proposer=proposer)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    (out,) = engine.generate(prompts[:1], params)
+    assert out.token_ids == refs[0][:12]
+    meter = engine.spec.cost
+    assert meter is not None and meter.propose_ratio is not None
+    # acceptance is 2 in 3 either way; only the measured cost differs (a tiny model's step takes milliseconds)
+    if speculates:
+        assert meter.propose_ratio < 1.0 and len(proposer.calls) >= 3
+    else:
+        assert meter.propose_ratio > 5.0 and len(proposer.calls) == 1  # one measured draft, then k = 0
+    fixed = _spec("ngram", adaptive=True, cost_ratio=0.1)
+    assert Engine(load_model(path, torch.float32, torch.device("cpu")),
+                  EngineConfig(model=str(path), block_size=4, num_kv_blocks=64, speculative=fixed),
+                  proposer=OracleProposer([], [])).spec.cost is None  # a configured ratio is used as given
+
+
 def test_step_row_cap_gives_the_drafts_to_the_best_requests(tiny_llama_dir):
     path, hf = tiny_llama_dir
     spy = OracleProposer([], [])

@@ -129,3 +129,24 @@ def test_config_validation(kwargs, msg):
 def test_observe_rejects_bad_counts():
     with pytest.raises(ValueError, match="num_accepted_tokens=3"):
         AdaptiveSpeculation().observe("r", 2, 3)
+
+
+def test_cost_meter_fits_the_per_row_verification_cost_and_averages_the_draft_cost():
+    from accel.spec.adaptive import CostMeter
+
+    m = CostMeter(fallback_verify=0.05, decay=0.9)
+    assert m.verify_ratio(1) == 0.05 and m.cost_ratio(1, fallback_propose=0.2) == pytest.approx(0.25)
+    # decode-only steps at a constant row count cannot give a slope: the fallback stays
+    for _ in range(5):
+        m.observe(0.0, 0, 0.050, rows=1, decode_rows=1, decode_only=True)
+    assert m.slope() is None and m.verify_ratio(1) == 0.05
+    # steps cost 50 ms + 2.5 ms per row (1 decode row + 0..7 drafts); prefill steps do not enter the fit
+    for i in range(40):
+        rows = 1 + i % 8
+        m.observe(0.001 * rows, rows - 1, 0.050 + 0.0025 * (rows - 1), rows=rows, decode_rows=1, decode_only=True)
+        m.observe(0.0, 0, 3.0, rows=300, decode_rows=1, decode_only=False)
+    assert m.slope() == pytest.approx(0.0025, rel=1e-6)
+    assert m.verify_ratio(1) == pytest.approx(0.0025 / 0.050, rel=1e-6)
+    # draft cost: propose seconds per draft forward over the step's seconds, exponentially averaged
+    assert 0.0 < m.propose_ratio < 0.05
+    assert m.cost_ratio(1, fallback_propose=0.9) == pytest.approx(m.propose_ratio + 0.05, rel=1e-6)
