@@ -175,7 +175,8 @@ def stage_quantize(ctx: StageContext) -> dict:
     q = ctx.recipe.quantization
     _set_threads(ctx.recipe)
     plan = Plan.from_json(ctx.upstream_path("plan.json"))
-    batches, weighting = calibration_batches(fresh_model(ctx), plan, calibration_draw(ctx).train, ctx.recipe)
+    draw = calibration_draw(ctx)
+    batches, weighting = calibration_batches(fresh_model(ctx), plan, draw.train, ctx.recipe, draw.source_tokens)
     res = oneshot_quantize(fresh_model(ctx), plan, batches, q.method, q.gptq_dampening, tokenizer(ctx))
     save_checkpoint(res.model, plan, ctx.out_dir / "checkpoint_quantized", processor=tokenizer(ctx))
     return {"method": q.method, "rows": sum(b.shape[0] for b in batches),
@@ -352,6 +353,7 @@ SENSITIVITY_FIELDS = ("quantization.candidates", "quantization.int4_group_size",
 PLAN_FIELDS = SENSITIVITY_FIELDS + ("quantization.budget", "quantization.overrides", "quantization.lm_head",
                                     "quantization.embeddings")
 QUANTIZE_FIELDS = ("quantization.method", "quantization.gptq_dampening", "quantization.calibration_mix",
+                   "quantization.calibration_mix_keep",
                    "calibration.num_samples", "calibration.max_seq_len")
 
 

@@ -121,10 +121,15 @@ class QuantizationConfig(Strict):
     overrides: dict[str, Scheme] = {}
     """regex on module names -> scheme, applied after allocation (e.g. 'layers\\.0\\.': fp16)."""
     gptq_dampening: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.01
-    calibration_mix: Literal["draw", "damage"] = "draw"
-    """Domain mix of the GPTQ / AWQ calibration rows: 'draw' = as drawn; 'damage' = each domain's share of rows
-    proportional to the plan's RTN damage (KL) on its own calibration rows, at least half the even share
-    (accel/quant/domain_weighting.py). Needs a draw with domain labels; RTN ignores it."""
+    calibration_mix: Literal["draw", "damage"] = "damage"
+    """Domain mix of the GPTQ / AWQ calibration rows: 'draw' = as drawn; 'damage' = every domain keeps
+    calibration_mix_keep of its token share in the source, the rest of the rows go to the domain(s) the plan's RTN
+    fake-quantization damages most (KL on their own calibration rows; accel/quant/domain_weighting.py). Measured by
+    scripts/bench_calibration.py: never worse than a random draw beyond noise, -33% KL on the worst domain of a
+    skewed source. Falls back to the draw's rows when the draw has one domain or a domain without one full row of
+    max_seq_len tokens; RTN ignores it."""
+    calibration_mix_keep: Annotated[float, Field(ge=0.0, le=1.0)] = 0.8
+    """With calibration_mix 'damage': the fraction of each domain's source share it keeps (1 = as in the source)."""
 
     @field_validator("candidates")
     @classmethod
@@ -174,10 +179,12 @@ class SpeculationConfig(Strict):
     distill: DistillConfig = DistillConfig()
     adaptive: bool = True
     """Adapt the speculation length per request from its recent acceptance."""
-    disable_above_batch_size: Annotated[int, Field(ge=1)] | None = 16
+    disable_above_batch_size: Annotated[int, Field(ge=1)] | None = 8
+    """No speculation while this many requests run. 8 on CPU: a verified row there costs ~0.4 of a request's share of
+    the step from batch 8 on, and a closed batch of 16 lost 7-8% with the cutoff at 16 (bench_spec.py, n-gram);
+    on a GPU, where verification is nearly free, 32 or more."""
     # decode rows + draft tokens per step at most (None: no cap); see SpecConfig.max_step_rows
     max_step_rows: Annotated[int, Field(ge=2)] | None = 16
-    """Switch speculation off when this many requests run at once (it would cost throughput)."""
 
     @model_validator(mode="after")
     def _draft_needed(self) -> SpeculationConfig:

@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--no-adaptive", action="store_true")
     ap.add_argument("--ngram-min-n", type=int, default=2, help="shortest suffix prompt lookup matches")
     ap.add_argument("--ngram-max-n", type=int, default=4, help="longest suffix prompt lookup matches")
-    ap.add_argument("--disable-above", type=int, default=16, help="disable_above_batch_size (0: never)")
+    ap.add_argument("--disable-above", type=int, default=8, help="disable_above_batch_size (0: never)")
     ap.add_argument("--max-step-rows", type=int, default=16, help="max_step_rows: decode rows + drafts (0: no cap)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every method this many times, interleaved; report the median speedup and its range")

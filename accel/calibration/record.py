@@ -36,6 +36,7 @@ def write_draw(draw: CalibrationDraw, path: str | Path) -> tuple[Path, Path]:
         "num_train": len(draw.train),
         "num_holdout": len(draw.holdout),
         "train_tokens": sum(u.num_tokens for u in draw.train),
+        "source_tokens": dict(draw.source_tokens),
         "strata": [{"domain": d, "bucket": b, "available": r.available, "drawn": r.drawn, "held_out": r.held_out}
                    for (d, b), r in draw.strata.items()],
         "notes": list(draw.notes),
@@ -68,4 +69,5 @@ def read_draw(path: str | Path) -> CalibrationDraw:
     strata = {(s["domain"], s["bucket"]): StratumReport(s["available"], s["drawn"], s["held_out"])
               for s in summary["strata"]}
     return CalibrationDraw(train=train, holdout=holdout, strata=strata, notes=list(summary["notes"]),
-                           method=summary["method"], seed=summary["seed"])
+                           method=summary["method"], seed=summary["seed"],
+                           source_tokens=dict(summary.get("source_tokens", {})))

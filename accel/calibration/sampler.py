@@ -62,6 +62,9 @@ class CalibrationDraw:
     notes: list[str] = field(default_factory=list)
     method: str = "stratified"  # "stratified" or "random"
     seed: int = 0
+    source_tokens: dict[str, int] = field(default_factory=dict)
+    """Tokens per domain in the whole source (every unit, after truncation): the share a random draw gives each
+    domain on average; the base of quantization.calibration_mix 'damage'."""
 
 
 def stratified_draw(samples: Sequence[TextSample], tokenizer, cfg) -> CalibrationDraw:
@@ -90,7 +93,8 @@ def stratified_draw(samples: Sequence[TextSample], tokenizer, cfg) -> Calibratio
         holdout += [pool[i] for i in order[n_train:n_train + n_hold]]
         strata[k] = StratumReport(available=len(pool), drawn=n_train, held_out=n_hold)
     _note_truncation(train + holdout, cfg.max_seq_len, notes)
-    return CalibrationDraw(train=train, holdout=holdout, strata=strata, notes=notes, method="stratified", seed=cfg.seed)
+    return CalibrationDraw(train=train, holdout=holdout, strata=strata, notes=notes, method="stratified", seed=cfg.seed,
+                           source_tokens=_tokens_per_domain(units))
 
 
 def random_draw(samples: Sequence[TextSample], tokenizer, cfg) -> CalibrationDraw:
@@ -110,7 +114,15 @@ def random_draw(samples: Sequence[TextSample], tokenizer, cfg) -> CalibrationDra
         strata[k] = StratumReport(available=len(pool), drawn=sum(1 for u in train if (u.domain, u.bucket) == k),
                                   held_out=sum(1 for u in holdout if (u.domain, u.bucket) == k))
     _note_truncation(train + holdout, cfg.max_seq_len, notes)
-    return CalibrationDraw(train=train, holdout=holdout, strata=strata, notes=notes, method="random", seed=cfg.seed)
+    return CalibrationDraw(train=train, holdout=holdout, strata=strata, notes=notes, method="random", seed=cfg.seed,
+                           source_tokens=_tokens_per_domain(units))
+
+
+def _tokens_per_domain(units: dict[Stratum, list[DrawnSample]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (domain, _), pool in units.items():
+        out[domain] = out.get(domain, 0) + sum(u.num_tokens for u in pool)
+    return out
 
 
 # --- preparation: tokenize, bucket, pack --------------------------------------------------------------------

@@ -64,7 +64,7 @@ def token_batches(samples: Sequence, seq_len: int, max_rows: int | None, batch_s
     return out
 
 
-def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe):
+def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, source_tokens: dict | None = None):
     """The oneshot's calibration rows: the draw's rows, or (quantization.calibration_mix 'damage', methods that
     use data) the same number of rows mixed by the plan's per-domain damage. Returns (batches, weighting|None)."""
     q, cal = recipe.quantization, recipe.calibration
@@ -73,9 +73,15 @@ def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe):
         return batches, None
     from accel.quant.domain_weighting import damage_weighted_batches
 
+    tokens: dict[str, int] = {}
+    for u in train:
+        tokens[u.domain] = tokens.get(u.domain, 0) + len(u.token_ids)
+    if len(tokens) < 2 or min(tokens.values()) < cal.max_seq_len:
+        # one domain: nothing to mix; a domain without one full row would drop out of the mix entirely
+        return batches, None
     total = sum(b.shape[0] for b in batches)
     return damage_weighted_batches(model, {**plan.schemes, "lm_head": plan.lm_head}, plan.group_size, train,
-                                   cal.max_seq_len, total)
+                                   cal.max_seq_len, total, base=source_tokens, keep=q.calibration_mix_keep)
 
 
 def _say(console, msg: str) -> None:
@@ -140,7 +146,8 @@ def run_quantize(recipe, run_dir: str | Path, model_path: str | Path, draw, mode
                   f"measured KL {plan.measured_kl}")
 
     t = time.perf_counter()
-    cal_batches, weighting = calibration_batches(model, plan, draw.train, recipe)
+    cal_batches, weighting = calibration_batches(model, plan, draw.train, recipe,
+                                                   getattr(draw, "source_tokens", None))
     if weighting is not None:
         _say(console, f"calibration rows by domain damage: {weighting.rows}")
     # llm-compressor modifies the model it gets in place: give it a fresh copy, keep the caller's model intact

@@ -45,7 +45,7 @@ class SpecConfig:
     draft_quant_scheme: str | None = None
     adaptive: bool = True
     cost_ratio: float | None = None
-    disable_above_batch_size: int | None = 16
+    disable_above_batch_size: int | None = 8  # CPU; see recipe SpeculationConfig.disable_above_batch_size
     max_step_rows: int | None = 16
     probe_interval: int = 8
 

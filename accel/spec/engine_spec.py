@@ -81,10 +81,10 @@ class SpecDecoder:
         batch = len(running)
         reqs, seqs = [], []
         max_len = sched.config.max_model_len
-        for seq in running:
-            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.params.logprobs is not None:
-                continue  # still prefilling, or wants per-token logprobs
-            k = self.adaptive.num_speculative_tokens(seq.request_id, batch)
+        # still prefilling, or wants per-token logprobs: not drafted
+        eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1 and s.params.logprobs is None]
+        lengths = self.adaptive.lengths([s.request_id for s in eligible], batch)
+        for seq, k in zip(eligible, lengths):
             self._drafted.add(seq.request_id)
             # accepted drafts + the bonus token must fit in max_tokens and the model length
             k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_len - seq.num_tokens - 1)

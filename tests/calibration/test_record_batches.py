@@ -26,6 +26,7 @@ def test_write_read_round_trip(tmp_path, base_samples, tok):
         [(u.id, u.domain, u.bucket, u.num_tokens, u.packed_ids) for u in d.train]
     assert [u.id for u in back.holdout] == [u.id for u in d.holdout]
     assert back.strata == d.strata and back.notes == d.notes
+    assert back.source_tokens == d.source_tokens == summary["source_tokens"] and sum(d.source_tokens.values()) > 0
 
 
 def test_read_draw_missing(tmp_path):

@@ -115,6 +115,10 @@ def test_random_draw_same_size(base_samples, tok):
     assert r.method == "random" and s.method == "stratified"
     assert sum(x.drawn for x in r.strata.values()) == 10
     assert [u.id for u in random_draw(base_samples, tok, c).train] == [u.id for u in r.train]
+    # both record the source's tokens per domain (the share a random draw gives a domain on average)
+    assert r.source_tokens == s.source_tokens and set(s.source_tokens) == {x.domain for x in base_samples}
+    assert sum(s.source_tokens.values()) == sum(len(tok([x.text], add_special_tokens=False)["input_ids"][0])
+                                                for x in base_samples)
 
 
 def test_domains_filter_and_errors(base_samples, tok):

@@ -1,4 +1,5 @@
-"""Damage-weighted calibration rows: shares follow the plan's per-domain damage, floored, exact row counts."""
+"""Damage-weighted calibration rows: every domain keeps part of its source share, the spare goes to the most damaged
+domain, exact row counts."""
 
 from __future__ import annotations
 
@@ -17,13 +18,19 @@ def _sample(i: int, domain: str, n: int, base: int) -> DrawnSample:
                        packed_ids=(f"{domain}-{i}",))
 
 
-def test_shares_follow_damage_with_a_floor_and_sum_to_one():
-    s = shares_from_damage({"a": 3.0, "b": 1.0, "c": 0.0}, floor=0.5)
-    assert s["c"] == pytest.approx(s["a"] * (0.5 / 3) / 0.75)  # c lifted to floor / D before normalising
-    assert s["a"] > s["b"] > s["c"] > 0 and sum(s.values()) == pytest.approx(1.0)
+def test_shares_keep_the_base_share_and_give_the_spare_to_the_most_damaged_domain():
+    s = shares_from_damage({"a": 3.0, "b": 1.0, "c": 0.0}, base={"a": 10, "b": 60, "c": 30}, keep=0.8)
+    assert sum(s.values()) == pytest.approx(1.0)
+    assert s["b"] >= 0.8 * 0.6 and s["c"] == pytest.approx(0.8 * 0.3)  # nobody below keep x its base share
+    # gamma 0.15: b's damage is 1/3 of a's, so b gets (1/3)^(1/0.15) ~ 0.0007 of the spare: nearly all goes to a
+    assert s["a"] == pytest.approx(0.8 * 0.1 + 0.2 / (1 + 3 ** (-1 / 0.15)))
+    # two domains with equal damage split the spare; keep=1 is the base; no base = equal base
+    t = shares_from_damage({"a": 2.0, "b": 2.0, "c": 1.0}, base={"a": 1, "b": 1, "c": 2}, keep=0.5)
+    assert t["a"] == pytest.approx(t["b"]) and t["a"] > 0.125 + 0.24
+    assert shares_from_damage({"a": 3.0, "b": 1.0}, base={"a": 1, "b": 3}, keep=1.0) == {"a": 0.25, "b": 0.75}
     assert shares_from_damage({"a": 0.0, "b": 0.0}) == {"a": 0.5, "b": 0.5}
-    with pytest.raises(ValueError, match="floor=2"):
-        shares_from_damage({"a": 1.0}, floor=2)
+    with pytest.raises(ValueError, match="keep=2"):
+        shares_from_damage({"a": 1.0}, keep=2)
 
 
 def test_domain_rows_pack_each_domain_alone_and_pick_rows_cycles():
@@ -58,7 +65,11 @@ def test_damage_weighted_batches_give_the_damaged_domain_more_rows(monkeypatch):
     # damage 3x larger on the "hard" domain's rows (token ids >= 100)
     monkeypatch.setattr(allocate, "joint_quality", lambda m, s, g, batches: Q(0.3 if batches[0].min() >= 100 else 0.1))
     samples = [_sample(i, "easy", 64, 3) for i in range(4)] + [_sample(i, "hard", 64, 100) for i in range(4)]
-    batches, w = damage_weighted_batches(None, {}, 32, samples, 32, total_rows=12)
-    assert w.shares == pytest.approx({"easy": 0.25, "hard": 0.75}) and w.rows == {"easy": 3, "hard": 9}
+    # draw's own tokens as base (50/50), keep 0.5: easy 0.25, hard 0.25 + 0.5
+    batches, w = damage_weighted_batches(None, {}, 32, samples, 32, total_rows=12, keep=0.5)
+    assert w.shares == pytest.approx({"easy": 0.25, "hard": 0.75}, abs=1e-3) and w.rows == {"easy": 3, "hard": 9}
     rows = torch.cat(batches)
     assert (rows >= 100).all(dim=1).sum() == 9 and (rows < 100).all(dim=1).sum() == 3
+    # the source's token counts as base: a source with 9x more easy text keeps easy at 0.8 x 0.9
+    _, w = damage_weighted_batches(None, {}, 32, samples, 32, total_rows=50, base={"easy": 900, "hard": 100})
+    assert w.shares["easy"] == pytest.approx(0.72, abs=1e-3) and w.rows == {"easy": 36, "hard": 14}

@@ -65,3 +65,31 @@ def test_token_batches_cap_keeps_rows_from_every_stratum_not_a_prefix():
     assert torch.equal(torch.cat(token_batches(samples, 20, max_rows=None)), torch.cat(token_batches(samples, 20, 99)))
     assert rows([torch.zeros(2, 20)], 20, 0) == []
     assert rows([torch.zeros(1, 7)], 20, 5) == []  # the short tail row is not a calibration row
+
+
+def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_they_cannot(monkeypatch):
+    from accel.quant import allocate
+    from accel.quant.run import calibration_batches
+
+    monkeypatch.setattr(allocate, "joint_quality",
+                        lambda m, s, g, batches: SimpleNamespace(mean_kl=0.3 if batches[0].min() >= 100 else 0.1))
+    plan = Plan(schemes={}, group_size=32, avg_bits=16.0, estimated_kl=0.0)
+    recipe = parse_recipe({"calibration": {"num_samples": 12, "max_seq_len": 16}})
+    assert recipe.quantization.calibration_mix == "damage"
+
+    def unit(domain, base, n=32):
+        return SimpleNamespace(token_ids=tuple(base + i % 50 for i in range(n)), num_tokens=n, domain=domain)
+
+    train = [unit("easy", 3) for _ in range(3)] + [unit("hard", 100) for _ in range(3)]  # 6 + 6 rows of 16
+    batches, mix = calibration_batches(None, plan, train, recipe, {"easy": 900, "hard": 100})
+    rows = torch.cat(batches)
+    assert rows.shape == (12, 16) and mix is not None
+    # easy keeps 0.8 of its 90% source share (~8.6 rows), the spare goes to the more damaged domain
+    assert mix.rows == {"easy": 9, "hard": 3} and (rows >= 100).all(dim=1).sum() == 3
+    # one domain, or a domain without a full row: the draw's own rows, no mix
+    for t in ([unit("easy", 3) for _ in range(6)], train + [unit("tiny", 200, n=8)]):
+        batches, mix = calibration_batches(None, plan, t, recipe)
+        assert mix is None and sum(b.shape[0] for b in batches) == sum(len(u.token_ids) for u in t) // 16
+    draw_recipe = parse_recipe({"calibration": {"num_samples": 12, "max_seq_len": 16},
+                                "quantization": {"calibration_mix": "draw"}})
+    assert calibration_batches(None, plan, train, draw_recipe)[1] is None

@@ -66,6 +66,9 @@ def test_controller_lowers_k_then_probes():
     for _ in range(3 * backoff - 1):
         assert ctl.num_speculative_tokens("r", 1) == 0
         ctl.observe("r", 0, 0)
+    # the proposer has accepted nothing anywhere: even twice that would not pay, so no probe
+    assert ctl.num_speculative_tokens("r", 1) == 0
+    ctl.global_successes += 2.0  # another request shows acceptance 1/3 (twice that pays at c 0.2)
     assert ctl.num_speculative_tokens("r", 1) == 1  # 48th step without drafts: probe with one token
     for _ in range(3):
         ctl.observe("r", 1, 1)  # the text turned predictable
@@ -86,9 +89,61 @@ def test_new_requests_start_from_the_acceptance_the_proposer_has_shown():
     assert ctl.global_successes + ctl.global_failures == 10
 
 
+def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_to_probe_a_weak_one():
+    from accel.spec.adaptive import NEW_REQUEST_PROBE_BACKOFF
+
+    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.3, prior_alpha=0.5, prior_weight=2.0,
+                                             disable_at_batch_size=None))
+    # no verified drafts yet: of 8 requests that the default prior would all let draft, only the first does
+    ids = [f"r{i}" for i in range(8)]
+    assert ctl.lengths(ids, 8) == [1] + [0] * 7
+    assert ctl.lengths(ids[1:], 8) == [1] + [0] * 6  # the budget is per step, not per request
+    for _ in range(3):
+        ctl.observe("r0", 1, 1)  # evidence: the proposer is good; everyone drafts
+    assert all(k >= 1 for k in ctl.lengths(ids, 8))
+    # a weak proposer: requests arriving after the evidence start with a longer wait before their first probe
+    weak = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.3, prior_alpha=0.5, prior_weight=2.0,
+                                              probe_interval=2, disable_at_batch_size=None))
+    for _ in range(4):
+        weak.observe("old", 2, 1)
+    for _ in range(8):
+        weak.observe("old", 1, 0)  # acceptance 4 / 16 = 0.25: k = 0 at c 0.3, but twice that would pay: probes
+    assert weak.num_speculative_tokens("new", 1) == 0
+    assert weak.estimates["new"].probe_backoff == NEW_REQUEST_PROBE_BACKOFF
+    waited = 0
+    while weak.num_speculative_tokens("new", 1) == 0:
+        weak.observe("new", 0, 0)
+        waited += 1
+    assert waited == 2 * NEW_REQUEST_PROBE_BACKOFF - 1
+    # requests that are due to probe in the same step probe one at a time
+    for r in ("p", "q", "s"):
+        weak.estimates[r] = AcceptanceEstimate(0.0, 2.0, steps_without_draft=50)
+    assert weak.lengths(["p", "q", "s"], 3) == [1, 0, 0]
+
+
+def test_a_fully_accepted_draft_doubles_the_next_length():
+    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=15, cost_ratio=0.08, prior_alpha=0.7, prior_weight=2.0,
+                                             disable_at_batch_size=None))
+    for _ in range(3):
+        ctl.observe("warm", 2, 1)  # global evidence, so "r" is not rate-limited as an explorer
+    k0 = ctl.num_speculative_tokens("r", 1)
+    assert 1 <= k0 < 15
+    ctl.observe("r", k0, k0)  # all accepted: a copied span goes on
+    k1 = ctl.num_speculative_tokens("r", 1)
+    assert k1 >= 2 * k0
+    ctl.observe("r", k1, k1)
+    k2 = ctl.num_speculative_tokens("r", 1)
+    assert k2 == min(15, 2 * k1) and k2 > best_speculation_length(ctl.alpha("r"), 0.08, 15)
+    ctl.observe("r", k2, 1)  # a rejection ends the run: back to the formula's length
+    assert ctl.num_speculative_tokens("r", 1) == best_speculation_length(ctl.alpha("r"), 0.08, 15)
+
+
 def test_failed_probes_back_off_and_accepted_ones_come_back():
     ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=2, cost_ratio=0.3, prior_alpha=0.0, prior_weight=2.0,
                                              probe_interval=2))
+    # other requests accepted 1 in 3 (r itself accepts nothing): twice that pays at c 0.3, so r is probed
+    ctl.global_successes, ctl.global_failures = 10.0, 20.0
+    ctl.estimates["r"] = AcceptanceEstimate(successes=0.0, failures=2.0)
 
     def steps_to_probe():
         n = 0
@@ -135,11 +190,11 @@ def test_cost_meter_fits_the_per_row_verification_cost_and_averages_the_draft_co
     from accel.spec.adaptive import CostMeter
 
     m = CostMeter(fallback_verify=0.05, decay=0.9)
-    assert m.verify_ratio(1) == 0.05 and m.cost_ratio(1, fallback_propose=0.2) == pytest.approx(0.25)
+    assert m.verify_ratio(1) == pytest.approx(0.05) and m.cost_ratio(1, fallback_propose=0.2) == pytest.approx(0.25)
     # decode-only steps at a constant row count cannot give a slope: the fallback stays
     for _ in range(5):
         m.observe(0.0, 0, 0.050, rows=1, decode_rows=1, decode_only=True)
-    assert m.slope() is None and m.verify_ratio(1) == 0.05
+    assert m.slope() is None and m.verify_ratio(1) == pytest.approx(0.05)
     # steps cost 50 ms + 2.5 ms per row (1 decode row + 0..7 drafts); prefill steps do not enter the fit
     for i in range(40):
         rows = 1 + i % 8
@@ -147,6 +202,9 @@ def test_cost_meter_fits_the_per_row_verification_cost_and_averages_the_draft_co
         m.observe(0.0, 0, 3.0, rows=300, decode_rows=1, decode_only=False)
     assert m.slope() == pytest.approx(0.0025, rel=1e-6)
     assert m.verify_ratio(1) == pytest.approx(0.0025 / 0.050, rel=1e-6)
+    # in a batch of B a verified row delays all B requests: its cost is B * b over the B-row step
+    assert m.verify_ratio(15) == pytest.approx(15 * 0.0025 / (0.0475 + 15 * 0.0025), rel=1e-6)
+    assert m.verify_ratio(15) > 8 * m.verify_ratio(1)
     # draft cost: propose seconds per draft forward over the step's seconds, exponentially averaged
     assert 0.0 < m.propose_ratio < 0.05
     assert m.cost_ratio(1, fallback_propose=0.9) == pytest.approx(m.propose_ratio + 0.05, rel=1e-6)
