@@ -138,18 +138,24 @@ def main() -> None:
                 # warm-up at the measured batch size: a fresh engine's first batch-16 run pays first-touch page
                 # faults of its KV pool and buffers (measured: ~75 vs ~135 tok/s for the same work warm)
                 run(engines[method], prompts, warm_params, batch, set_name)
-            # Methods alternate within each repeat (off, ngram, draft, off, ngram, ...): this VM drifts by +-10%
-            # over minutes, so a ratio of runs measured seconds apart is steadier than one of runs minutes apart.
+            # Methods alternate within each repeat: this VM drifts by +-10% over minutes, so a ratio of runs
+            # measured seconds apart is steadier than one of runs minutes apart.
             reps: dict[str, list[dict]] = {m: [] for m in methods}
+            # The order rotates per repeat (off first, then ngram first, ...): a fixed order measured identical
+            # work 7-9% slower in the second and third slots at batch 16 (engines that never drafted).
             for rep in range(args.repeats):
                 base = None
-                for method in methods:
+                raw = {}
+                for method in methods[rep % len(methods):] + methods[:rep % len(methods)]:
                     engine, proposer = engines[method], proposers[method]
                     if proposer is not None:
                         proposer.reset()
                     if engine.spec is not None:
                         _reset_stats(engine)
-                    outs, secs, steps = run(engine, prompts, params, batch, set_name)
+                    raw[method] = run(engine, prompts, params, batch, set_name)
+                for method in methods:  # off first: the others' ratios need its numbers
+                    engine, proposer = engines[method], proposers[method]
+                    outs, secs, steps = raw[method]
                     row = {"batch": batch, "set": set_name, "method": method, "repeat": rep,
                            "tokens": sum(len(o) for o in outs), "seconds": secs, "steps": steps}
                     row["tokens_per_s"] = row["tokens"] / secs
