@@ -199,14 +199,20 @@ def stage_draft(ctx: StageContext) -> dict:
         check_tokenizers_match(model_path(ctx), path)
         info["draft_model"] = str(path)
     elif s.method == "distilled":
-        from accel.spec.distill import train_draft
-
         d = s.distill
         _set_threads(ctx.recipe)
-        res = train_draft(model_path(ctx), ctx.out_dir / "draft", num_layers=d.num_layers,
-                          time_budget_minutes=d.time_budget_minutes, calibration_dir=PROJECT_ROOT / "calibration_data",
-                          num_prompts=d.num_prompts, max_new_tokens=d.max_new_tokens, learning_rate=d.learning_rate,
-                          seed=d.seed, progress=_progress(ctx))
+        common = dict(time_budget_minutes=d.time_budget_minutes, calibration_dir=PROJECT_ROOT / "calibration_data",
+                      num_prompts=d.resolved("num_prompts"), max_new_tokens=d.max_new_tokens,
+                      learning_rate=d.resolved("learning_rate"), seed=d.seed, progress=_progress(ctx))
+        if d.kind == "eagle":
+            from accel.spec.eagle_train import train_eagle
+
+            res = train_eagle(model_path(ctx), ctx.out_dir / "draft", **common)
+        else:
+            from accel.spec.distill import train_draft
+
+            res = train_draft(model_path(ctx), ctx.out_dir / "draft", num_layers=d.num_layers, **common)
+        info["kind"] = d.kind
         info["draft_model"] = "draft"
         info["train"] = {k: v for k, v in asdict(res).items() if k not in ("losses", "out_dir")}
     atomic_write_text(ctx.out_dir / "draft.json", json.dumps(info, indent=2) + "\n")

@@ -118,8 +118,13 @@ def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path
         proposer = NgramProposer(s.ngram.min_n, s.ngram.max_n)
         prompts = input_grounded_prompts(samples, SPEC_EVAL_PROMPTS)
     elif s.method in ("draft_model", "distilled") and draft_dir is not None:
-        proposer = DraftModelProposer(draft_dir, target_dir=target_dir)
+        from accel.spec.eagle import is_eagle_draft
+
         prompts = build_prompts(samples, SPEC_EVAL_PROMPTS, seed=0)
+        if is_eagle_draft(draft_dir):  # reads the target's hidden states: measured inside the runtime
+            return {"method": s.method, "prompts": "chat + instructions", "max_new_tokens": SPEC_EVAL_NEW_TOKENS,
+                    **engine_acceptance(recipe, target_dir, draft_dir, prompts, tokenizer)}
+        proposer = DraftModelProposer(draft_dir, target_dir=target_dir)
     else:
         return None
     conts = target_continuations(target, tokenizer, prompts, SPEC_EVAL_NEW_TOKENS, batch_size=4)
@@ -127,6 +132,28 @@ def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path
                            target=target if isinstance(proposer, DraftModelProposer) else None)
     return {"method": s.method, "prompts": "input-grounded" if s.method == "ngram" else "chat + instructions",
             "max_new_tokens": SPEC_EVAL_NEW_TOKENS, **ev.to_dict()}
+
+
+def engine_acceptance(recipe, target_dir: Path, draft_dir: Path, prompts: list[list[dict]], tokenizer) -> dict:
+    """Greedy acceptance of a draft measured by accel's runtime on chat prompts (fixed k, all prompts drafted),
+    with the cost ratio the engine measured and Leviathan's predicted speedup at batch 1."""
+    from accel.export.load import load_engine
+    from accel.runtime.sampling_params import SamplingParams
+    from accel.spec.config import SpecConfig
+    from accel.spec.stats import leviathan_speedup
+
+    k = recipe.speculation.num_speculative_tokens
+    spec = SpecConfig(method="draft", draft_model=str(draft_dir), num_speculative_tokens=k, adaptive=False,
+                      disable_above_batch_size=None, max_step_rows=None)
+    engine = load_engine(target_dir, **engine_kwargs(recipe), speculative=spec)
+    ids = [tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)["input_ids"] for m in prompts]
+    engine.generate(ids, SamplingParams(max_tokens=SPEC_EVAL_NEW_TOKENS, temperature=0.0))
+    stats = engine.stats().spec_decode
+    c = engine.spec.adaptive.measured_cost_ratio
+    alpha = stats.acceptance_rate
+    return {"k": k, "num_prompts": len(ids), **stats.to_dict(), "target_step_s": None, "draft_step_s": None,
+            "cost_ratio": c, "predicted_speedup": None if alpha is None or c is None else leviathan_speedup(alpha, k, c)}
 
 
 def _size_mb(folder: Path) -> float:

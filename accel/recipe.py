@@ -160,13 +160,28 @@ class NgramConfig(Strict):
         return self
 
 
+DISTILL_DEFAULTS = {"eagle": {"num_prompts": 1200, "learning_rate": 1e-3},
+                    "layers": {"num_prompts": 256, "learning_rate": 5e-4}}
+
+
 class DistillConfig(Strict):
+    kind: Literal["eagle", "layers"] = "eagle"
+    """eagle: one decoder layer over the target's last hidden states (accel/spec/eagle.py; runs in accel's runtime
+    only). layers: a standalone LlamaForCausalLM of `num_layers` target layers (vLLM can use it as draft_model)."""
     num_layers: Annotated[int, Field(ge=1, le=8)] = 2
+    """kind layers only."""
     time_budget_minutes: Annotated[float, Field(gt=0.0, le=24 * 60)] = 30.0
-    num_prompts: Annotated[int, Field(ge=1)] = 256
+    num_prompts: Annotated[int, Field(ge=1)] | None = None
+    """Calibration prompts queued for the target's replies (generation stops at its share of the budget);
+    None: 1200 for eagle, 256 for layers."""
     max_new_tokens: Annotated[int, Field(ge=1, le=2048)] = 128
-    learning_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 5e-4
+    learning_rate: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    """None: 1e-3 for eagle, 5e-4 for layers."""
     seed: int = 0
+
+    def resolved(self, name: str):
+        value = getattr(self, name)
+        return DISTILL_DEFAULTS[self.kind][name] if value is None else value
 
 
 class SpeculationConfig(Strict):
@@ -183,6 +198,8 @@ class SpeculationConfig(Strict):
     """No speculation while this many requests run. 8 on CPU: a verified row there costs ~0.4 of a request's share of
     the step from batch 8 on, and a closed batch of 16 lost 7-8% with the cutoff at 16 (bench_spec.py, n-gram);
     on a GPU, where verification is nearly free, 32 or more."""
+    draft_min_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    """A draft model's chain stops after a token it is less sure of than this (see SpecConfig)."""
     # decode rows + draft tokens per step at most (None: no cap); see SpecConfig.max_step_rows
     max_step_rows: Annotated[int, Field(ge=2)] | None = 16
 

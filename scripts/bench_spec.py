@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--ngram-min-n", type=int, default=2, help="shortest suffix prompt lookup matches")
     ap.add_argument("--ngram-max-n", type=int, default=4, help="longest suffix prompt lookup matches")
     ap.add_argument("--disable-above", type=int, default=8, help="disable_above_batch_size (0: never)")
+    ap.add_argument("--min-confidence", type=float, default=None,
+                    help="draft_min_confidence: a draft chain stops after a token below this probability")
     ap.add_argument("--max-step-rows", type=int, default=16, help="max_step_rows: decode rows + drafts (0: no cap)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every method this many times, interleaved; report the median speedup and its range")
@@ -85,7 +87,6 @@ def main() -> None:
     from accel.runtime.model import fuse_projections, load_model
     from accel.runtime.sampling_params import SamplingParams
     from accel.spec.config import SpecConfig
-    from accel.spec.engine_spec import build_proposer
     from accel.spec.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.spec.stats import leviathan_speedup
 
@@ -125,15 +126,14 @@ def main() -> None:
                                       num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
                                       ngram_min_n=args.ngram_min_n, ngram_max_n=args.ngram_max_n,
                                       disable_above_batch_size=args.disable_above or None,
-                                      max_step_rows=args.max_step_rows or None)
+                                      max_step_rows=args.max_step_rows or None,
+                                      draft_min_confidence=args.min_confidence if method == "draft" else None)
                 config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,
                                       max_num_batched_tokens=2048)
+                engines[method] = Engine(model, config, tok)  # builds its proposer (an EAGLE draft needs the runner)
                 proposer = None
                 if spec is not None:
-                    blocks = (512 << 20) // (2 * model.num_layers * 16 * model.num_kv_heads * model.head_dim * 4)
-                    proposer = _Timed(build_proposer(spec, str(target_path), blocks, 16, torch.device("cpu"),
-                                                     torch.float32))
-                engines[method] = Engine(model, config, tok, proposer=proposer)
+                    proposer = engines[method].spec.proposer = _Timed(engines[method].spec.proposer)
                 proposers[method] = proposer
                 # warm-up at the measured batch size: a fresh engine's first batch-16 run pays first-touch page
                 # faults of its KV pool and buffers (measured: ~75 vs ~135 tok/s for the same work warm)
@@ -215,6 +215,9 @@ class _Timed:
 
     def finish(self, request_id: str) -> None:
         self.inner.finish(request_id)
+
+    def __getattr__(self, name: str):  # the engine reads proposer state (last_max_catchup)
+        return getattr(self.inner, name)
 
 
 def _reset_stats(engine) -> None:

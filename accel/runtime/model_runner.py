@@ -62,6 +62,12 @@ class ModelRunner:
         self._paged_decode_kernel = (self.device.type == "cpu" and kv_dtype == torch.float32
                                      and cpu_kernels.available())
         self._swapped: dict[str, list[list[Tensor]]] = {}  # request id -> per layer saved block tensors
+        # the final hidden state of every computed position, one row per KV slot (an EAGLE draft reads the
+        # verified ones by block table); None until a proposer asks for it (enable_feature_cache)
+        self.feature_cache: Tensor | None = None
+        self._swapped_features: dict[str, Tensor] = {}
+        # called with (scheduled requests, hidden [T, H]) after every forward (teacher data for draft training)
+        self.hidden_hook = None
 
     # ---- per-request state -----------------------------------------------------------------------------
     def _generator(self, seq: Sequence) -> torch.Generator | None:
@@ -74,21 +80,36 @@ class ModelRunner:
             self._generators[seq.request_id] = g
         return g
 
+    def enable_feature_cache(self) -> None:
+        """Keep the final hidden state of every computed position next to its K/V (hidden_size values per slot:
+        ~5% of the K/V bytes of a 30-layer model; allocated on top of the KV budget)."""
+        if self.feature_cache is None:
+            n = self.config.num_blocks * self.config.block_size
+            self.feature_cache = torch.zeros(n, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
+
     def release(self, request_id: str) -> None:
         """Forget a finished request's generator and any K/V it had swapped out."""
         self._generators.pop(request_id, None)
         self._swapped.pop(request_id, None)
+        self._swapped_features.pop(request_id, None)
 
     def swap(self, swap_out: dict[str, list[int]], swap_in: dict[str, list[int]]) -> None:
         """Copy preempted requests' blocks to host memory, and resumed ones back (out first: blocks get reused)."""
         host = torch.device("cpu")
+        feats = None if self.feature_cache is None else self.feature_cache.view(self.config.num_blocks,
+                                                                                   self.config.block_size, -1)
         for rid, blocks in swap_out.items():
             ids = torch.tensor(blocks, dtype=torch.long, device=self.device)
             self._swapped[rid] = [cache.read_blocks(ids, host) for cache in self.kv_caches]
+            if feats is not None:
+                self._swapped_features[rid] = feats[ids].to(host)
         for rid, blocks in swap_in.items():
             ids = torch.tensor(blocks, dtype=torch.long, device=self.device)
             for cache, saved in zip(self.kv_caches, self._swapped.pop(rid)):
                 cache.write_blocks(ids, saved)
+            saved_feats = self._swapped_features.pop(rid, None)
+            if feats is not None and saved_feats is not None:
+                feats[ids] = saved_feats.to(self.device)
 
     # ---- one step --------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -100,6 +121,10 @@ class ModelRunner:
             self.swap(sched.swap_out, sched.swap_in)
         input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
         hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+        if self.feature_cache is not None:
+            self.feature_cache.index_copy_(0, meta.slot_mapping, hidden.to(self.feature_cache.dtype))
+        if self.hidden_hook is not None:
+            self.hidden_hook(sched.scheduled, hidden)
         request_ids = [r.seq.request_id for r in sched.scheduled]
         sampled: list[list[int]] = [[] for _ in sched.scheduled]
         logprobs: list[list[float] | None] = [None] * len(sched.scheduled)

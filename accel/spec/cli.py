@@ -14,13 +14,17 @@ draft_app = typer.Typer(help="Draft models for speculative decoding: distil one 
 @draft_app.command("train")
 def draft_train(
     target: Annotated[str, typer.Argument(help="Target model: registry name, HF folder or .gguf file.")],
-    out: Annotated[Path, typer.Option(help="Folder to write the draft to (an HF LlamaForCausalLM folder).")],
-    num_layers: Annotated[int, typer.Option(min=1, max=8, help="Decoder layers of the draft.")] = 2,
+    out: Annotated[Path, typer.Option(help="Folder to write the draft to.")],
+    kind: Annotated[str, typer.Option(help="eagle: one layer over the target's hidden states (accel runtime only); "
+                                           "layers: a standalone LlamaForCausalLM of target layers.")] = "eagle",
+    num_layers: Annotated[int, typer.Option(min=1, max=8, help="Decoder layers of the draft (kind layers).")] = 2,
     minutes: Annotated[float, typer.Option(min=0.1, max=24 * 60, help="Time budget, loading to saving.")] = 30.0,
-    num_prompts: Annotated[int, typer.Option(min=1, help="Calibration prompts the target replies to.")] = 256,
+    num_prompts: Annotated[Optional[int], typer.Option(
+        min=1, help="Calibration prompts queued for the target's replies (default 1200 eagle, 256 layers).")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=2048, help="Reply length per prompt.")] = 128,
     vocab: Annotated[int, typer.Option(min=1, help="Draft vocabulary (reduced head) size.")] = 8192,
-    learning_rate: Annotated[float, typer.Option(min=0.0, max=1.0)] = 5e-4,
+    learning_rate: Annotated[Optional[float], typer.Option(min=0.0, max=1.0,
+                                                           help="Default 1e-3 eagle, 5e-4 layers.")] = None,
     layer_choice: Annotated[str, typer.Option(help="first | spread: which target layers initialise it.")] = "first",
     calibration_dir: Annotated[Path, typer.Option(help="JSONL prompt sets with domain labels.")] = Path(
         "calibration_data"),
@@ -33,10 +37,15 @@ def draft_train(
     import torch
 
     from accel.models import ModelNotFoundError, resolve_model
-    from accel.spec.distill import train_draft
+    from accel.recipe import DISTILL_DEFAULTS
 
+    if kind not in DISTILL_DEFAULTS:
+        raise typer.BadParameter(f"{kind!r} is invalid; allowed: {', '.join(DISTILL_DEFAULTS)}", param_hint="--kind")
     if threads:
         torch.set_num_threads(threads)
+    defaults = DISTILL_DEFAULTS[kind]
+    num_prompts = defaults["num_prompts"] if num_prompts is None else num_prompts
+    learning_rate = defaults["learning_rate"] if learning_rate is None else learning_rate
     if layer_choice not in ("first", "spread"):
         raise typer.BadParameter(f"{layer_choice!r} is invalid; allowed: first, spread", param_hint="--layer-choice")
     try:
@@ -44,6 +53,18 @@ def draft_train(
     except (ModelNotFoundError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    if kind == "eagle":
+        from accel.spec.eagle_train import train_eagle
+
+        r = train_eagle(target_path, out, time_budget_minutes=minutes, calibration_dir=calibration_dir,
+                        num_prompts=num_prompts, max_new_tokens=max_new_tokens, learning_rate=learning_rate,
+                        draft_vocab_size=vocab, seed=seed)
+        typer.echo(f"eagle draft: {r.out_dir} (vocab {r.draft_vocab_size}, coverage {r.vocab_coverage:.3f}); "
+                   f"{r.num_prompts} replies, {r.num_train_positions} positions, {r.num_steps} steps; held-out "
+                   f"first-token agreement {r.heldout_top1:.3f}")
+        return
+    from accel.spec.distill import train_draft
+
     res = train_draft(target_path, out, num_layers=num_layers, time_budget_minutes=minutes,
                       calibration_dir=calibration_dir, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                       learning_rate=learning_rate, seed=seed, draft_vocab_size=vocab, layer_choice=layer_choice,

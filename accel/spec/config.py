@@ -29,6 +29,10 @@ class SpecConfig:
                               draft forward + the fitted extra target time per verified row), starting from
                               0.06 for n-gram and 0.3 for a draft model; a number fixes it.
     disable_above_batch_size  no speculation at all while at least this many requests run (None: never off).
+    draft_min_confidence      a draft model stops a request's chain after a token it gave less than this
+                              probability (the token itself is still proposed: its forward is paid and its
+                              verification costs one row); None: chains run to k. EAGLE-2's observation: a
+                              feature draft's confidence tracks its acceptance.
     max_step_rows             decode rows + draft tokens one step may carry (None: no cap). Drafts go to the
                               requests with the best recent acceptance until the step holds this many rows: on
                               CPU a step costs about the same up to ~16 rows (streaming the weights dominates)
@@ -48,6 +52,7 @@ class SpecConfig:
     disable_above_batch_size: int | None = 8  # CPU; see recipe SpeculationConfig.disable_above_batch_size
     max_step_rows: int | None = 16
     probe_interval: int = 8
+    draft_min_confidence: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -63,6 +68,8 @@ class SpecConfig:
             raise ValueError(f"draft_quant_scheme={self.draft_quant_scheme!r} is invalid; allowed: None, int8, int4")
         if self.cost_ratio is not None and self.cost_ratio < 0:
             raise ValueError(f"cost_ratio={self.cost_ratio} is invalid; allowed: None or >= 0")
+        if self.draft_min_confidence is not None and not 0.0 < self.draft_min_confidence < 1.0:
+            raise ValueError(f"draft_min_confidence={self.draft_min_confidence} is invalid; allowed: None or in (0, 1)")
         if self.max_step_rows is not None and self.max_step_rows < 2:
             raise ValueError(f"max_step_rows={self.max_step_rows} is invalid; allowed: None or >= 2")
         if self.disable_above_batch_size is not None and self.disable_above_batch_size < 1:
@@ -98,5 +105,5 @@ class SpecConfig:
         if draft is None:
             raise ValueError(f"speculation.method {speculation.method!r} needs a draft folder; none was produced")
         scheme = speculation.draft_quantization if speculation.method == "draft_model" else None
-        return cls(method="draft", draft_model=str(draft),
+        return cls(method="draft", draft_model=str(draft), draft_min_confidence=speculation.draft_min_confidence,
                    draft_quant_scheme=scheme if scheme in ("int8", "int4") else None, **common)

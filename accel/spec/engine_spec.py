@@ -27,15 +27,30 @@ from accel.spec.stats import SpecDecodeStats
 
 
 def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, block_size: int,
-                   device, dtype) -> Proposer:
-    """The proposer a SpecConfig names: n-gram lookup, or a draft model on its own paged KV cache."""
+                   device, dtype, target_runner=None) -> Proposer:
+    """The proposer a SpecConfig names: n-gram lookup, or a draft model on its own paged KV cache (an EAGLE
+    feature draft when the folder is one: it needs `target_runner`, whose features it reads)."""
     if config.method == "ngram":
         return NgramProposer(config.ngram_min_n, config.ngram_max_n)
+    from accel.spec.eagle import EagleProposer, is_eagle_draft
     from accel.spec.paged_draft import PagedDraftProposer
 
     target = target_dir if target_dir and Path(target_dir).is_dir() else None
-    return PagedDraftProposer.from_pretrained(config.draft_model, num_blocks, block_size, target_dir=target,
-                                              dtype=dtype, device=device, quant_scheme=config.draft_quant_scheme)
+    if is_eagle_draft(config.draft_model):
+        if target_runner is None:
+            raise ValueError(f"draft {config.draft_model} is an EAGLE draft: it runs only inside an engine "
+                             "(it reads the target's hidden states)")
+        if config.draft_quant_scheme is not None:
+            raise ValueError(f"draft_quant_scheme={config.draft_quant_scheme!r} is not supported for an EAGLE "
+                             "draft (one layer; allowed: None)")
+        proposer = EagleProposer.from_target(config.draft_model, target_runner.model, target_runner, num_blocks,
+                                             block_size, target_dir=target)
+        proposer.min_confidence = config.draft_min_confidence
+        return proposer
+    proposer = PagedDraftProposer.from_pretrained(config.draft_model, num_blocks, block_size, target_dir=target,
+                                                  dtype=dtype, device=device, quant_scheme=config.draft_quant_scheme)
+    proposer.min_confidence = config.draft_min_confidence
+    return proposer
 
 
 class SpecDecoder:
@@ -46,7 +61,7 @@ class SpecDecoder:
         self.engine = engine
         self.proposer = proposer or build_proposer(config, engine.config.model, engine.kv.pool.num_blocks,
                                                    engine.config.block_size, engine.runner.device,
-                                                   engine.runner.dtype)
+                                                   engine.runner.dtype, target_runner=engine.runner)
         self.adaptive = AdaptiveSpeculation(config.adaptive_config())
         # cost_ratio None in the config: measure it on this engine (CostMeter); a number: use it as given
         self.cost = CostMeter() if config.cost_ratio is None else None
@@ -91,7 +106,7 @@ class SpecDecoder:
             if k <= 0:
                 continue
             reqs.append(ProposalRequest(seq.token_ids, k, seq.request_id, seq.num_prompt_tokens, seq.params,
-                                        self.engine.runner.generator_for(seq)))
+                                        self.engine.runner.generator_for(seq), seq.block_table))
             seqs.append(seq)
         if not reqs:
             return {}
@@ -103,6 +118,12 @@ class SpecDecoder:
         props = self.proposer.propose(reqs)
         self._propose_s = time.perf_counter() - t0
         self._draft_forwards = max(r.k for r in reqs)  # a draft model runs max(k) batched forwards
+        if getattr(self.proposer, "last_max_catchup", 0) > self.config.num_speculative_tokens + 1:
+            # a request's first draft (or one after a pause) prefilled its context: a one-time cost per request,
+            # not the per-forward cost c the adaptive rule weighs a longer draft against (measured: an EAGLE
+            # draft's prompt catch-up put c at 0.61 of a step, its steady forwards cost ~0.1), so the cost
+            # meter skips this step's proposing time
+            self._draft_forwards = 0
         probs: dict[str, Tensor | None] = {}
         for i, seq in enumerate(seqs):
             seq.spec_token_ids = list(props.token_ids[i])

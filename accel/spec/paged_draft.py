@@ -76,6 +76,10 @@ class PagedDraftProposer(Proposer):
                 self._mask = torch.full((self.vocab_size,), float("-inf"), device=self.runner.device)
                 self._mask[torch.tensor(vocab_ids)] = 0.0
         self.seqs: dict[str, Sequence] = {}
+        self.min_confidence: float | None = None  # SpecConfig.draft_min_confidence
+        # the longest catch-up span of the last propose call (tokens a request fed its first forward): a request's
+        # first draft prefills its whole context, a one-time cost the engine keeps out of the per-forward cost
+        self.last_max_catchup = 0
 
     @classmethod
     def from_pretrained(cls, path: str | Path, num_blocks: int, block_size: int = 16,
@@ -133,28 +137,46 @@ class PagedDraftProposer(Proposer):
             seq = self._prepare(r) if r.k > 0 else None
             if seq is not None:
                 active.append((i, seq))
+        self.last_max_catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
         while active:
             scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
             hidden = self.model(ids, pos, meta, self.runner.kv_caches)  # [T, H]
             last = hidden[torch.tensor([row for _, row in rows], device=hidden.device)]  # [B, H]
-            reqs = [requests[i] for i, _ in active]
-            if all(_is_greedy(r.params) and not _has_penalty(r.params) for r in reqs):
-                tokens, q = self._greedy(last), None  # argmax over the reduced head, no full-vocab row
-            else:
-                tokens, q = self._choose(self._logits(last), reqs, [drafts[i] for i, _ in active])
+            tokens, q, conf = self._pick(last, [requests[i] for i, _ in active], [drafts[i] for i, _ in active])
             nxt = []
             for b, (i, seq) in enumerate(active):
                 seq.num_computed_tokens = seq.num_tokens
                 drafts[i].append(tokens[b])
                 if q is not None and not _is_greedy(requests[i].params):
                     qs[i].append(q[b])
-                if len(drafts[i]) < requests[i].k:
+                if len(drafts[i]) < requests[i].k and self._confident(conf, b):
                     seq.prompt_token_ids.append(tokens[b])  # fed next step
                     nxt.append((i, seq))
             active = nxt
         probs = [torch.stack(q) if q else None for q in qs]
         return Proposals(drafts, probs if any(p is not None for p in probs) else None)
+
+    def _pick(self, last: Tensor, reqs: list[ProposalRequest], drafts: list[list[int]]
+              ) -> tuple[list[int], Tensor | None, list[float] | None]:
+        """One draft token per row of `last` [B, H]: (tokens, q of the sampled rows or None, the probability the
+        draft gave each token when min_confidence is set, else None). All-greedy batches take the argmax over the
+        reduced head and never build a full-vocabulary row."""
+        if all(_is_greedy(r.params) and not _has_penalty(r.params) for r in reqs):
+            if self.min_confidence is None:
+                return self._greedy(last), None, None
+            if self.head is None:
+                p, best = self._logits(last).softmax(-1).max(-1)
+                return best.tolist(), None, p.tolist()
+            p, best = self._reduced_logits(last).softmax(-1).max(-1)
+            return self.vocab_ids[best].tolist(), None, p.tolist()
+        tokens, q = self._choose(self._logits(last), reqs, drafts)
+        conf = None if self.min_confidence is None else [float(q[b, t]) for b, t in enumerate(tokens)]
+        return tokens, q, conf
+
+    def _confident(self, conf: list[float] | None, row: int) -> bool:
+        """Whether row's chain may go on (min_confidence unset, or its last token was likely enough)."""
+        return conf is None or conf[row] >= self.min_confidence
 
     def _reduced_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, H] -> logits [B, K] over vocab_ids (self.head set). The K x H head goes through the runtime's

@@ -40,6 +40,8 @@ class ProposalRequest:
     params             the request's SamplingParams (None: greedy); a draft model samples with the same
                        processing as the target (accel.runtime.sampler.Sampler.probs).
     generator          the request's generator for seeded sampling (None: the global RNG).
+    block_table        the target's KV block ids for the request (an EAGLE draft reads the target's features
+                       of verified positions by slot; other proposers ignore it).
     """
 
     token_ids: list[int]
@@ -48,6 +50,7 @@ class ProposalRequest:
     num_prompt_tokens: int | None = None
     params: object | None = None
     generator: torch.Generator | None = None
+    block_table: list[int] | None = None
 
 
 @dataclass

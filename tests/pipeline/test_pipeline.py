@@ -204,14 +204,16 @@ def test_cli_optimize_reports_failed_gate_with_exit_1(first_run, small_eval, tmp
     assert "quantize" in r.output and "reused" in r.output and "evaluate" not in r.output
 
 
-def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp_path, small_eval):
+@pytest.mark.parametrize("kind", ["eagle", "layers"])
+def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp_path, small_eval, kind):
     from accel.export import verify_export
+    from accel.spec.eagle import is_eagle_draft
 
     model_dir = save_tiny_model(tmp_path / "tiny-model")
     data = tiny_recipe(model_dir, tmp_path / "runs", name="tiny-distilled",
                        speculation={"method": "distilled", "num_speculative_tokens": 3,
-                                    "distill": {"num_layers": 1, "time_budget_minutes": 0.2, "num_prompts": 4,
-                                                "max_new_tokens": 8}},
+                                    "distill": {"kind": kind, "num_layers": 1, "time_budget_minutes": 0.2,
+                                                "num_prompts": 4, "max_new_tokens": 8}},
                        eval={"speed": False, "variants": ["baseline", "baseline+spec"]})
     data["name"] = "tiny-distilled"
     data["quantization"] = {"enabled": False}
@@ -224,5 +226,6 @@ def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp
     manifest = json.loads((ck / "accel.json").read_text())
     assert manifest["quantization_format"] == "none"
     assert manifest["draft"]["path"] == "draft" and manifest["draft"]["method"] == "distilled"
+    assert manifest["draft"]["kind"] == kind and is_eagle_draft(ck / "draft") == (kind == "eagle")
     assert manifest["draft"]["measured"]["num_draft_tokens"] > 0
     assert any(f.startswith("draft/") for f in manifest["files"])

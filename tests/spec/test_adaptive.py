@@ -66,9 +66,12 @@ def test_controller_lowers_k_then_probes():
     for _ in range(3 * backoff - 1):
         assert ctl.num_speculative_tokens("r", 1) == 0
         ctl.observe("r", 0, 0)
-    # the proposer has accepted nothing anywhere: even twice that would not pay, so no probe
+    # four misses are not conclusive: the engine-wide estimate is shrunk to the prior ((0 + 1.6) / (4 + 2)), and
+    # twice it pays at c 0.2, so the request may probe; after 20 misses anywhere (1.6 / 22) it may not
+    assert ctl.global_alpha() == pytest.approx(1.6 / 6)
+    ctl.global_failures += 16.0
     assert ctl.num_speculative_tokens("r", 1) == 0
-    ctl.global_successes += 2.0  # another request shows acceptance 1/3 (twice that pays at c 0.2)
+    ctl.global_successes += 2.0  # another request shows some acceptance: (2 + 1.6) / 24, twice pays at c 0.2
     assert ctl.num_speculative_tokens("r", 1) == 1  # 48th step without drafts: probe with one token
     for _ in range(3):
         ctl.observe("r", 1, 1)  # the text turned predictable
@@ -83,7 +86,7 @@ def test_new_requests_start_from_the_acceptance_the_proposer_has_shown():
     for _ in range(9):
         ctl.observe("a", 1, 0)  # the proposer keeps failing
     assert ctl.global_successes == 1 and ctl.global_failures == 9
-    assert ctl._prior().alpha == pytest.approx(0.1)
+    assert ctl._prior().alpha == pytest.approx((1 + 1) / (10 + 2))  # shrunk to the prior by 2 pseudo-steps
     assert ctl.num_speculative_tokens("b", 1) == 0  # a new request does not relearn it from 0.5
     ctl.observe("b", 0, 0)  # steps without drafts are no evidence
     assert ctl.global_successes + ctl.global_failures == 10
@@ -122,7 +125,7 @@ def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_
 
 
 def test_a_fully_accepted_draft_doubles_the_next_length():
-    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=15, cost_ratio=0.08, prior_alpha=0.7, prior_weight=2.0,
+    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=15, cost_ratio=0.2, prior_alpha=0.7, prior_weight=2.0,
                                              disable_at_batch_size=None))
     for _ in range(3):
         ctl.observe("warm", 2, 1)  # global evidence, so "r" is not rate-limited as an explorer
@@ -133,9 +136,9 @@ def test_a_fully_accepted_draft_doubles_the_next_length():
     assert k1 >= 2 * k0
     ctl.observe("r", k1, k1)
     k2 = ctl.num_speculative_tokens("r", 1)
-    assert k2 == min(15, 2 * k1) and k2 > best_speculation_length(ctl.alpha("r"), 0.08, 15)
+    assert k2 == min(15, 2 * k1) and k2 > best_speculation_length(ctl.alpha("r"), 0.2, 15)
     ctl.observe("r", k2, 1)  # a rejection ends the run: back to the formula's length
-    assert ctl.num_speculative_tokens("r", 1) == best_speculation_length(ctl.alpha("r"), 0.08, 15)
+    assert ctl.num_speculative_tokens("r", 1) == best_speculation_length(ctl.alpha("r"), 0.2, 15)
 
 
 def test_failed_probes_back_off_and_accepted_ones_come_back():

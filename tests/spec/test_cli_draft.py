@@ -15,3 +15,6 @@ def test_draft_train_help_and_bad_inputs(tmp_path):
     assert res.exit_code == 2
     res = runner.invoke(app, ["draft", "train", "x", "--out", str(tmp_path / "d"), "--layer-choice", "last"])
     assert res.exit_code == 2 and "first, spread" in res.output
+    res = runner.invoke(app, ["draft", "train", "x", "--out", str(tmp_path / "d"), "--kind", "medusa"])
+    assert res.exit_code == 2 and "eagle, layers" in res.output
+    assert "--kind" in runner.invoke(app, ["draft", "train", "--help"]).output

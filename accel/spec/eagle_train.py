@@ -1,0 +1,323 @@
+"""Train an EAGLE-style feature draft (accel/spec/eagle.py) from the target on CPU within a time budget.
+
+1. The runtime engine generates the target's greedy replies to calibration prompts; a hook on its ModelRunner
+   keeps the final hidden state f_i of every position it computes (prompt and reply), so the teacher data costs
+   no second forward (prefix caching off so every position is computed).
+2. Draft vocabulary: the K tokens the target emits most (+ special tokens). Teacher distribution at position j:
+   softmax of f_j against those K rows of the target's head (the draft can only propose them), kept as top-m.
+3. One Llama decoder layer (transformers' own, trained with autograd) over fc([embed(x_{i+1}) ; f_i]) learns
+   f_{i+1}: smooth-L1 to the feature (EAGLE's regression) + `ce_weight` x soft cross-entropy of its K-row head to
+   the teacher's distribution. The embedding stays the target's (frozen); fc, the layer, the norm and the head
+   rows train. A held-out slice of the replies measures first-draft-token agreement with the target's greedy
+   token (teacher-forced features), the number that bounds acceptance.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from accel.spec.distill import select_draft_vocab, stop_token_ids
+from accel.spec.prompts import build_prompts, load_samples
+
+TEACHER_TOP_M = 20
+
+
+@dataclass
+class FeatureSample:
+    """token_ids [T] (prompt + reply); features [T - 1, H]: the target's f_0 .. f_{T-2}; num_prompt tokens."""
+
+    token_ids: list[int]
+    features: Tensor
+    num_prompt: int
+    top_ids: Tensor | None = None  # [T - 2, m] draft-vocabulary indices of the teacher's top-m at f_1 .. f_{T-2}
+    top_logprobs: Tensor | None = None  # [T - 2, m]
+
+
+@dataclass
+class EagleTrainResult:
+    out_dir: str
+    draft_vocab_size: int
+    vocab_coverage: float
+    num_prompts: int
+    num_generated_tokens: int
+    num_train_positions: int
+    num_steps: int
+    heldout_top1: float  # first draft token == the target's greedy token, teacher-forced features, held-out replies
+    seconds_generating: float
+    seconds_training: float
+    losses: list[float] = field(default_factory=list)
+
+
+def engine_feature_samples(target_path: str | Path, prompts: list[list[int]], max_new_tokens: int,
+                           stop_ids: list[int], deadline: float, max_num_seqs: int = 48) -> list[FeatureSample]:
+    """Greedy replies to token-id prompts with the target's features at every computed position (see module doc).
+    At `deadline` the running requests are aborted; only finished replies are kept."""
+    from accel.runtime.engine import Engine
+    from accel.runtime.sampling_params import SamplingParams
+
+    engine = Engine.from_pretrained(target_path, kv_cache_memory_bytes=512 << 20, max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=2048, enable_prefix_caching=False,
+                                    max_waiting=max(1024, len(prompts)))
+    chunks: dict[str, list[tuple[int, Tensor]]] = {}
+
+    def keep_hidden(scheduled, hidden: Tensor) -> None:
+        row = 0
+        for r in scheduled:
+            chunks.setdefault(r.seq.request_id, []).append((r.seq.num_computed_tokens,
+                                                            hidden[row: row + r.num_tokens].clone()))
+            row += r.num_tokens
+
+    engine.runner.hidden_hook = keep_hidden
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0, stop_token_ids=sorted(stop_ids))
+    prompt_of = {engine.add_request(p, params): p for p in prompts}
+    done: list[tuple[list[int], list[int], list[tuple[int, Tensor]]]] = []
+    while engine.has_unfinished():
+        if time.monotonic() >= deadline:
+            for rid in list(prompt_of):
+                engine.abort(rid)
+            break
+        for out in engine.step():
+            if out.finished and out.finish_reason != "abort" and out.token_ids:
+                done.append((prompt_of.pop(out.request_id), list(out.token_ids), chunks.pop(out.request_id, [])))
+    samples = []
+    for prompt, reply, parts in done:
+        tokens = prompt + reply
+        n = len(tokens) - 1  # the last reply token is never fed
+        with torch.inference_mode(False):
+            feats = torch.zeros(n, parts[0][1].shape[-1]) if parts else None
+            seen = torch.zeros(n, dtype=torch.bool)
+            for start, h in parts:  # later chunks win (a preempted request recomputes)
+                end = min(start + h.shape[0], n)
+                feats[start:end] = h[: end - start].clone().float()
+                seen[start:end] = True
+        if feats is not None and bool(seen.all()) and n >= 3:
+            samples.append(FeatureSample(tokens, feats, len(prompt)))
+    return samples
+
+
+@torch.no_grad()
+def attach_teacher(samples: list[FeatureSample], head_rows: Tensor, top_m: int = TEACHER_TOP_M,
+                   chunk: int = 4096) -> None:
+    """Teacher targets per sample: top-m of softmax(f_j @ head_rows^T) for j = 1 .. T-2 (head_rows [K, H])."""
+    for s in samples:
+        f = s.features[1:]
+        ids, lps = [], []
+        for a in range(0, f.shape[0], chunk):
+            lp = (f[a: a + chunk] @ head_rows.T).log_softmax(-1)
+            v, i = lp.topk(min(top_m, head_rows.shape[0]), dim=-1)
+            ids.append(i)
+            lps.append(v)
+        s.top_ids, s.top_logprobs = torch.cat(ids), torch.cat(lps)
+
+
+class EagleTrainer(torch.nn.Module):
+    """The trainable draft: fc + one transformers Llama decoder layer + norm + K head rows (embedding outside)."""
+
+    def __init__(self, target_config, head_rows: Tensor, norm_weight: Tensor) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        cfg = target_config.to_dict()
+        cfg.update(num_hidden_layers=1, tie_word_embeddings=False)
+        cfg.pop("layer_types", None)
+        cfg.pop("architectures", None)
+        config = type(target_config).from_dict(cfg)
+        self.config = config
+        h = config.hidden_size
+        self.model = AutoModel.from_config(config)  # LlamaModel; its embedding is unused (dropped below)
+        self.model.embed_tokens = None
+        with torch.no_grad():
+            self.model.norm.weight.copy_(norm_weight)
+        self.fc = torch.nn.Linear(2 * h, h, bias=True)
+        with torch.no_grad():  # start as "the token's embedding plus a little of the feature"
+            self.fc.weight.zero_()
+            self.fc.bias.zero_()
+            self.fc.weight[:, :h] = torch.eye(h)
+            self.fc.weight[:, h:] = 0.1 * torch.eye(h)
+        self.head = torch.nn.Parameter(head_rows.clone())
+
+    def forward(self, emb: Tensor, feats: Tensor, mask: Tensor) -> Tensor:
+        """emb, feats [B, T, H], mask [B, T] -> predicted next features [B, T, H] (normed)."""
+        x = self.fc(torch.cat([emb, feats], dim=-1))
+        return self.model(inputs_embeds=x, attention_mask=mask).last_hidden_state
+
+    def runtime_state(self) -> dict[str, Tensor]:
+        """Weights under the runtime's names (EagleDraft): fc.*, model.layers.0.*, model.norm.weight, lm_head."""
+        state = {f"model.{k}": v for k, v in self.model.state_dict().items() if "rotary_emb" not in k}
+        state["fc.weight"], state["fc.bias"] = self.fc.weight, self.fc.bias
+        state["lm_head.weight"] = self.head
+        return {k: v.detach().float().contiguous() for k, v in state.items()}
+
+
+def _pad_batch(batch: list[FeatureSample], embed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Inputs of draft positions i = 0 .. T-3 (token x_{i+1}, feature f_i), right padded -> emb, feats, mask."""
+    width = max(len(s.token_ids) - 2 for s in batch)
+    h = embed.shape[1]
+    emb = torch.zeros(len(batch), width, h)
+    feats = torch.zeros(len(batch), width, h)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for b, s in enumerate(batch):
+        n = len(s.token_ids) - 2
+        emb[b, :n] = embed[torch.tensor(s.token_ids[1: n + 1])]
+        feats[b, :n] = s.features[:n]
+        mask[b, :n] = 1
+    return emb, feats, mask
+
+
+def eagle_loss(model: EagleTrainer, batch: list[FeatureSample], embed: Tensor, ce_weight: float
+               ) -> tuple[Tensor, Tensor]:
+    """(feature regression, soft cross-entropy) averaged over the batch's positions."""
+    emb, feats, mask = _pad_batch(batch, embed)
+    out = model(emb, feats, mask)
+    sel = mask.bool()
+    pred = out[sel]  # [N, H]
+    target = torch.cat([s.features[1: len(s.token_ids) - 1] for s in batch])  # f_{i+1}
+    reg = F.smooth_l1_loss(pred, target)
+    logq = (pred @ model.head.T).log_softmax(-1)  # [N, K]
+    ids = torch.cat([s.top_ids for s in batch])
+    p = torch.cat([s.top_logprobs for s in batch]).exp()
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)
+    ce = -(p * logq.gather(1, ids)).sum(-1).mean()
+    return reg, ce
+
+
+@torch.no_grad()
+def heldout_top1(model: EagleTrainer, samples: list[FeatureSample], embed: Tensor, vocab_ids: Tensor) -> float:
+    """First-draft-token agreement with the target's greedy token over the reply positions of `samples`."""
+    model.eval()
+    ok = total = 0
+    for a in range(0, len(samples), 8):
+        batch = samples[a: a + 8]
+        emb, feats, mask = _pad_batch(batch, embed)
+        out = model(emb, feats, mask)
+        for b, s in enumerate(batch):
+            n = len(s.token_ids) - 2
+            pred = vocab_ids[(out[b, :n] @ model.head.T).argmax(-1)]  # guesses of x_{i+2}
+            truth = torch.tensor(s.token_ids[2: n + 2])
+            first = max(0, s.num_prompt - 1)  # drafting starts after the first reply token: guesses of x_{p+1}..
+            ok += int((pred[first:] == truth[first:]).sum())
+            total += n - first
+    model.train()
+    return ok / max(1, total)
+
+
+def _batches(samples: list[FeatureSample], batch_tokens: int, rng: random.Random) -> list[list[FeatureSample]]:
+    order = sorted(range(len(samples)), key=lambda i: (len(samples[i].token_ids), rng.random()))
+    out, cur, width = [], [], 0
+    for i in order:
+        w = max(width, len(samples[i].token_ids))
+        if cur and w * (len(cur) + 1) > batch_tokens:
+            out.append(cur)
+            cur, w = [], len(samples[i].token_ids)
+        cur.append(samples[i])
+        width = w
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def train_eagle(target_path: str | Path, out_dir: str | Path, *, time_budget_minutes: float = 30.0,
+                calibration_dir: str | Path = "calibration_data", num_prompts: int = 800,
+                max_new_tokens: int = 128, learning_rate: float = 1e-3, ce_weight: float = 0.1,
+                draft_vocab_size: int = 8192, gen_fraction: float = 0.35, heldout_fraction: float = 0.08,
+                batch_tokens: int = 2048, seed: int = 0, progress: bool = True) -> EagleTrainResult:
+    """Generate teacher data, train and save an EAGLE draft within `time_budget_minutes` (load to save)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from accel.spec.eagle import save_eagle_draft
+
+    if time_budget_minutes <= 0:
+        raise ValueError(f"time_budget_minutes={time_budget_minutes} is invalid; allowed: > 0")
+    if not 0 < gen_fraction < 1:
+        raise ValueError(f"gen_fraction={gen_fraction} is invalid; allowed: in (0, 1), the rest is training time")
+    start = time.monotonic()
+    budget = time_budget_minutes * 60.0
+    log = (lambda msg: print(f"[eagle {time.monotonic() - start:6.0f}s] {msg}", flush=True)) if progress \
+        else (lambda msg: None)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(target_path))
+    target = AutoModelForCausalLM.from_pretrained(str(target_path), dtype=torch.float32).eval()
+    messages = build_prompts(load_samples(calibration_dir), num_prompts, seed=seed)
+    prompts = [tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
+                         add_special_tokens=False)["input_ids"][-384:] for m in messages]
+    log(f"generating target replies + features for {len(prompts)} prompts (max_new_tokens={max_new_tokens})")
+    samples = engine_feature_samples(target_path, prompts, max_new_tokens, sorted(stop_token_ids(target, tokenizer)),
+                                     deadline=start + gen_fraction * budget)
+    gen_s = time.monotonic() - start
+    if len(samples) < 2:
+        raise ValueError(f"time_budget_minutes={time_budget_minutes} produced {len(samples)} finished replies; "
+                         "allowed: a budget long enough for at least 2 (raise it or lower max_new_tokens)")
+    num_generated = sum(len(s.token_ids) - s.num_prompt for s in samples)
+    log(f"{len(samples)} replies, {num_generated} generated tokens, "
+        f"{sum(len(s.token_ids) for s in samples)} positions in {gen_s:.0f}s")
+
+    counts = Counter()
+    for s in samples:
+        counts.update(s.token_ids[1:])
+    tok_json = Path(target_path) / "tokenizer.json"
+    special = [t["id"] for t in json.loads(tok_json.read_text()).get("added_tokens", [])] if tok_json.exists() else []
+    vocab_ids = select_draft_vocab(counts, draft_vocab_size, special, target.config.vocab_size)
+    replies = Counter()
+    for s in samples:
+        replies.update(s.token_ids[s.num_prompt:])
+    inside = set(vocab_ids)
+    coverage = sum(c for t, c in replies.items() if t in inside) / max(1, sum(replies.values()))
+    vid = torch.tensor(vocab_ids)
+    embed = target.get_input_embeddings().weight.detach().float()
+    head_rows = target.get_output_embeddings().weight.detach().float()[vid].clone()
+    attach_teacher(samples, head_rows)
+
+    rng.shuffle(samples)
+    n_held = max(1, int(len(samples) * heldout_fraction))
+    held, train = samples[:n_held], samples[n_held:]
+    model = EagleTrainer(target.config, head_rows, target.model.norm.weight.detach().float())
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
+    model.train()
+    losses: list[float] = []
+    train_start = time.monotonic()
+    deadline = start + budget - min(60.0, 0.08 * budget)  # held-out eval + save
+    step = 0
+    while time.monotonic() < deadline:
+        for batch in _batches(train, batch_tokens, rng):
+            if time.monotonic() >= deadline:
+                break
+            # warmup over 20 steps, then linear decay by the clock to 10% at the deadline (the budget is time)
+            left = (deadline - time.monotonic()) / max(1e-9, deadline - train_start)
+            for g in opt.param_groups:
+                g["lr"] = learning_rate * min(1.0, (step + 1) / 20) * max(0.1, left)
+            reg, ce = eagle_loss(model, batch, embed, ce_weight)
+            loss = reg + ce_weight * ce
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            losses.append(float(loss.detach()))
+            step += 1
+            if progress and step % 100 == 0:
+                log(f"step {step}: regression {float(reg):.4f}, cross-entropy {float(ce):.3f}")
+    train_s = time.monotonic() - train_start
+    if not losses:
+        raise ValueError(f"time_budget_minutes={time_budget_minutes} left no time to train after generating "
+                         f"({gen_s:.0f} s); allowed: a budget long enough for at least one step")
+    top1 = heldout_top1(model, held, embed, vid)
+    log(f"trained {step} steps in {train_s:.0f}s; held-out first-token agreement {top1:.3f}")
+    result = EagleTrainResult(
+        out_dir=str(out_dir), draft_vocab_size=len(vocab_ids), vocab_coverage=coverage, num_prompts=len(samples),
+        num_generated_tokens=num_generated, num_train_positions=sum(len(s.token_ids) - 2 for s in train),
+        num_steps=step, heldout_top1=top1, seconds_generating=gen_s, seconds_training=train_s, losses=losses)
+    meta = {"target": str(target_path), "train": {k: v for k, v in asdict(result).items() if k != "losses"}}
+    save_eagle_draft(out_dir, target.config, model.runtime_state(), vocab_ids, meta, tokenizer_dir=target_path)
+    log(f"saved to {out_dir}")
+    return result
