@@ -212,7 +212,7 @@ def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp
     model_dir = save_tiny_model(tmp_path / "tiny-model")
     data = tiny_recipe(model_dir, tmp_path / "runs", name="tiny-distilled",
                        speculation={"method": "distilled", "num_speculative_tokens": 3,
-                                    "distill": {"kind": kind, "num_layers": 1, "time_budget_minutes": 0.2,
+                                    "distill": {"kind": kind, "num_layers": 1, "time_budget_minutes": 0.4,
                                                 "num_prompts": 4, "max_new_tokens": 8}},
                        eval={"speed": False, "variants": ["baseline", "baseline+spec"]})
     data["name"] = "tiny-distilled"
