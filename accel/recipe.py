@@ -200,6 +200,8 @@ class SpeculationConfig(Strict):
     on a GPU, where verification is nearly free, 32 or more."""
     draft_min_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
     """A draft model's chain stops after a token it is less sure of than this (see SpecConfig)."""
+    draft_context_window: Annotated[int, Field(ge=1)] | None = 128
+    """An EAGLE draft's first draft for a request catches up on only this many latest positions (None: all)."""
     # decode rows + draft tokens per step at most (None: no cap); see SpecConfig.max_step_rows
     max_step_rows: Annotated[int, Field(ge=2)] | None = 16
 

@@ -33,6 +33,8 @@ class SpecConfig:
                               probability (the token itself is still proposed: its forward is paid and its
                               verification costs one row); None: chains run to k. EAGLE-2's observation: a
                               feature draft's confidence tracks its acceptance.
+    draft_context_window      an EAGLE draft's first draft for a request catches up on only this many of its
+                              latest positions (None: the whole context); see EagleProposer.
     max_step_rows             decode rows + draft tokens one step may carry (None: no cap). Drafts go to the
                               requests with the best recent acceptance until the step holds this many rows: on
                               CPU a step costs about the same up to ~16 rows (streaming the weights dominates)
@@ -53,6 +55,7 @@ class SpecConfig:
     max_step_rows: int | None = 16
     probe_interval: int = 8
     draft_min_confidence: float | None = None
+    draft_context_window: int | None = 128
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -70,6 +73,8 @@ class SpecConfig:
             raise ValueError(f"cost_ratio={self.cost_ratio} is invalid; allowed: None or >= 0")
         if self.draft_min_confidence is not None and not 0.0 < self.draft_min_confidence < 1.0:
             raise ValueError(f"draft_min_confidence={self.draft_min_confidence} is invalid; allowed: None or in (0, 1)")
+        if self.draft_context_window is not None and self.draft_context_window < 1:
+            raise ValueError(f"draft_context_window={self.draft_context_window} is invalid; allowed: None or >= 1")
         if self.max_step_rows is not None and self.max_step_rows < 2:
             raise ValueError(f"max_step_rows={self.max_step_rows} is invalid; allowed: None or >= 2")
         if self.disable_above_batch_size is not None and self.disable_above_batch_size < 1:
@@ -106,4 +111,5 @@ class SpecConfig:
             raise ValueError(f"speculation.method {speculation.method!r} needs a draft folder; none was produced")
         scheme = speculation.draft_quantization if speculation.method == "draft_model" else None
         return cls(method="draft", draft_model=str(draft), draft_min_confidence=speculation.draft_min_confidence,
+                   draft_context_window=speculation.draft_context_window,
                    draft_quant_scheme=scheme if scheme in ("int8", "int4") else None, **common)

@@ -45,6 +45,7 @@ def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, 
                              "draft (one layer; allowed: None)")
         proposer = EagleProposer.from_target(config.draft_model, target_runner.model, target_runner, num_blocks,
                                              block_size, target_dir=target)
+        proposer.context_window = config.draft_context_window
         proposer.min_confidence = config.draft_min_confidence
         return proposer
     proposer = PagedDraftProposer.from_pretrained(config.draft_model, num_blocks, block_size, target_dir=target,

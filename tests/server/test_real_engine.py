@@ -184,3 +184,7 @@ def test_speculative_config_from_the_draft_flag(tiny_dir):
     assert speculative_config("ngram", 5).method == "ngram"
     cfg = speculative_config(str(tiny_dir), 2)
     assert cfg.method == "draft" and cfg.draft_model == str(tiny_dir) and cfg.num_speculative_tokens == 2
+    assert cfg.draft_min_confidence is None
+    assert speculative_config(str(tiny_dir), 2, 0.4).draft_min_confidence == 0.4
+    with pytest.raises(ValueError, match="draft_min_confidence=0.4 needs a draft model"):
+        speculative_config("ngram", 5, 0.4)

@@ -266,3 +266,25 @@ def test_cost_meter_leaves_out_a_first_draft_that_prefills_the_context(tmp_path,
     assert engine.spec.proposer.last_max_catchup == len(PROMPTS[2]) and engine.spec.cost.propose_ratio is None
     engine.step()  # steady state: accepted drafts + the bonus token
     assert engine.spec.proposer.last_max_catchup <= 2 and engine.spec.cost.propose_ratio is not None
+
+
+def test_context_window_caps_the_first_catch_up_and_keeps_outputs_exact(tmp_path, tiny_model_dir):
+    _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
+    params = SamplingParams(max_tokens=16, temperature=0)
+    ref, _ = _run(tiny_model_dir, PROMPTS, params)
+    with pytest.raises(ValueError, match="draft_context_window=0"):
+        SpecConfig(method="draft", draft_model=str(folder), draft_context_window=0)
+    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=2,
+                      disable_above_batch_size=None, max_step_rows=None, draft_context_window=5)
+    engine = Engine.from_pretrained(tiny_model_dir, speculative=spec)
+    long_prompt = max(PROMPTS, key=len)
+    assert len(long_prompt) > 8
+    engine.add_request(long_prompt, params)
+    engine.step()  # prefill
+    engine.step()  # first draft: catches up on the last 5 positions only
+    proposer = engine.spec.proposer
+    assert proposer.last_max_catchup == 5 and proposer.base[next(iter(proposer.base))] == len(long_prompt) - 5
+    while engine.has_unfinished():
+        engine.step()
+    out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
+    assert out == ref and engine.stats().spec_decode.num_draft_tokens > 0
