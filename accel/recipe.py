@@ -194,10 +194,9 @@ class SpeculationConfig(Strict):
     distill: DistillConfig = DistillConfig()
     adaptive: bool = True
     """Adapt the speculation length per request from its recent acceptance."""
-    disable_above_batch_size: Annotated[int, Field(ge=1)] | None = 8
-    """No speculation while this many requests run. 8 on CPU: a verified row there costs ~0.4 of a request's share of
-    the step from batch 8 on, and a closed batch of 16 lost 7-8% with the cutoff at 16 (bench_spec.py, n-gram);
-    on a GPU, where verification is nearly free, 32 or more."""
+    disable_above_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
+    """No speculation while this many requests run; "auto": 8 for n-gram, 5 for a draft model (CPU measurements in
+    accel.spec.config.DISABLE_ABOVE_BATCH_SIZE); on a GPU, where verification is nearly free, 32 or more."""
     draft_min_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
     """A draft model's chain stops after a token it is less sure of than this (see SpecConfig)."""
     draft_context_window: Annotated[int, Field(ge=1)] | None = 128

@@ -68,7 +68,8 @@ def main() -> None:
     ap.add_argument("--no-adaptive", action="store_true")
     ap.add_argument("--ngram-min-n", type=int, default=2, help="shortest suffix prompt lookup matches")
     ap.add_argument("--ngram-max-n", type=int, default=4, help="longest suffix prompt lookup matches")
-    ap.add_argument("--disable-above", type=int, default=8, help="disable_above_batch_size (0: never)")
+    ap.add_argument("--disable-above", default="auto",
+                    help="disable_above_batch_size: an integer, 0 (never off) or auto (per method)")
     ap.add_argument("--min-confidence", type=float, default=None,
                     help="draft_min_confidence: a draft chain stops after a token below this probability")
     ap.add_argument("--max-step-rows", type=int, default=16, help="max_step_rows: decode rows + drafts (0: no cap)")
@@ -125,7 +126,8 @@ def main() -> None:
                                       draft_quant_scheme=args.draft_quant if method == "draft" else None,
                                       num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
                                       ngram_min_n=args.ngram_min_n, ngram_max_n=args.ngram_max_n,
-                                      disable_above_batch_size=args.disable_above or None,
+                                      disable_above_batch_size=(args.disable_above if args.disable_above == "auto"
+                                                                else int(args.disable_above) or None),
                                       max_step_rows=args.max_step_rows or None,
                                       draft_min_confidence=args.min_confidence if method == "draft" else None)
                 config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,

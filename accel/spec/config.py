@@ -13,6 +13,14 @@ from accel.spec.adaptive import AdaptiveConfig
 SPEC_METHODS = ("ngram", "draft")
 
 
+# Speculation off from this many running requests, per method (CPU, closed batches of open-ended chat on the
+# real model, bench_spec.py, 4 rotated repeats): n-gram lookup costs no draft forward and reads 1.27x at batch 4,
+# 0.96x at batch 8; the EAGLE draft (a forward ~0.1 of a step, acceptance ~0.5) 1.07x at batch 4 but 0.90x at
+# batch 8, and 0.94x at batch 16 with drafting from 8 running down. On a GPU verification is nearly free and the
+# cutoff belongs at 32 or more.
+DISABLE_ABOVE_BATCH_SIZE = {"ngram": 8, "draft": 5}
+
+
 @dataclass
 class SpecConfig:
     """Speculative decoding inside the engine.
@@ -28,7 +36,9 @@ class SpecConfig:
                               None: measured while the engine runs (`adaptive.CostMeter`: time proposing per
                               draft forward + the fitted extra target time per verified row), starting from
                               0.06 for n-gram and 0.3 for a draft model; a number fixes it.
-    disable_above_batch_size  no speculation at all while at least this many requests run (None: never off).
+    disable_above_batch_size  no speculation at all while at least this many requests run (None: never off;
+                              "auto": DISABLE_ABOVE_BATCH_SIZE of the method, 8 for n-gram and 5 for a draft
+                              model on CPU; see there).
     draft_min_confidence      a draft model stops a request's chain after a token it gave less than this
                               probability (the token itself is still proposed: its forward is paid and its
                               verification costs one row); None: chains run to k. EAGLE-2's observation: a
@@ -51,7 +61,7 @@ class SpecConfig:
     draft_quant_scheme: str | None = None
     adaptive: bool = True
     cost_ratio: float | None = None
-    disable_above_batch_size: int | None = 8  # CPU; see recipe SpeculationConfig.disable_above_batch_size
+    disable_above_batch_size: int | str | None = "auto"  # DISABLE_ABOVE_BATCH_SIZE[method]
     max_step_rows: int | None = 16
     probe_interval: int = 8
     draft_min_confidence: float | None = None
@@ -77,9 +87,12 @@ class SpecConfig:
             raise ValueError(f"draft_context_window={self.draft_context_window} is invalid; allowed: None or >= 1")
         if self.max_step_rows is not None and self.max_step_rows < 2:
             raise ValueError(f"max_step_rows={self.max_step_rows} is invalid; allowed: None or >= 2")
-        if self.disable_above_batch_size is not None and self.disable_above_batch_size < 1:
-            raise ValueError(f"disable_above_batch_size={self.disable_above_batch_size} is invalid; "
-                             "allowed: None or >= 1")
+        if self.disable_above_batch_size == "auto":
+            self.disable_above_batch_size = DISABLE_ABOVE_BATCH_SIZE[self.method]
+        if self.disable_above_batch_size is not None and (not isinstance(self.disable_above_batch_size, int)
+                                                          or self.disable_above_batch_size < 1):
+            raise ValueError(f"disable_above_batch_size={self.disable_above_batch_size!r} is invalid; "
+                             "allowed: None, \"auto\" or an integer >= 1")
 
     def default_cost_ratio(self) -> float:
         """The draft's own cost before it was measured: n-gram lookup ~0, a small draft model ~0.25 (CPU)."""

@@ -234,6 +234,7 @@ def test_train_eagle_writes_a_loadable_folder(tmp_path, tiny_model_dir):
     assert is_eagle_draft(tmp_path / "draft") and not (tmp_path / "draft.partial").exists()
     meta = json.loads((tmp_path / "draft" / "accel_draft.json").read_text())
     assert len(meta["vocab_ids"]) == 64 and meta["train"]["num_steps"] == res.num_steps
+    assert 0 <= res.num_model_written_prompts <= res.num_prompts
     out, _ = _run(tiny_model_dir, PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0),
                   SpecConfig(method="draft", draft_model=str(tmp_path / "draft"), adaptive=False))
     assert out == _run(tiny_model_dir, PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0))[0]
@@ -288,3 +289,18 @@ def test_context_window_caps_the_first_catch_up_and_keeps_outputs_exact(tmp_path
         engine.step()
     out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
     assert out == ref and engine.stats().spec_decode.num_draft_tokens > 0
+
+
+def test_model_written_prompts_are_finished_distinct_user_turns(tiny_model_dir):
+    import time
+
+    from transformers import AutoTokenizer
+
+    from accel.spec.eagle_train import model_written_prompts
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    turns = model_written_prompts(tiny_model_dir, tok, 48, deadline=time.monotonic() + 60, max_tokens=64)
+    # a random 320-token model ends its turn now and then: those turns come back, decoded, once each
+    assert turns and len(set(turns)) == len(turns) and all(len(t) >= 8 for t in turns)
+    assert turns == model_written_prompts(tiny_model_dir, tok, 48, deadline=time.monotonic() + 60, max_tokens=64)
+    assert model_written_prompts(tiny_model_dir, tok, 48, deadline=time.monotonic() - 1) == []
