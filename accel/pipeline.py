@@ -207,7 +207,8 @@ def stage_draft(ctx: StageContext) -> dict:
         if d.kind == "eagle":
             from accel.spec.eagle_train import train_eagle
 
-            res = train_eagle(model_path(ctx), ctx.out_dir / "draft", **common)
+            res = train_eagle(model_path(ctx), ctx.out_dir / "draft", model_written_fraction=d.model_written_fraction,
+                              **common)
         else:
             from accel.spec.distill import train_draft
 

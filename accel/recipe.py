@@ -177,6 +177,9 @@ class DistillConfig(Strict):
     max_new_tokens: Annotated[int, Field(ge=1, le=2048)] = 128
     learning_rate: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     """None: 1e-3 for eagle, 5e-4 for layers."""
+    model_written_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    """kind eagle only: share of the prompts that are user turns the target writes itself (Magpie-style; the
+    calibration pool alone holds ~200 distinct questions among the prompts 30 minutes reply to)."""
     seed: int = 0
 
     def resolved(self, name: str):
