@@ -208,7 +208,7 @@ def stage_draft(ctx: StageContext) -> dict:
             from accel.spec.eagle_train import train_eagle
 
             res = train_eagle(model_path(ctx), ctx.out_dir / "draft", model_written_fraction=d.model_written_fraction,
-                              **common)
+                              chain_weight=d.chain_weight, **common)
         else:
             from accel.spec.distill import train_draft
 

@@ -180,6 +180,10 @@ class DistillConfig(Strict):
     model_written_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     """kind eagle only: share of the prompts that are user turns the target writes itself (Magpie-style; the
     calibration pool alone holds ~200 distinct questions among the prompts 30 minutes reply to)."""
+    chain_weight: Annotated[float, Field(ge=0.0)] = 0.0
+    """kind eagle only: weight of the second chain step's loss (the draft fed its own first guess, EAGLE-3's
+    training-time test); 0 trains the first step only (at 30 CPU-minutes the halved step count cost more
+    first-token agreement than the second token gained; see train_eagle)."""
     seed: int = 0
 
     def resolved(self, name: str):
@@ -202,6 +206,9 @@ class SpeculationConfig(Strict):
     accel.spec.config.DISABLE_ABOVE_BATCH_SIZE); on a GPU, where verification is nearly free, 32 or more."""
     draft_min_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
     """A draft model's chain stops after a token it is less sure of than this (see SpecConfig)."""
+    draft_min_path_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    """A draft model proposes a token only while the product of its top probabilities along the chain stays at
+    or above this (EAGLE-2's path score; see SpecConfig)."""
     draft_context_window: Annotated[int, Field(ge=1)] | None = 128
     """An EAGLE draft's first draft for a request catches up on only this many latest positions (None: all)."""
     # decode rows + draft tokens per step at most (None: no cap); see SpecConfig.max_step_rows

@@ -72,6 +72,9 @@ def main() -> None:
                     help="disable_above_batch_size: an integer, 0 (never off) or auto (per method)")
     ap.add_argument("--min-confidence", type=float, default=None,
                     help="draft_min_confidence: a draft chain stops after a token below this probability")
+    ap.add_argument("--min-path-confidence", type=float, default=None,
+                    help="draft_min_path_confidence: a draft proposes a token only while the product of its "
+                         "probabilities along the chain stays >= this")
     ap.add_argument("--max-step-rows", type=int, default=16, help="max_step_rows: decode rows + drafts (0: no cap)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every method this many times, interleaved; report the median speedup and its range")
@@ -111,9 +114,15 @@ def main() -> None:
     eos = [2] + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, stop_token_ids=eos)
     warm_params = SamplingParams(max_tokens=16, temperature=0, stop_token_ids=eos)
-    methods = [m for m in args.methods.split(",") if m != "draft" or args.draft]
-    if methods[0] != "off" or any(m not in ("off", "ngram", "draft") for m in methods):
-        ap.error(f"--methods {args.methods!r}: must start with off, then any of ngram, draft")
+    methods = [m for m in args.methods.split(",") if not m.startswith("draft") or args.draft]
+    try:
+        gates = {m: draft_variant(m, args.min_confidence, args.min_path_confidence, args.draft_quant)
+                 for m in methods if m.startswith("draft")}
+    except ValueError as e:
+        ap.error(str(e))
+    if methods[0] != "off" or any(m not in ("off", "ngram") and m not in gates for m in methods):
+        ap.error(f"--methods {args.methods!r}: must start with off, then any of ngram, draft (draft+conf0.5, "
+                 "draft+path0.3: a draft model with that gate)")
     results = []
     for batch in [int(b) for b in args.batches.split(",")]:
         for set_name in args.sets.split(","):
@@ -122,14 +131,15 @@ def main() -> None:
             for method in methods:
                 spec = None
                 if method != "off":
+                    conf, path, scheme = gates.get(method, (None, None, None))
                     spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=args.draft,
-                                      draft_quant_scheme=args.draft_quant if method == "draft" else None,
+                                      draft_quant_scheme=scheme,
                                       num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
                                       ngram_min_n=args.ngram_min_n, ngram_max_n=args.ngram_max_n,
                                       disable_above_batch_size=(args.disable_above if args.disable_above == "auto"
                                                                 else int(args.disable_above) or None),
                                       max_step_rows=args.max_step_rows or None,
-                                      draft_min_confidence=args.min_confidence if method == "draft" else None)
+                                      draft_min_confidence=conf, draft_min_path_confidence=path)
                 config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,
                                       max_num_batched_tokens=2048)
                 engines[method] = Engine(model, config, tok)  # builds its proposer (an EAGLE draft needs the runner)
@@ -197,6 +207,31 @@ def main() -> None:
                        "results": results}, f, indent=1)
 
 
+def draft_variant(method: str, min_confidence: float | None, min_path_confidence: float | None,
+                  quant: str | None) -> tuple[float | None, float | None, str | None]:
+    """"draft" -> the command line's (draft_min_confidence, draft_min_path_confidence, draft_quant_scheme);
+    "draft+conf0.5+path0.3+int8" -> those as named (unnamed gates None, no quantization unless named), so one run
+    compares variants side by side."""
+    parts = method.split("+")
+    if parts[0] != "draft":
+        raise ValueError(f"method {method!r} is invalid; allowed: draft, draft+confX, draft+pathX, draft+int8")
+    if len(parts) == 1:
+        return min_confidence, min_path_confidence, quant
+    named: dict[str, float | None] = {"conf": None, "path": None}
+    scheme = None
+    for p in parts[1:]:
+        if p in ("int8", "int4"):
+            scheme = p
+            continue
+        key = next((k for k in named if p.startswith(k)), None)
+        try:
+            named[key] = float(p[len(key):])
+        except (TypeError, ValueError):
+            raise ValueError(f"method {method!r}: {p!r} is invalid; allowed: confX, pathX (X a number), "
+                             "int8, int4") from None
+    return named["conf"], named["path"], scheme
+
+
 class _Timed:
     """Wraps a proposer: wall time spent proposing and the number of draft forwards (batched steps)."""
 
@@ -211,8 +246,9 @@ class _Timed:
         t0 = time.perf_counter()
         out = self.inner.propose(requests)
         self.seconds += time.perf_counter() - t0
-        # a draft model runs max(k) batched forwards per call; n-gram lookup counts one "forward" per call
-        self.forwards += max((r.k for r in requests), default=0) if hasattr(self.inner, "model") else 1
+        # a draft model runs up to max(k) batched forwards per call (fewer when every chain ended early);
+        # n-gram lookup counts one "forward" per call
+        self.forwards += self.inner.last_num_forwards if hasattr(self.inner, "model") else 1
         return out
 
     def finish(self, request_id: str) -> None:

@@ -1,64 +1,100 @@
-"""Teacher-forced first-draft-token agreement with the target's greedy replies on held-out eval/text prompts.
+"""Teacher-forced draft agreement with the target's greedy replies on held-out eval/text prompts.
 
-    .venv/bin/python scripts/draft_agreement.py --layers runs/draft-d4 --eagle runs/draft-eagle
+    .venv/bin/python scripts/draft_agreement.py --eagle runs/draft-eagle [--layers runs/draft-d4]
 
-The number that bounds a draft's acceptance, measured without the engine's adaptive policy: the target replies
+The numbers that bound a draft's acceptance, measured without the engine's adaptive policy: the target replies
 greedily (accel's engine) to held-out chat prompts and to chat + instruction prompts; at every reply position the
-layers draft (HF, reduced head) sees the tokens, the EAGLE draft (accel's runtime) the tokens and the target's
-real hidden states, and each guesses the next token once the first reply token is known.
+layers draft (HF, reduced head) sees the tokens, the EAGLE draft the tokens and the target's real hidden states,
+and each guesses the next token once the first reply token is known.
+
+For the EAGLE draft it also prints the second chain token's agreement given the first was right (its first-step
+guess fed back as the feature, `EagleTrainer.chain_forward`) and what the path gate
+(`draft_min_path_confidence`) would do at each threshold on these positions, chains of at most two tokens:
+how often a first token is proposed, the acceptance rate of what is proposed, and the accepted tokens per target
+step (1 + accepted; the speedup at zero draft cost).
 """
 import argparse
 import json
-import torch
 from pathlib import Path
-from transformers import AutoTokenizer, AutoModelForCausalLM
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
-from accel.spec.prompts import chat_prompts, build_prompts, load_samples
-from accel.spec.eagle import load_eagle_draft
-from accel.runtime.kv_cache_manager import KVCacheManager
-from accel.runtime.model_runner import ModelRunner, RunnerConfig
-from accel.runtime.outputs import ScheduledRequest
-from accel.runtime.sequence import Sequence
+from accel.spec.eagle_train import load_trainer
+from accel.spec.prompts import build_prompts, chat_prompts, load_samples
+
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--target", default="smollm2-135m")
-ap.add_argument("--layers", required=True, help="a layers draft folder (accel draft train --kind layers)")
+ap.add_argument("--layers", default=None, help="a layers draft folder (accel draft train --kind layers)")
 ap.add_argument("--eagle", required=True, help="an EAGLE draft folder (accel draft train --kind eagle)")
 ap.add_argument("--prompts", type=int, default=24)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--gates", default="0,0.1,0.2,0.3,0.4,0.5", help="path-gate thresholds to simulate")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
-from accel.models import resolve_model
+from accel.models import resolve_model  # noqa: E402
+
 M = str(resolve_model(args.target))
 tok = AutoTokenizer.from_pretrained(M)
 samples = load_samples("eval/text")
 sets = {"eval chat": [p for s in samples if s["domain"] == "chat" for p in chat_prompts(s["text"])][:args.prompts],
         "eval chat+instr": build_prompts(samples, args.prompts, seed=0)}
 tgt = AutoModelForCausalLM.from_pretrained(M, dtype=torch.float32).eval()
-d4 = AutoModelForCausalLM.from_pretrained(args.layers, dtype=torch.float32).eval()
-vid4 = torch.tensor(json.load(open(Path(args.layers) / "accel_draft.json"))["vocab_ids"])
-eg, vide = load_eagle_draft(args.eagle, tgt.model.embed_tokens.weight.detach(), torch.float32, torch.device("cpu"))
-vide = torch.tensor(vide)
+embed = tgt.get_input_embeddings().weight.detach()
+if args.layers:
+    d4 = AutoModelForCausalLM.from_pretrained(args.layers, dtype=torch.float32).eval()
+    vid4 = torch.tensor(json.load(open(Path(args.layers) / "accel_draft.json"))["vocab_ids"])
+eg, vide = load_trainer(args.eagle, tgt)
+gates = [float(g) for g in args.gates.split(",")]
 eng = Engine.from_pretrained(M, kv_cache_memory_bytes=512 << 20)
 for name, msgs in sets.items():
-    ids = [tok(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"] for m in msgs]
+    ids = [tok(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+           ["input_ids"] for m in msgs]
     outs = eng.generate(ids, SamplingParams(max_tokens=96, temperature=0, stop_token_ids=[2]))
-    ok4 = oke = tot = 0
+    ok4 = tot = 0
+    right1, right2, top1, top2 = [], [], [], []
     with torch.inference_mode():
         for p, o in zip(ids, outs):
-            full = p + list(o.token_ids); T = len(full); P = len(p)
+            full = p + list(o.token_ids)
+            T, P = len(full), len(p)
             x = torch.tensor([full])
             h = tgt.model(input_ids=x).last_hidden_state[0]
             ta = tgt.lm_head(h).argmax(-1)  # ta[i]: target's token after position i
-            da = vid4[d4(input_ids=x).logits[0][:, vid4].argmax(-1)]
-            runner = ModelRunner(eg, RunnerConfig(16, 512)); kv = KVCacheManager(512, 16, enable_prefix_caching=False)
-            seq = Sequence("r", full[1:], SamplingParams(temperature=0)); kv.allocate_slots(seq, T - 1)
-            i_, pos, meta, _ = runner.prepare_inputs([ScheduledRequest(seq, T - 1)])
-            out = eg(i_, pos, meta, runner.kv_caches, features=h[:T - 1])  # position i: (x_{i+1}, f_i) -> f_{i+1}
-            ea = vide[eg.lm_head(out).argmax(-1)]  # guess of the token after position i+1
-            # guesses of tokens after positions P .. T-2 (drafting starts once the first reply token is known)
-            sl = slice(P, T - 1)
-            ok4 += int((da[sl] == ta[sl]).sum())
-            oke += int((ea[P - 1:T - 2] == ta[sl]).sum())
-            tot += T - 1 - P
-    print(f"{name}: {len(ids)} prompts, {tot} positions: layers draft {ok4/tot:.3f}, eagle draft {oke/tot:.3f}", flush=True)
+            # draft row i: (x_{i+1}, f_i) -> guess of the token after position i + 1
+            e = embed[torch.tensor(full[1:T - 1])][None]
+            out1, out2 = eg.chain_forward(e, h[None, :T - 2], torch.ones(1, T - 2, dtype=torch.long))
+            q1 = (out1[0] @ eg.head.T).softmax(-1)
+            q2 = (out2[0] @ eg.head.T).softmax(-1)
+            c1, g1 = q1.max(-1)
+            c2, g2 = q2.max(-1)
+            g1, g2 = vide[g1], vide[g2]
+            truth = ta[1:T - 1]  # the token after position i + 1
+            # chain at row i (first token: guess of x_{i+2}); its second token is row i + 1's second-step guess
+            for i in range(P - 1, T - 3):
+                right1.append(bool(g1[i] == truth[i]))
+                top1.append(float(c1[i]))
+                right2.append(bool(g2[i + 1] == truth[i + 1]))
+                top2.append(float(c2[i + 1]))
+            if args.layers:
+                da = vid4[d4(input_ids=x).logits[0][:, vid4].argmax(-1)]
+                ok4 += int((da[P:T - 1] == ta[P:T - 1]).sum())
+                tot += T - 1 - P
+    r1, r2, c1, c2 = (torch.tensor(v) for v in (right1, right2, top1, top2))
+    n = len(r1)
+    line = f"{name}: {len(ids)} prompts, {n} positions: eagle first token {r1.float().mean():.3f}, " \
+           f"second given the first {r2[r1].float().mean():.3f}"
+    print(line + (f"; layers draft {ok4 / max(1, tot):.3f}" if args.layers else ""), flush=True)
+    for lo, hi in ((0, .2), (.2, .4), (.4, .6), (.6, .8), (.8, 1.01)):
+        sel = (c1 >= lo) & (c1 < hi)
+        if sel.any():
+            print(f"  first-token confidence [{lo:.1f}, {min(hi, 1):.1f}): {int(sel.sum()):5d} positions, "
+                  f"agreement {r1[sel].float().mean():.3f}")
+    for g in gates:
+        p1 = c1 >= g
+        p2 = p1 & (c1 * c2 >= g)
+        drafted = int(p1.sum()) + int(p2.sum())
+        accepted = int((p1 & r1).sum()) + int((p2 & r1 & r2).sum())
+        print(f"  path gate {g:.2f}: first token proposed at {p1.float().mean():.2f} of positions, acceptance "
+              f"{accepted / max(1, drafted):.3f}, tokens per step {1 + accepted / n:.3f}", flush=True)

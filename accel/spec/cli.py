@@ -33,6 +33,9 @@ def draft_train(
     model_written_fraction: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="kind eagle: share of prompts the target writes itself (Magpie-style user turns).")
     ] = 0.5,
+    chain_weight: Annotated[float, typer.Option(
+        min=0.0, help="kind eagle: weight of the second chain step's loss (EAGLE-3 training-time test; 0: off).")
+    ] = 0.0,
     seed: Annotated[int, typer.Option()] = 0,
     threads: Annotated[Optional[int], typer.Option(min=1, help="torch CPU threads.")] = None,
 ) -> None:
@@ -61,10 +64,11 @@ def draft_train(
 
         r = train_eagle(target_path, out, time_budget_minutes=minutes, calibration_dir=calibration_dir,
                         num_prompts=num_prompts, max_new_tokens=max_new_tokens, learning_rate=learning_rate,
-                        draft_vocab_size=vocab, model_written_fraction=model_written_fraction, seed=seed)
+                        draft_vocab_size=vocab, model_written_fraction=model_written_fraction, chain_weight=chain_weight,
+                        seed=seed)
         typer.echo(f"eagle draft: {r.out_dir} (vocab {r.draft_vocab_size}, coverage {r.vocab_coverage:.3f}); "
                    f"{r.num_prompts} replies ({r.num_model_written_prompts} to model-written turns), {r.num_train_positions} positions, {r.num_steps} steps; held-out "
-                   f"first-token agreement {r.heldout_top1:.3f}")
+                   f"agreement: first token {r.heldout_top1:.3f}, second given the first {r.heldout_second:.3f}")
         return
     from accel.spec.distill import train_draft
 

@@ -43,6 +43,13 @@ class SpecConfig:
                               probability (the token itself is still proposed: its forward is paid and its
                               verification costs one row); None: chains run to k. EAGLE-2's observation: a
                               feature draft's confidence tracks its acceptance.
+    draft_min_path_confidence a draft model proposes a token only while the product of its top probabilities
+                              along the chain (that position's included) stays >= this; the chain ends before
+                              the first position below it (EAGLE-2's path score: a calibrated draft's chance
+                              that the whole path so far is accepted). Unlike draft_min_confidence, an unlikely
+                              token is not verified at all (on a CPU each verified row costs ~5% of a batch-1
+                              step) and a request whose draft is unsure of even its first token drafts nothing
+                              this step. None: off.
     draft_context_window      an EAGLE draft's first draft for a request catches up on only this many of its
                               latest positions (None: the whole context); see EagleProposer.
     max_step_rows             decode rows + draft tokens one step may carry (None: no cap). Drafts go to the
@@ -65,6 +72,7 @@ class SpecConfig:
     max_step_rows: int | None = 16
     probe_interval: int = 8
     draft_min_confidence: float | None = None
+    draft_min_path_confidence: float | None = None
     draft_context_window: int | None = 128
 
     def __post_init__(self) -> None:
@@ -83,6 +91,13 @@ class SpecConfig:
             raise ValueError(f"cost_ratio={self.cost_ratio} is invalid; allowed: None or >= 0")
         if self.draft_min_confidence is not None and not 0.0 < self.draft_min_confidence < 1.0:
             raise ValueError(f"draft_min_confidence={self.draft_min_confidence} is invalid; allowed: None or in (0, 1)")
+        if self.draft_min_path_confidence is not None and not 0.0 < self.draft_min_path_confidence < 1.0:
+            raise ValueError(f"draft_min_path_confidence={self.draft_min_path_confidence} is invalid; "
+                             "allowed: None or in (0, 1)")
+        if self.method == "ngram" and (self.draft_min_confidence is not None
+                                       or self.draft_min_path_confidence is not None):
+            raise ValueError("draft_min_confidence / draft_min_path_confidence need a draft model; n-gram lookup "
+                             "has no confidence (allowed with method 'ngram': None)")
         if self.draft_context_window is not None and self.draft_context_window < 1:
             raise ValueError(f"draft_context_window={self.draft_context_window} is invalid; allowed: None or >= 1")
         if self.max_step_rows is not None and self.max_step_rows < 2:
@@ -124,5 +139,6 @@ class SpecConfig:
             raise ValueError(f"speculation.method {speculation.method!r} needs a draft folder; none was produced")
         scheme = speculation.draft_quantization if speculation.method == "draft_model" else None
         return cls(method="draft", draft_model=str(draft), draft_min_confidence=speculation.draft_min_confidence,
+                   draft_min_path_confidence=speculation.draft_min_path_confidence,
                    draft_context_window=speculation.draft_context_window,
                    draft_quant_scheme=scheme if scheme in ("int8", "int4") else None, **common)

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from accel.runtime.model import CausalLM, fuse_projections
 from accel.runtime.outputs import ScheduledRequest
 from accel.runtime.sequence import Sequence
-from accel.spec.paged_draft import _GREEDY, PagedDraftProposer, _is_greedy
+from accel.spec.paged_draft import _GREEDY, PagedDraftProposer
 from accel.spec.proposer import DRAFT_META_FILE, ProposalRequest, Proposals
 from accel.spec.tokenizer_check import check_tokenizers_match
 
@@ -165,14 +165,30 @@ class EagleProposer(PagedDraftProposer):
 
     @classmethod
     def from_target(cls, path: str | Path, target_model: CausalLM, target_runner, num_blocks: int,
-                    block_size: int = 16, target_dir: str | Path | None = None) -> EagleProposer:
-        """Load the folder for this target (its tokenizer must match target_dir's when given)."""
+                    block_size: int = 16, target_dir: str | Path | None = None, quant_scheme: str | None = None
+                    ) -> EagleProposer:
+        """Load the folder for this target (its tokenizer must match target_dir's when given).
+
+        quant_scheme "int8": per-channel int8 weights for fc, the layer and the head rows. Why: at batch 1 a draft
+        forward streams its weights, and the 8192-row head alone is more bytes (19 MB fp32) than the layer."""
         if target_dir is not None and (Path(target_dir) / "tokenizer.json").exists():
             check_tokenizers_match(target_dir, path)
+        if quant_scheme not in (None, "int8"):
+            raise ValueError(f"quant_scheme={quant_scheme!r} is invalid for an EAGLE draft; allowed: None, int8")
         p = next(target_model.parameters())
         model, vocab_ids = load_eagle_draft(path, target_model.model.embed_tokens.weight.detach(), p.dtype, p.device)
+        if quant_scheme is not None:
+            from accel.spec.paged_draft import quantize_draft
+
+            quantize_draft(model, quant_scheme)  # every Linear but lm_head (its rows are copied out below)
         fuse_projections(model)
         proposer = cls(model, vocab_ids, target_runner, num_blocks, block_size)
+        if quant_scheme == "int8":
+            from accel.quant.kernels import Int8WeightOnlyLinear
+
+            lin = nn.Linear(proposer.head.shape[1], proposer.head.shape[0], bias=False, device=proposer.head.device)
+            lin.weight = nn.Parameter(proposer.head.float(), requires_grad=False)
+            proposer._head_linear = Int8WeightOnlyLinear.from_linear(lin)
         try:  # CPU fp32: the runtime's pre-packed Linears (fc, the layer; the head was copied out above)
             from accel.quant.kernels import pack_float_linears
         except ImportError:
@@ -234,18 +250,21 @@ class EagleProposer(PagedDraftProposer):
                                                  base + seq.num_tokens))
                 self.num_real[r.request_id] = seq.num_tokens
         self.last_max_catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
+        path = [1.0] * len(requests)
+        self.last_num_forwards = 0
         while active:
+            self.last_num_forwards += 1
             scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
             hidden = self.model(ids, pos, meta, self.runner.kv_caches, features=torch.cat(feats))  # [T, H]
             last = hidden[torch.tensor([row for _, row in rows], device=hidden.device)]  # [B, H]
-            tokens, q, conf = self._pick(last, [requests[i] for i, _ in active], [drafts[i] for i, _ in active])
+            tokens, q, conf, top = self._pick(last, [requests[i] for i, _ in active],
+                                              [drafts[i] for i, _ in active])
             nxt, feats = [], []
             for b, (i, seq) in enumerate(active):
                 seq.num_computed_tokens = seq.num_tokens
-                drafts[i].append(tokens[b])
-                if q is not None and not _is_greedy(requests[i].params):
-                    qs[i].append(q[b])
+                if not self._take(tokens, q, top, b, i, path, drafts, qs, requests):
+                    continue
                 if len(drafts[i]) < requests[i].k and self._confident(conf, b):
                     seq.prompt_token_ids.append(tokens[b])  # fed next step with the predicted feature
                     nxt.append((i, seq))

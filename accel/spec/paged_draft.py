@@ -77,9 +77,11 @@ class PagedDraftProposer(Proposer):
                 self._mask[torch.tensor(vocab_ids)] = 0.0
         self.seqs: dict[str, Sequence] = {}
         self.min_confidence: float | None = None  # SpecConfig.draft_min_confidence
+        self.min_path_confidence: float | None = None  # SpecConfig.draft_min_path_confidence
         # the longest catch-up span of the last propose call (tokens a request fed its first forward): a request's
         # first draft prefills its whole context, a one-time cost the engine keeps out of the per-forward cost
         self.last_max_catchup = 0
+        self.last_num_forwards = 0  # sequential draft forwards of the last propose call (chains may end early)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, num_blocks: int, block_size: int = 16,
@@ -138,18 +140,21 @@ class PagedDraftProposer(Proposer):
             if seq is not None:
                 active.append((i, seq))
         self.last_max_catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
+        path = [1.0] * len(requests)
+        self.last_num_forwards = 0
         while active:
+            self.last_num_forwards += 1
             scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
             hidden = self.model(ids, pos, meta, self.runner.kv_caches)  # [T, H]
             last = hidden[torch.tensor([row for _, row in rows], device=hidden.device)]  # [B, H]
-            tokens, q, conf = self._pick(last, [requests[i] for i, _ in active], [drafts[i] for i, _ in active])
+            tokens, q, conf, top = self._pick(last, [requests[i] for i, _ in active],
+                                              [drafts[i] for i, _ in active])
             nxt = []
             for b, (i, seq) in enumerate(active):
                 seq.num_computed_tokens = seq.num_tokens
-                drafts[i].append(tokens[b])
-                if q is not None and not _is_greedy(requests[i].params):
-                    qs[i].append(q[b])
+                if not self._take(tokens, q, top, b, i, path, drafts, qs, requests):
+                    continue
                 if len(drafts[i]) < requests[i].k and self._confident(conf, b):
                     seq.prompt_token_ids.append(tokens[b])  # fed next step
                     nxt.append((i, seq))
@@ -157,22 +162,51 @@ class PagedDraftProposer(Proposer):
         probs = [torch.stack(q) if q else None for q in qs]
         return Proposals(drafts, probs if any(p is not None for p in probs) else None)
 
+    def _take(self, tokens: list[int], q: Tensor | None, top: list[float] | None, b: int, i: int,
+              path: list[float], drafts: list[list[int]], qs: list[list[Tensor]],
+              requests: list[ProposalRequest]) -> bool:
+        """Append row b's token to request i's draft unless the path gate ends the chain before it (False).
+
+        The gate (min_path_confidence, EAGLE-2's path score): the product of the draft's top probability at every
+        position of the chain so far, this one included, must stay >= the threshold. It reads the top
+        probability, not the sampled token's, so whether a position is proposed depends only on the context
+        before it and rejection sampling stays exact for temperature > 0."""
+        if top is not None:
+            path[i] *= top[b]
+            if path[i] < self.min_path_confidence:
+                return False
+        drafts[i].append(tokens[b])
+        if q is not None and not _is_greedy(requests[i].params):
+            qs[i].append(q[b])
+        return True
+
     def _pick(self, last: Tensor, reqs: list[ProposalRequest], drafts: list[list[int]]
-              ) -> tuple[list[int], Tensor | None, list[float] | None]:
+              ) -> tuple[list[int], Tensor | None, list[float] | None, list[float] | None]:
         """One draft token per row of `last` [B, H]: (tokens, q of the sampled rows or None, the probability the
-        draft gave each token when min_confidence is set, else None). All-greedy batches take the argmax over the
-        reduced head and never build a full-vocabulary row."""
+        draft gave each token when min_confidence is set else None, the draft's top probability per row when
+        min_path_confidence is set else None). Greedy rows read both from the draft's raw distribution. All-greedy
+        batches take the argmax over the reduced head and never build a full-vocabulary row."""
+        want_conf, want_top = self.min_confidence is not None, self.min_path_confidence is not None
         if all(_is_greedy(r.params) and not _has_penalty(r.params) for r in reqs):
-            if self.min_confidence is None:
-                return self._greedy(last), None, None
+            if not (want_conf or want_top):
+                return self._greedy(last), None, None, None
             if self.head is None:
                 p, best = self._logits(last).softmax(-1).max(-1)
-                return best.tolist(), None, p.tolist()
-            p, best = self._reduced_logits(last).softmax(-1).max(-1)
-            return self.vocab_ids[best].tolist(), None, p.tolist()
-        tokens, q = self._choose(self._logits(last), reqs, drafts)
-        conf = None if self.min_confidence is None else [float(q[b, t]) for b, t in enumerate(tokens)]
-        return tokens, q, conf
+                tokens = best.tolist()
+            else:
+                p, best = self._reduced_logits(last).softmax(-1).max(-1)
+                tokens = self.vocab_ids[best].tolist()
+            p = p.tolist()
+            return tokens, None, p if want_conf else None, p if want_top else None
+        logits = self._logits(last)
+        tokens, q = self._choose(logits, reqs, drafts)
+        if not (want_conf or want_top):
+            return tokens, q, None, None
+        raw = logits.softmax(-1).max(-1).values.tolist()  # a greedy row's q is one-hot: its confidence is raw
+        greedy = [_is_greedy(r.params) for r in reqs]
+        conf = [raw[b] if greedy[b] else float(q[b, t]) for b, t in enumerate(tokens)]
+        top = [raw[b] if greedy[b] else float(q[b].max()) for b in range(len(tokens))]
+        return tokens, q, conf if want_conf else None, top if want_top else None
 
     def _confident(self, conf: list[float] | None, row: int) -> bool:
         """Whether row's chain may go on (min_confidence unset, or its last token was likely enough)."""

@@ -214,7 +214,7 @@ def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp
                        speculation={"method": "distilled", "num_speculative_tokens": 3,
                                     "distill": {"kind": kind, "num_layers": 1, "time_budget_minutes": 0.5,
                                                 "num_prompts": 4, "max_new_tokens": 8,
-                                                "model_written_fraction": 0.25}},
+                                                "model_written_fraction": 0.25, "chain_weight": 0.5}},
                        eval={"speed": False, "variants": ["baseline", "baseline+spec"]})
     data["name"] = "tiny-distilled"
     data["quantization"] = {"enabled": False}
@@ -231,4 +231,4 @@ def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp
     assert manifest["draft"]["measured"]["num_draft_tokens"] > 0
     assert any(f.startswith("draft/") for f in manifest["files"])
     train = json.loads((parse_recipe(data).run_dir() / "draft.json").read_text())["train"]
-    assert (kind == "eagle") == ("num_model_written_prompts" in train)
+    assert (kind == "eagle") == ("num_model_written_prompts" in train) == ("heldout_second" in train)

@@ -12,7 +12,7 @@ from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
 from accel.spec.config import SpecConfig
 from accel.spec.eagle import EagleProposer, is_eagle_draft, load_eagle_draft, save_eagle_draft
-from accel.spec.eagle_train import EagleTrainer, attach_teacher, eagle_loss, engine_feature_samples, heldout_top1
+from accel.spec.eagle_train import EagleTrainer, attach_teacher, eagle_loss, engine_feature_samples, heldout_agreement
 from accel.spec.proposer import ProposalRequest
 
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9, 10, 11], [1, 5, 6, 7, 8, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42]]
@@ -198,7 +198,8 @@ def test_swap_keeps_the_features_of_preempted_requests(tiny_model_dir):
     assert bool((feats[5] == 7.0).all())
 
 
-def test_training_lowers_the_loss_and_measures_agreement(tiny_model_dir):
+@pytest.mark.parametrize("chain_weight,ce_fraction", [(0.8, 1.0), (0.0, 0.25)])
+def test_training_lowers_the_loss_and_measures_agreement(tiny_model_dir, chain_weight, ce_fraction):
     target = _target(tiny_model_dir)
     samples = engine_feature_samples(tiny_model_dir, PROMPTS * 3, 12, [2], time.monotonic() + 600)
     vid = torch.arange(320)
@@ -209,14 +210,47 @@ def test_training_lowers_the_loss_and_measures_agreement(tiny_model_dir):
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     first = None
     for _ in range(150):
-        reg, ce = eagle_loss(m, samples, embed, 0.1)
+        reg, ce = eagle_loss(m, samples, embed, 0.1, chain_weight=chain_weight, ce_fraction=ce_fraction)
         loss = reg + 0.1 * ce
         first = first if first is not None else float(loss.detach())
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert float(loss.detach()) < 0.5 * first
-    assert heldout_top1(m, samples, embed, vid) > 0.5  # memorised: these replies are the training data
+    first_token, second = heldout_agreement(m, samples, embed, vid)
+    assert first_token > 0.5 and second > 0.5  # memorised: these replies are the training data
+
+
+def test_a_saved_draft_loads_back_as_the_same_trainer(tmp_path, tiny_model_dir):
+    from accel.spec.eagle_train import _pad_batch, load_trainer
+
+    target, m, folder = _save(tmp_path, tiny_model_dir, list(range(0, 320, 2)))
+    back, vid = load_trainer(folder, target)
+    assert vid.tolist() == list(range(0, 320, 2))
+    samples = engine_feature_samples(tiny_model_dir, PROMPTS, 4, [2], time.monotonic() + 600)
+    emb, feats, mask = _pad_batch(samples, target.get_input_embeddings().weight.detach())
+    with torch.no_grad():
+        torch.testing.assert_close(back(emb, feats, mask), m.eval()(emb, feats, mask))
+    torch.testing.assert_close(back.head, m.head.detach())
+
+
+def test_chain_forward_first_step_is_the_plain_forward_and_second_sees_its_guess(tiny_model_dir):
+    target = _target(tiny_model_dir)
+    samples = engine_feature_samples(tiny_model_dir, PROMPTS, 6, [2], time.monotonic() + 600)
+    embed = target.get_input_embeddings().weight.detach()
+    m = EagleTrainer(target.config, target.lm_head.weight.detach(), target.model.norm.weight.detach()).eval()
+    from accel.spec.eagle_train import _pad_batch
+
+    emb, feats, mask = _pad_batch(samples, embed)
+    with torch.no_grad():
+        out1, out2 = m.chain_forward(emb, feats, mask)
+        plain = m(emb, feats, mask)
+        assert torch.allclose(out1[mask.bool()], plain[mask.bool()], atol=1e-5)
+        # the second step at j of sample 0, run the way the runtime chains it: real features < j, then the guess
+        j = 3
+        seq_feats = torch.cat([feats[:1, :j], plain[:1, j - 1: j]], 1)
+        chained = m(emb[:1, : j + 1], seq_feats, torch.ones(1, j + 1, dtype=torch.long))
+        assert torch.allclose(out2[0, j], chained[0, j], atol=1e-5)
 
 
 def test_train_eagle_writes_a_loadable_folder(tmp_path, tiny_model_dir):
@@ -230,7 +264,7 @@ def test_train_eagle_writes_a_loadable_folder(tmp_path, tiny_model_dir):
     (cal / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     res = train_eagle(tiny_model_dir, tmp_path / "draft", time_budget_minutes=0.25, calibration_dir=cal,
                       num_prompts=9, max_new_tokens=8, draft_vocab_size=64, progress=False)
-    assert res.num_steps > 0 and 0.0 <= res.heldout_top1 <= 1.0 and res.draft_vocab_size == 64
+    assert res.num_steps > 0 and 0.0 <= res.heldout_top1 <= 1.0 and 0.0 <= res.heldout_second <= 1.0 and res.draft_vocab_size == 64
     assert is_eagle_draft(tmp_path / "draft") and not (tmp_path / "draft.partial").exists()
     meta = json.loads((tmp_path / "draft" / "accel_draft.json").read_text())
     assert len(meta["vocab_ids"]) == 64 and meta["train"]["num_steps"] == res.num_steps
@@ -304,3 +338,36 @@ def test_model_written_prompts_are_finished_distinct_user_turns(tiny_model_dir):
     assert turns and len(set(turns)) == len(turns) and all(len(t) >= 8 for t in turns)
     assert turns == model_written_prompts(tiny_model_dir, tok, 48, deadline=time.monotonic() + 60, max_tokens=64)
     assert model_written_prompts(tiny_model_dir, tok, 48, deadline=time.monotonic() - 1) == []
+
+
+def test_min_path_confidence_drafts_only_likely_paths_and_keeps_outputs_exact(tmp_path, tiny_model_dir):
+    _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
+    params = SamplingParams(max_tokens=16, temperature=0)
+    ref, _ = _run(tiny_model_dir, PROMPTS, params)
+    stats = {}
+    for gate in (None, 1e-30, 0.999):
+        spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+                          disable_above_batch_size=None, max_step_rows=None, draft_min_path_confidence=gate)
+        out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
+        assert out == ref
+        stats[gate] = engine.stats().spec_decode
+    assert stats[1e-30].num_draft_tokens == stats[None].num_draft_tokens > 0
+    assert stats[0.999].num_drafts == 0  # a random draft is never that sure of even its first token
+
+
+def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):
+    from accel.quant.kernels import Int8WeightOnlyLinear
+
+    _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
+    params = SamplingParams(max_tokens=12, temperature=0)
+    ref, _ = _run(tiny_model_dir, PROMPTS, params)
+    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+                      disable_above_batch_size=None, max_step_rows=None, draft_quant_scheme="int8")
+    out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
+    assert out == ref and engine.stats().spec_decode.num_draft_tokens > 0
+    proposer = engine.spec.proposer
+    assert isinstance(proposer._head_linear, Int8WeightOnlyLinear)
+    assert any(isinstance(m, Int8WeightOnlyLinear) for m in proposer.model.modules())
+    with pytest.raises(ValueError, match="int4"):
+        _run(tiny_model_dir, PROMPTS[:1], params, SpecConfig(method="draft", draft_model=str(folder),
+                                                              draft_quant_scheme="int4"))

@@ -80,3 +80,82 @@ def test_spec_config_from_recipe_and_validation():
     with pytest.raises(ValueError, match="method='eagle' is invalid"):
         SpecConfig(method="eagle")
     assert SpecConfig(method="ngram", num_speculative_tokens=3).adaptive_config().k_max == 3
+
+
+def _top_probs(prop, reqs):
+    """Run propose with the gate at ~0, recording the top probability the gate reads at each chain position."""
+    seen: dict[int, list[float]] = {}
+    real = prop._pick
+
+    def spy(last, rs, drafts):
+        out = real(last, rs, drafts)
+        for r, p in zip(rs, out[3]):
+            seen.setdefault(id(r), []).append(p)
+        return out
+
+    prop._pick, prop.min_path_confidence = spy, 1e-300
+    try:
+        return prop.propose(reqs), [seen.get(id(r), []) for r in reqs]
+    finally:
+        prop._pick, prop.min_path_confidence = real, None
+
+
+def test_path_gate_truncates_each_chain_where_the_path_score_drops_below_the_threshold(draft):
+    hf, model = draft
+    prop = PagedDraftProposer(model, num_blocks=64, block_size=4)
+    reqs = [ProposalRequest([1, 5, 9, 33, 71, 4], 6, "a"), ProposalRequest([7, 8, 9, 10], 6, "b")]
+    full, tops = _top_probs(prop, reqs)
+    assert [len(d) for d in full.token_ids] == [6, 6]
+    with torch.no_grad():  # greedy rows: the gate reads the draft's own top probability at each position
+        for r, d, t in zip(reqs, full.token_ids, tops):
+            probs = hf(torch.tensor([r.token_ids + d[:-1]])).logits[0, len(r.token_ids) - 1:].softmax(-1)
+            torch.testing.assert_close(torch.tensor(t), probs.max(-1).values, atol=1e-4, rtol=1e-4)
+    scores = [torch.tensor(t).cumprod(0).tolist() for t in tops]
+    # thresholds between the path scores of the two requests' chains: every cut point is exercised
+    thresholds = sorted({s for sc in scores for s in sc})
+    for lo, hi in zip([0.0] + thresholds[:-1], thresholds):
+        t = (lo + hi) / 2
+        prop.min_path_confidence = t
+        gated = prop.propose([ProposalRequest(r.token_ids, r.k, r.request_id) for r in reqs])
+        for d, d_full, sc in zip(gated.token_ids, full.token_ids, scores):
+            n = sum(1 for s in sc if s >= t)  # path scores only fall along a chain
+            assert d == d_full[:n]
+    prop.min_path_confidence = 0.999999  # a random tiny draft is never that sure: nothing is proposed
+    assert prop.propose([ProposalRequest(r.token_ids, r.k, r.request_id) for r in reqs]).token_ids == [[], []]
+
+
+def test_path_gate_for_sampled_rows_depends_on_the_context_not_the_draw(draft):
+    """Rejection sampling stays exact only if whether a position is proposed is fixed before its token is drawn:
+    the gate must read the draft's top probability, never the sampled token's."""
+    from accel.runtime.sampling_params import SamplingParams
+
+    _, model = draft
+    prop = PagedDraftProposer(model, num_blocks=64, block_size=4)
+    ids = [1, 5, 9, 33, 71, 4]
+    params = SamplingParams(temperature=1.5)
+    _, tops = _top_probs(prop, [ProposalRequest(ids, 1, "p", params=params,
+                                                generator=torch.Generator().manual_seed(0))])
+    prop.min_path_confidence = tops[0][0] * 0.999  # the first position passes, whatever gets drawn
+    lengths = set()
+    for seed in range(20):
+        out = prop.propose([ProposalRequest(ids, 1, f"s{seed}", params=params,
+                                            generator=torch.Generator().manual_seed(seed))])
+        lengths.add(len(out.token_ids[0]))
+        assert out.probs[0].shape[0] == len(out.token_ids[0])
+    assert lengths == {1}
+    prop.min_path_confidence = tops[0][0] * 1.001  # ... and fails, whatever gets drawn
+    for seed in range(20):
+        out = prop.propose([ProposalRequest(ids, 1, f"t{seed}", params=params,
+                                            generator=torch.Generator().manual_seed(seed))])
+        assert out.token_ids == [[]]
+
+
+def test_path_gate_validation():
+    assert SpecConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_path_confidence=0.3),
+                                  draft_dir="d").draft_min_path_confidence == 0.3
+    with pytest.raises(ValueError, match="draft_min_path_confidence=1.0 is invalid"):
+        SpecConfig(method="draft", draft_model="d", draft_min_path_confidence=1.0)
+    with pytest.raises(ValueError, match="n-gram lookup has no confidence"):
+        SpecConfig(method="ngram", draft_min_path_confidence=0.3)
+    with pytest.raises(ValueError, match="draft_min_path_confidence"):
+        SpeculationConfig(method="distilled", draft_min_path_confidence=0.0)
