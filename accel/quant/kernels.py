@@ -229,6 +229,10 @@ class Int8WeightOnlyLinear(nn.Module):
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
             return cpu_kernels.int8_linear(x2, self.qweight, self.scales)
+        if kernel == "int8pack" and self.in_features % 16 != 0:
+            # torch's kernel segfaults on some CPUs when K is not a multiple of 16 and M >= 2 (measured with torch
+            # 2.13 on a Xeon with AVX-512 and AMX: K = 8, 24, 40, 56, 72, 100 crash; 16, 32, 48, 64, 96, 576 run)
+            kernel = "generic"
         if kernel == "int8pack":
             # bf16 in/out is the fast (and only vectorised) CPU variant of this kernel.
             if self._scales_bf16 is None:
