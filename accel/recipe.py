@@ -202,7 +202,7 @@ class SpeculationConfig(Strict):
     adaptive: bool = True
     """Adapt the speculation length per request from its recent acceptance."""
     disable_above_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
-    """No speculation while this many requests run; "auto": 8 for n-gram, 5 for a draft model (CPU measurements in
+    """No speculation while this many requests run; "auto": 5 for n-gram and for a draft model (CPU measurements in
     accel.spec.config.DISABLE_ABOVE_BATCH_SIZE); on a GPU, where verification is nearly free, 32 or more."""
     draft_min_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
     """A draft model's chain stops after a token it is less sure of than this (see SpecConfig)."""

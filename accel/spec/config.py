@@ -16,9 +16,11 @@ SPEC_METHODS = ("ngram", "draft")
 # Speculation off from this many running requests, per method (CPU, closed batches of open-ended chat on the
 # real model, bench_spec.py, 4 rotated repeats): n-gram lookup costs no draft forward and reads 1.27x at batch 4,
 # 0.96x at batch 8; the EAGLE draft (a forward ~0.1 of a step, acceptance ~0.5) 1.07x at batch 4 but 0.90x at
-# batch 8, and 0.94x at batch 16 with drafting from 8 running down. On a GPU verification is nearly free and the
-# cutoff belongs at 32 or more.
-DISABLE_ABOVE_BATCH_SIZE = {"ngram": 8, "draft": 5}
+# batch 8, and 0.94x at batch 16 with drafting from 8 running down. n-gram at 8 read 0.89-0.94x in closed batches
+# of 16 (drafting in their tail, 5-7 running, where the longest request sets the wall time anyway) against 1.03x
+# for a cutoff of 4, so both methods stop at 5. On a GPU verification is nearly free and the cutoff belongs at 32
+# or more.
+DISABLE_ABOVE_BATCH_SIZE = {"ngram": 5, "draft": 5}
 
 
 @dataclass
@@ -37,8 +39,8 @@ class SpecConfig:
                               draft forward + the fitted extra target time per verified row), starting from
                               0.06 for n-gram and 0.3 for a draft model; a number fixes it.
     disable_above_batch_size  no speculation at all while at least this many requests run (None: never off;
-                              "auto": DISABLE_ABOVE_BATCH_SIZE of the method, 8 for n-gram and 5 for a draft
-                              model on CPU; see there).
+                              "auto": DISABLE_ABOVE_BATCH_SIZE of the method, 5 on CPU for n-gram and
+                              for a draft model; see there).
     draft_min_confidence      a draft model stops a request's chain after a token it gave less than this
                               probability (the token itself is still proposed: its forward is paid and its
                               verification costs one row); None: chains run to k. EAGLE-2's observation: a

@@ -71,7 +71,7 @@ def test_spec_config_from_recipe_and_validation():
     assert (dm.method, dm.draft_model, dm.draft_quant_scheme) == ("draft", "x", "int8")
     assert SpecConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="run/draft").draft_model == "run/draft"
     # "auto" cutoffs: per method (n-gram costs no draft forward; a draft model stops paying from batch 8 on CPU)
-    assert dm.disable_above_batch_size == 5 and SpecConfig(method="ngram").disable_above_batch_size == 8
+    assert dm.disable_above_batch_size == 5 and SpecConfig(method="ngram").disable_above_batch_size == 5
     assert SpecConfig(method="ngram", disable_above_batch_size=None).disable_above_batch_size is None
     with pytest.raises(ValueError, match="disable_above_batch_size='sometimes' is invalid"):
         SpecConfig(method="ngram", disable_above_batch_size="sometimes")
