@@ -18,7 +18,8 @@ time per forward + the fitted extra target time per verified row).
 
 --repeats R runs the methods R times, interleaved (off, ngram, draft, off, ...) on engines kept warm, and reports
 the median speedup with its range: on a VM whose speed drifts +-10% over minutes a single back-to-back pair is
-not enough to tell 0.95x from 1.0x.
+not enough to tell 0.95x from 1.0x. Method `off2` is an A/A control: a second engine without speculation, run
+in the same rotation, whose "speedup" is the noise floor the other ratios must be read against.
 """
 
 from __future__ import annotations
@@ -120,9 +121,9 @@ def main() -> None:
                  for m in methods if m.startswith("draft")}
     except ValueError as e:
         ap.error(str(e))
-    if methods[0] != "off" or any(m not in ("off", "ngram") and m not in gates for m in methods):
-        ap.error(f"--methods {args.methods!r}: must start with off, then any of ngram, draft (draft+conf0.5, "
-                 "draft+path0.3: a draft model with that gate)")
+    if methods[0] != "off" or any(m not in ("off", "off2", "ngram") and m not in gates for m in methods):
+        ap.error(f"--methods {args.methods!r}: must start with off, then any of off2 (A/A control), ngram, draft "
+                 "(draft+conf0.5, draft+path0.3: a draft model with that gate)")
     results = []
     for batch in [int(b) for b in args.batches.split(",")]:
         for set_name in args.sets.split(","):
@@ -130,7 +131,7 @@ def main() -> None:
             engines, proposers = {}, {}
             for method in methods:
                 spec = None
-                if method != "off":
+                if method not in ("off", "off2"):
                     conf, path, scheme = gates.get(method, (None, None, None))
                     spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=args.draft,
                                       draft_quant_scheme=scheme,
@@ -177,6 +178,7 @@ def main() -> None:
                     else:
                         row.update(speedup=row["tokens_per_s"] / base["tps"], greedy_identical=outs == base["outs"],
                                    num_identical=sum(a == b for a, b in zip(outs, base["outs"])))
+                    if engine.spec is not None:
                         st = engine.stats().spec_decode
                         row.update(st.to_dict())
                         alpha = st.acceptance_rate
