@@ -209,6 +209,9 @@ class SpeculationConfig(Strict):
     draft_min_path_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
     """A draft model proposes a token only while the product of its top probabilities along the chain stays at
     or above this (EAGLE-2's path score; see SpecConfig)."""
+    draft_ngram_first: bool = False
+    """A draft model's requests try prompt lookup (speculation.ngram) first; the draft model drafts only those it
+    finds nothing for (see SpecConfig)."""
     draft_context_window: Annotated[int, Field(ge=1)] | None = 128
     """An EAGLE draft's first draft for a request catches up on only this many latest positions (None: all)."""
     # decode rows + draft tokens per step at most (None: no cap); see SpecConfig.max_step_rows
@@ -220,6 +223,9 @@ class SpeculationConfig(Strict):
             raise ValueError("speculation.method 'draft_model' needs speculation.draft_model (a path or model name)")
         if self.method != "draft_model" and self.draft_model:
             raise ValueError(f"speculation.draft_model is set but method is {self.method!r}; use 'draft_model'")
+        if self.draft_ngram_first and self.method not in ("draft_model", "distilled"):
+            raise ValueError(f"speculation.draft_ngram_first needs a draft model to fall back to; method is "
+                             f"{self.method!r} (allowed with it: draft_model, distilled)")
         return self
 
 

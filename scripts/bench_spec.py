@@ -132,7 +132,7 @@ def main() -> None:
             for method in methods:
                 spec = None
                 if method not in ("off", "off2"):
-                    conf, path, scheme = gates.get(method, (None, None, None))
+                    conf, path, scheme, first = gates.get(method, (None, None, None, False))
                     spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=args.draft,
                                       draft_quant_scheme=scheme,
                                       num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
@@ -140,7 +140,8 @@ def main() -> None:
                                       disable_above_batch_size=(args.disable_above if args.disable_above == "auto"
                                                                 else int(args.disable_above) or None),
                                       max_step_rows=args.max_step_rows or None,
-                                      draft_min_confidence=conf, draft_min_path_confidence=path)
+                                      draft_min_confidence=conf, draft_min_path_confidence=path,
+                                      draft_ngram_first=first)
                 config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,
                                       max_num_batched_tokens=2048)
                 engines[method] = Engine(model, config, tok)  # builds its proposer (an EAGLE draft needs the runner)
@@ -181,6 +182,9 @@ def main() -> None:
                     if engine.spec is not None:
                         st = engine.stats().spec_decode
                         row.update(st.to_dict())
+                        per_source = engine.stats().spec_decode_per_source
+                        if per_source:  # draft+ngram: lookup and model drafts counted apart
+                            row["per_source"] = {k: v.to_dict() for k, v in sorted(per_source.items())}
                         alpha = st.acceptance_rate
                         gamma = st.num_draft_tokens / st.num_drafts if st.num_drafts else 0.0
                         c = proposer.seconds / max(1, proposer.forwards) / base["step_s"]
@@ -210,28 +214,32 @@ def main() -> None:
 
 
 def draft_variant(method: str, min_confidence: float | None, min_path_confidence: float | None,
-                  quant: str | None) -> tuple[float | None, float | None, str | None]:
-    """"draft" -> the command line's (draft_min_confidence, draft_min_path_confidence, draft_quant_scheme);
-    "draft+conf0.5+path0.3+int8" -> those as named (unnamed gates None, no quantization unless named), so one run
-    compares variants side by side."""
+                  quant: str | None) -> tuple[float | None, float | None, str | None, bool]:
+    """"draft" -> the command line's (draft_min_confidence, draft_min_path_confidence, draft_quant_scheme, False);
+    "draft+ngram+conf0.5+path0.3+int8" -> those as named (unnamed gates None, no quantization unless named;
+    "ngram": prompt lookup first, `draft_ngram_first`), so one run compares variants side by side."""
     parts = method.split("+")
     if parts[0] != "draft":
-        raise ValueError(f"method {method!r} is invalid; allowed: draft, draft+confX, draft+pathX, draft+int8")
+        raise ValueError(f"method {method!r} is invalid; allowed: draft, draft+confX, draft+pathX, draft+int8, "
+                         "draft+ngram")
     if len(parts) == 1:
-        return min_confidence, min_path_confidence, quant
+        return min_confidence, min_path_confidence, quant, False
     named: dict[str, float | None] = {"conf": None, "path": None}
-    scheme = None
+    scheme, first = None, False
     for p in parts[1:]:
         if p in ("int8", "int4"):
             scheme = p
+            continue
+        if p == "ngram":
+            first = True
             continue
         key = next((k for k in named if p.startswith(k)), None)
         try:
             named[key] = float(p[len(key):])
         except (TypeError, ValueError):
             raise ValueError(f"method {method!r}: {p!r} is invalid; allowed: confX, pathX (X a number), "
-                             "int8, int4") from None
-    return named["conf"], named["path"], scheme
+                             "int8, int4, ngram") from None
+    return named["conf"], named["path"], scheme, first
 
 
 class _Timed:
@@ -265,6 +273,7 @@ def _reset_stats(engine) -> None:
 
     engine.spec.total = SpecDecodeStats()
     engine.spec.per_domain = {}
+    engine.spec.per_source = {}
 
 
 def median_row(rows: list[dict]) -> dict:
@@ -283,7 +292,9 @@ def _print(row: dict, prefix: str = "") -> None:
           f"{row['speedup']:.2f}x{rng}  acceptance {f('acceptance_rate', '.3f')}  mean len "
           f"{f('mean_acceptance_length', '.2f')}  draft len {f('mean_draft_len', '.2f')}  cost "
           f"{f('cost_ratio', '.3f')} (engine {f('engine_cost_ratio', '.3f')})  Leviathan {f('predicted_speedup', '.2f')}x  "
-          f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})", flush=True)
+          f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})"
+          + "".join(f"  [{src}: {d['num_draft_tokens']} drafted, acceptance {d['acceptance_rate'] or 0:.3f}]"
+                    for src, d in (row.get("per_source") or {}).items()), flush=True)
 
 
 if __name__ == "__main__":

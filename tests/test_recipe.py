@@ -66,6 +66,8 @@ BROKEN = [
     ({"speculation": {"draft_min_path_confidence": 1.5}},
      ["speculation.draft_min_path_confidence", "1.5", "less than 1"]),
     ({"speculation": {"draft_context_window": 0}}, ["speculation.draft_context_window", "greater than or equal to 1"]),
+    ({"speculation": {"method": "ngram", "draft_ngram_first": True}},
+     ["speculation", "draft_ngram_first needs a draft model", "'ngram'"]),
     ({"runtime": {"block_size": 7}}, ["runtime.block_size", "7"]),
     ({"runtime": {"max_num_seqs": 0}}, ["runtime.max_num_seqs", "greater than or equal to 1"]),
     ({"eval": {"workloads": [{"name": "w", "prompt_tokens": [10, 5]}]}}, ["eval.workloads.0", "min <= max"]),

@@ -110,6 +110,8 @@ class EngineStats:
     # speculative decoding, from raw counters (None when the engine does not speculate)
     spec_decode: SpecDecodeStats | None = None
     spec_decode_per_domain: dict[str, SpecDecodeStats] = field(default_factory=dict)
+    # per proposer when one step mixes two (draft_ngram_first: "ngram" lookup drafts, "draft" model drafts)
+    spec_decode_per_source: dict[str, SpecDecodeStats] = field(default_factory=dict)
 
 
 @dataclass
@@ -295,7 +297,8 @@ class Engine:
                            prefix_cache_hit_rate=self.kv.prefix_cache_hit_rate,
                            num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps,
                            spec_decode=None if self.spec is None else self.spec.total,
-                           spec_decode_per_domain={} if self.spec is None else dict(self.spec.per_domain))
+                           spec_decode_per_domain={} if self.spec is None else dict(self.spec.per_domain),
+                           spec_decode_per_source={} if self.spec is None else dict(self.spec.per_source))
 
 
 def _eos_id(config, tokenizer) -> int | None:

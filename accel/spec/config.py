@@ -52,6 +52,9 @@ class SpecConfig:
                               token is not verified at all (on a CPU each verified row costs ~5% of a batch-1
                               step) and a request whose draft is unsure of even its first token drafts nothing
                               this step. None: off.
+    draft_ngram_first         a draft model's requests try prompt lookup (ngram_min_n..ngram_max_n) first; the
+                              draft model drafts only those it finds nothing for (`NgramFirstProposer`). Prompt
+                              lookup is free and copies long spans; the model covers the rest.
     draft_context_window      an EAGLE draft's first draft for a request catches up on only this many of its
                               latest positions (None: the whole context); see EagleProposer.
     max_step_rows             decode rows + draft tokens one step may carry (None: no cap). Drafts go to the
@@ -75,6 +78,7 @@ class SpecConfig:
     probe_interval: int = 8
     draft_min_confidence: float | None = None
     draft_min_path_confidence: float | None = None
+    draft_ngram_first: bool = False
     draft_context_window: int | None = 128
 
     def __post_init__(self) -> None:
@@ -100,6 +104,9 @@ class SpecConfig:
                                        or self.draft_min_path_confidence is not None):
             raise ValueError("draft_min_confidence / draft_min_path_confidence need a draft model; n-gram lookup "
                              "has no confidence (allowed with method 'ngram': None)")
+        if self.method == "ngram" and self.draft_ngram_first:
+            raise ValueError("draft_ngram_first=True needs a draft model to fall back to; with method 'ngram' "
+                             "prompt lookup is all there is (allowed: False)")
         if self.draft_context_window is not None and self.draft_context_window < 1:
             raise ValueError(f"draft_context_window={self.draft_context_window} is invalid; allowed: None or >= 1")
         if self.max_step_rows is not None and self.max_step_rows < 2:
@@ -142,5 +149,7 @@ class SpecConfig:
         scheme = speculation.draft_quantization if speculation.method == "draft_model" else None
         return cls(method="draft", draft_model=str(draft), draft_min_confidence=speculation.draft_min_confidence,
                    draft_min_path_confidence=speculation.draft_min_path_confidence,
+                   draft_ngram_first=speculation.draft_ngram_first, ngram_min_n=speculation.ngram.min_n,
+                   ngram_max_n=speculation.ngram.max_n,
                    draft_context_window=speculation.draft_context_window,
                    draft_quant_scheme=scheme if scheme in ("int8", "int4") else None, **common)

@@ -22,7 +22,7 @@ from torch import Tensor
 from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput
 from accel.spec.adaptive import AdaptiveSpeculation, CostMeter
 from accel.spec.config import SpecConfig
-from accel.spec.proposer import NgramProposer, ProposalRequest, Proposer
+from accel.spec.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposer
 from accel.spec.stats import SpecDecodeStats
 
 
@@ -46,13 +46,14 @@ def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, 
         proposer = EagleProposer.from_target(config.draft_model, target_runner.model, target_runner, num_blocks,
                                              block_size, target_dir=target, quant_scheme=config.draft_quant_scheme)
         proposer.context_window = config.draft_context_window
-        proposer.min_confidence = config.draft_min_confidence
-        proposer.min_path_confidence = config.draft_min_path_confidence
-        return proposer
-    proposer = PagedDraftProposer.from_pretrained(config.draft_model, num_blocks, block_size, target_dir=target,
-                                                  dtype=dtype, device=device, quant_scheme=config.draft_quant_scheme)
+    else:
+        proposer = PagedDraftProposer.from_pretrained(config.draft_model, num_blocks, block_size, target_dir=target,
+                                                      dtype=dtype, device=device,
+                                                      quant_scheme=config.draft_quant_scheme)
     proposer.min_confidence = config.draft_min_confidence
     proposer.min_path_confidence = config.draft_min_path_confidence
+    if config.draft_ngram_first:
+        return NgramFirstProposer(NgramProposer(config.ngram_min_n, config.ngram_max_n), proposer)
     return proposer
 
 
@@ -71,6 +72,8 @@ class SpecDecoder:
         self._propose_s, self._draft_forwards, self._step_t0 = 0.0, 0, None
         self.total = SpecDecodeStats()
         self.per_domain: dict[str, SpecDecodeStats] = {}
+        self.per_source: dict[str, SpecDecodeStats] = {}  # proposers that report `last_sources` (NgramFirstProposer)
+        self._source: dict[str, str] = {}  # request id -> which proposer drafted it this step
         self._domain: dict[str, str | None] = {}
         self._drafted: set[str] = set()  # requests asked for drafts this step (k >= 0 decided)
 
@@ -93,6 +96,7 @@ class SpecDecoder:
         sched = self.engine.scheduler
         running = sched.running
         self._drafted = set()
+        self._source = {}
         self._propose_s, self._draft_forwards = 0.0, 0
         for seq in running:
             seq.spec_token_ids = []
@@ -132,6 +136,8 @@ class SpecDecoder:
             # draft's prompt catch-up put c at 0.61 of a step, its steady forwards cost ~0.1), so the cost
             # meter skips this step's proposing time
             self._draft_forwards = 0
+        sources = getattr(self.proposer, "last_sources", None)
+        self._source = {} if sources is None else {s.request_id: src for s, src in zip(seqs, sources) if src}
         probs: dict[str, Tensor | None] = {}
         for i, seq in enumerate(seqs):
             seq.spec_token_ids = list(props.token_ids[i])
@@ -176,3 +182,6 @@ class SpecDecoder:
             domain = self._domain.get(rid)
             if domain is not None:
                 self.per_domain.setdefault(domain, SpecDecodeStats()).observe(n, accepted)
+            source = self._source.get(rid)
+            if source is not None:
+                self.per_source.setdefault(source, SpecDecodeStats()).observe(n, accepted)

@@ -82,6 +82,51 @@ class NgramProposer(Proposer):
         return Proposals([propose_ngram(r.token_ids, r.k, self.min_n, self.max_n) for r in requests], probs=None)
 
 
+class NgramFirstProposer(Proposer):
+    """Prompt lookup first, a draft model for the rest: each step, a request whose suffix n-gram occurs earlier in
+    its context takes the lookup's continuation (free to propose, long when the reply copies from the prompt);
+    only the others run the draft model (suffix decoding's fallback to a model draft, as in Snowflake's Arctic
+    Inference). Both kinds ride in one verification: lookup drafts with a one-hot q, the model's with its own.
+
+    Exact for sampling too: which proposer serves a request depends only on its verified tokens, never on a random
+    draw, so each draft is still a proposal conditioned on the context that rejection sampling corrects. A request
+    the draft model skipped catches up on the tokens it missed at its next model draft (stateful drafts roll back
+    to their common prefix with the verified tokens, like after a rejection).
+    """
+
+    def __init__(self, ngram: NgramProposer, draft: Proposer) -> None:
+        self.ngram, self.draft = ngram, draft
+        self.last_num_forwards = 0  # the draft model's sequential forwards in the last call (0: lookup served all)
+        self.last_max_catchup = 0
+        self.last_sources: list[str | None] = []  # per request of the last call: "ngram", "draft" or None (no draft)
+
+    @property
+    def model(self):
+        """The draft model (benchmarks read it to tell a model proposer from a model-free one)."""
+        return self.draft.model
+
+    def propose(self, requests: list[ProposalRequest]) -> Proposals:
+        looked = self.ngram.propose(requests).token_ids
+        rest = [i for i, r in enumerate(requests) if r.k > 0 and not looked[i]]
+        tokens: list[list[int]] = list(looked)
+        probs: list[Tensor | None] = [None] * len(requests)
+        self.last_sources = ["ngram" if t else None for t in looked]
+        self.last_num_forwards = self.last_max_catchup = 0
+        if rest:
+            sub = self.draft.propose([requests[i] for i in rest])
+            for j, i in enumerate(rest):
+                tokens[i] = sub.token_ids[j]
+                probs[i] = None if sub.probs is None else sub.probs[j]
+                self.last_sources[i] = "draft" if tokens[i] else None
+            self.last_num_forwards = getattr(self.draft, "last_num_forwards", 0)
+            self.last_max_catchup = getattr(self.draft, "last_max_catchup", 0)
+        return Proposals(tokens, probs if any(p is not None for p in probs) else None)
+
+    def finish(self, request_id: str) -> None:
+        self.ngram.finish(request_id)
+        self.draft.finish(request_id)
+
+
 @dataclass
 class _DraftState:
     cache: object  # transformers DynamicCache

@@ -191,3 +191,6 @@ def test_speculative_config_from_the_draft_flag(tiny_dir):
     assert speculative_config(str(tiny_dir), 2, None, 0.3).draft_min_path_confidence == 0.3
     with pytest.raises(ValueError, match="draft_min_path_confidence=0.3 needs a draft model"):
         speculative_config("ngram", 5, None, 0.3)
+    assert speculative_config(str(tiny_dir), 2, None, None, True).draft_ngram_first is True
+    with pytest.raises(ValueError, match="draft_ngram_first needs a draft model"):
+        speculative_config("ngram", 5, None, None, True)

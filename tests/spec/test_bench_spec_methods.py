@@ -13,9 +13,11 @@ _spec.loader.exec_module(bench_spec)
 
 
 def test_draft_method_names_carry_their_gates():
-    assert bench_spec.draft_variant("draft", 0.5, None, "int8") == (0.5, None, "int8")  # plain: the command line's
-    assert bench_spec.draft_variant("draft+path0.3", 0.5, None, "int8") == (None, 0.3, None)
-    assert bench_spec.draft_variant("draft+conf0.4+path0.2+int8", None, None, None) == (0.4, 0.2, "int8")
+    # plain: the command line's
+    assert bench_spec.draft_variant("draft", 0.5, None, "int8") == (0.5, None, "int8", False)
+    assert bench_spec.draft_variant("draft+path0.3", 0.5, None, "int8") == (None, 0.3, None, False)
+    assert bench_spec.draft_variant("draft+conf0.4+path0.2+int8", None, None, None) == (0.4, 0.2, "int8", False)
+    assert bench_spec.draft_variant("draft+ngram+path0.3+int8", None, None, None) == (None, 0.3, "int8", True)
     for bad in ("draft+speed2", "draft+pathx", "drafty"):
         with pytest.raises(ValueError, match="is invalid"):
             bench_spec.draft_variant(bad, None, None, None)

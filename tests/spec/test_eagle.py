@@ -371,3 +371,26 @@ def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="int4"):
         _run(tiny_model_dir, PROMPTS[:1], params, SpecConfig(method="draft", draft_model=str(folder),
                                                               draft_quant_scheme="int4"))
+
+
+def test_ngram_first_with_an_eagle_draft_keeps_outputs_exact_and_counts_each_source(tmp_path, tiny_model_dir):
+    _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
+    params = SamplingParams(max_tokens=20, temperature=0)
+    # the last prompt repeats itself: prompt lookup has something to copy from the first step on
+    prompts = PROMPTS + [[1, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]]
+    ref, _ = _run(tiny_model_dir, prompts, params)
+    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+                      disable_above_batch_size=None, max_step_rows=None, draft_ngram_first=True)
+    out, engine = _run(tiny_model_dir, prompts, params, spec)
+    assert out == ref
+    for p, r in zip(prompts, ref):  # batch 1: a request moves between lookup and model drafts as it goes
+        assert _run(tiny_model_dir, [p], params, spec)[0] == [r]
+    stats = engine.stats()
+    by_source = stats.spec_decode_per_source
+    assert set(by_source) == {"ngram", "draft"} and all(s.num_draft_tokens > 0 for s in by_source.values())
+    assert sum(s.num_draft_tokens for s in by_source.values()) == stats.spec_decode.num_draft_tokens
+    assert sum(s.num_accepted_tokens for s in by_source.values()) == stats.spec_decode.num_accepted_tokens
+    # sampling: lookup drafts go to the verifier with a one-hot q, the model's with its distribution
+    sampled = SamplingParams(max_tokens=12, temperature=0.8, seed=3)
+    outs, engine = _run(tiny_model_dir, prompts, sampled, spec)
+    assert [len(o) for o in outs] == [12] * len(prompts) and engine.stats().spec_decode.num_drafts > 0

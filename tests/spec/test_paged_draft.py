@@ -159,3 +159,12 @@ def test_path_gate_validation():
         SpecConfig(method="ngram", draft_min_path_confidence=0.3)
     with pytest.raises(ValueError, match="draft_min_path_confidence"):
         SpeculationConfig(method="distilled", draft_min_path_confidence=0.0)
+
+
+def test_ngram_first_from_the_recipe_carries_the_lookup_sizes():
+    from accel.recipe import NgramConfig
+
+    cfg = SpecConfig.from_recipe(SpeculationConfig(method="distilled", draft_ngram_first=True,
+                                                   ngram=NgramConfig(min_n=3, max_n=5)), draft_dir="d")
+    assert cfg.draft_ngram_first and (cfg.ngram_min_n, cfg.ngram_max_n) == (3, 5)
+    assert not SpecConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="d").draft_ngram_first

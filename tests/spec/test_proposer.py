@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from accel.spec.proposer import DRAFT_META_FILE, DraftModelProposer, NgramProposer, ProposalRequest
+from accel.spec.proposer import (DRAFT_META_FILE, DraftModelProposer, NgramFirstProposer, NgramProposer,
+                                  ProposalRequest, Proposals, Proposer)
 from accel.spec.tokenizer_check import TokenizerMismatchError, check_tokenizers_match, tokenizer_difference
 from tests.conftest import make_tiny_llama
 
@@ -143,3 +144,49 @@ def test_draft_folder_loads_with_vocab_map_and_refuses_foreign_tokenizer(tmp_pat
     (draft / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(TokenizerMismatchError, match="merges"):
         DraftModelProposer(draft, target_dir=tmp_path / "target")
+
+
+class _RecordingDraft(Proposer):
+    """A draft model stand-in: proposes [7] * k with a uniform q over 10 ids and records who asked."""
+
+    model = "draft-model"
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.finished: list[str] = []
+        self.last_num_forwards = 0
+
+    def propose(self, requests):
+        self.asked += [r.request_id for r in requests]
+        self.last_num_forwards = max(r.k for r in requests)
+        return Proposals([[7] * r.k for r in requests], [torch.full((r.k, 10), 0.1) for r in requests])
+
+    def finish(self, request_id):
+        self.finished.append(request_id)
+
+
+def test_ngram_first_serves_lookup_matches_and_sends_the_rest_to_the_draft():
+    draft = _RecordingDraft()
+    hybrid = NgramFirstProposer(NgramProposer(2, 3), draft)
+    reqs = [ProposalRequest([1, 2, 3, 4, 1, 2], 2, "copy"),  # suffix [1, 2] occurred before: lookup -> [3, 4]
+            ProposalRequest([5, 6, 7, 8], 3, "open"),  # nothing to copy: the draft model
+            ProposalRequest([5, 6, 5, 6], 0, "zero")]  # k = 0: nobody
+    props = hybrid.propose(reqs)
+    assert props.token_ids == [[3, 4], [7, 7, 7], []]
+    assert draft.asked == ["open"]  # the draft model never sees lookup-served or k = 0 requests
+    assert props.probs[0] is None and props.probs[2] is None  # lookup drafts: one-hot q for the verifier
+    assert props.probs[1].shape == (3, 10)
+    assert hybrid.last_sources == ["ngram", "draft", None]
+    assert hybrid.last_num_forwards == 3 and hybrid.model == "draft-model"
+    # all served by lookup: the draft model does not run, no q at all
+    props = hybrid.propose([reqs[0]])
+    assert props.probs is None and draft.asked == ["open"] and hybrid.last_num_forwards == 0
+    hybrid.finish("open")
+    assert draft.finished == ["open"]
+
+
+def test_ngram_first_is_refused_without_a_draft_model():
+    from accel.spec.config import SpecConfig
+
+    with pytest.raises(ValueError, match="draft_ngram_first=True needs a draft model"):
+        SpecConfig(method="ngram", draft_ngram_first=True)
