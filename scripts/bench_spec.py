@@ -20,6 +20,8 @@ time per forward + the fitted extra target time per verified row).
 the median speedup with its range: on a VM whose speed drifts +-10% over minutes a single back-to-back pair is
 not enough to tell 0.95x from 1.0x. Method `off2` is an A/A control: a second engine without speculation, run
 in the same rotation, whose "speedup" is the noise floor the other ratios must be read against.
+--interleave-steps runs the engines side by side instead, one step of each in turn, each timed on its own steps:
+drift then hits every method alike (a paired design), which is what a batch-16 ratio near 1.0 needs.
 """
 
 from __future__ import annotations
@@ -54,6 +56,32 @@ def run(engine, prompts: list[list[int]], params, batch: int, domain: str) -> tu
     return outs, time.perf_counter() - t0, engine.stats().num_steps - steps0
 
 
+def run_interleaved(engines: dict, prompts: list[list[int]], params, batch: int, domain: str
+                    ) -> dict[str, tuple[list[list[int]], float, int]]:
+    """`run` for every engine at once, one step of each in turn: each engine's seconds are the sum of its own steps
+    (and admissions), measured next to the other engines' steps, so a VM whose speed drifts over seconds slows all
+    of them alike (a paired design; whole runs one after another see different stretches of the drift)."""
+    state = {m: {"next": 0, "ids": [], "final": {}, "outs": [], "secs": 0.0,
+                 "steps0": e.stats().num_steps} for m, e in engines.items()}
+    live = list(engines)
+    while live:
+        for method in list(live):
+            engine, st = engines[method], state[method]
+            t0 = time.perf_counter()
+            if not engine.has_unfinished():
+                st["outs"] += [st["final"][r].token_ids for r in st["ids"]]
+                if st["next"] >= len(prompts):
+                    live.remove(method)
+                    continue
+                st["ids"] = [engine.add_request(p, params, domain=domain)
+                             for p in prompts[st["next"]:st["next"] + batch]]
+                st["final"] = {}
+                st["next"] += batch
+            st["final"].update({o.request_id: o for o in engine.step() if o.finished})
+            st["secs"] += time.perf_counter() - t0
+    return {m: (st["outs"], st["secs"], engines[m].stats().num_steps - st["steps0"]) for m, st in state.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m")
@@ -79,6 +107,8 @@ def main() -> None:
     ap.add_argument("--max-step-rows", type=int, default=16, help="max_step_rows: decode rows + drafts (0: no cap)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every method this many times, interleaved; report the median speedup and its range")
+    ap.add_argument("--interleave-steps", action="store_true",
+                    help="step all methods' engines in turn (paired in time) instead of whole runs one after another")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
@@ -160,13 +190,17 @@ def main() -> None:
             for rep in range(args.repeats):
                 base = None
                 raw = {}
-                for method in methods[rep % len(methods):] + methods[:rep % len(methods)]:
+                order = methods[rep % len(methods):] + methods[:rep % len(methods)]
+                for method in order:
                     engine, proposer = engines[method], proposers[method]
                     if proposer is not None:
                         proposer.reset()
                     if engine.spec is not None:
                         _reset_stats(engine)
-                    raw[method] = run(engine, prompts, params, batch, set_name)
+                    if not args.interleave_steps:
+                        raw[method] = run(engine, prompts, params, batch, set_name)
+                if args.interleave_steps:
+                    raw = run_interleaved({m: engines[m] for m in order}, prompts, params, batch, set_name)
                 for method in methods:  # off first: the others' ratios need its numbers
                     engine, proposer = engines[method], proposers[method]
                     outs, secs, steps = raw[method]

@@ -390,8 +390,8 @@ def test_int4_from_compressed_tensors_matches_the_library_packing():
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 13, 70, 97])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
-    # <= AVX2_MAX_ROWS (96) rows go through accel's AVX2 fp32 kernels (1-3 rows: row passes; 4+: 4 x 3 register
-    # tiles with 1-3 leftover rows and 200 % 3 leftover weight rows), more through oneDNN
+    # <= AVX2_MAX_ROWS (96) rows go through accel's AVX2 fp32 kernel (4 x 3 register tiles with 1-3 leftover rows
+    # and 200 % 3 leftover weight rows), more through oneDNN
     from accel.quant.kernels import PackedLinear, packed_linear_available
 
     if not packed_linear_available():
@@ -402,6 +402,19 @@ def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
     assert torch.allclose(packed(x), lin(x), atol=1e-5, rtol=1e-5)
     assert packed(x.view(1, m, 96)).shape == (1, m, 200)
     assert linear_scheme(packed) == "fp32" and weight_bytes(packed) == 200 * 96 * 4 + (200 * 4 if bias else 0)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("k", [96, 104])
+def test_f32_kernel_rows_do_not_depend_on_how_many_share_the_call(k):
+    # speculation's exactness and batch invariance: a row's result must not change with the rows verified next to it
+    torch.manual_seed(k)
+    w, x = torch.randn(203, k), torch.randn(23, k)
+    full = cpu_kernels.f32_linear(x, w)
+    for m in range(1, 23):
+        assert torch.equal(cpu_kernels.f32_linear(x[:m], w), full[:m]), m
+        assert torch.equal(cpu_kernels.f32_linear(x[m:m + 1], w), full[m:m + 1]), m
+    torch.testing.assert_close(full, x @ w.T, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")

@@ -21,3 +21,46 @@ def test_draft_method_names_carry_their_gates():
     for bad in ("draft+speed2", "draft+pathx", "drafty"):
         with pytest.raises(ValueError, match="is invalid"):
             bench_spec.draft_variant(bad, None, None, None)
+
+
+class _FakeEngine:
+    """Finishes each request after len(prompt) steps with the prompt reversed as its output."""
+
+    def __init__(self):
+        self.live, self.n, self.steps = {}, 0, 0
+
+    def add_request(self, prompt, params, domain=None):
+        self.n += 1
+        rid = f"r{self.n}"
+        self.live[rid] = [list(prompt), len(prompt)]
+        return rid
+
+    def has_unfinished(self):
+        return bool(self.live)
+
+    def step(self):
+        from types import SimpleNamespace
+
+        self.steps += 1
+        done = []
+        for rid, st in list(self.live.items()):
+            st[1] -= 1
+            if st[1] == 0:
+                done.append(SimpleNamespace(request_id=rid, finished=True, token_ids=st[0][::-1]))
+                del self.live[rid]
+        return done
+
+    def stats(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(num_steps=self.steps)
+
+
+def test_interleaved_runs_give_each_engine_its_own_outputs_steps_and_time():
+    prompts = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [11]]
+    engines = {"off": _FakeEngine(), "ngram": _FakeEngine()}
+    res = bench_spec.run_interleaved(engines, prompts, None, 2, "chat")
+    for method, (outs, secs, steps) in res.items():
+        assert outs == [p[::-1] for p in prompts]  # prompt order, batches of 2
+        assert steps == 3 + 4 + 1 and secs > 0  # each batch lasts as long as its longest request
+    assert res["off"][0] == bench_spec.run(_FakeEngine(), prompts, None, 2, "chat")[0]
