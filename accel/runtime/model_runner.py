@@ -13,7 +13,7 @@ from torch import Tensor
 from accel.runtime.attention import AttentionMetadata, DecodeGroup, PagedKVCache, PrefillSpan
 from accel.runtime.model import CausalLM
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from accel.runtime.sampler import Sampler
+from accel.runtime.sampler import Sampler, plain_greedy
 from accel.runtime.sequence import Sequence
 
 KV_CACHE_DTYPES = ("auto", "int8")
@@ -167,7 +167,7 @@ class ModelRunner:
         token-identical to decoding without drafts); sampled ones go through Leviathan/Chen rejection
         sampling with the request's own processing (penalties, temperature, top-k/p, min-p) applied to p.
         """
-        from accel.spec.rejection import greedy_verify, rejection_sample
+        from accel.spec.rejection import greedy_accept, rejection_sample
 
         rows: list[int] = []
         for r, last in spec:
@@ -178,24 +178,26 @@ class ModelRunner:
         outputs = [r.seq.output_token_ids + r.spec_token_ids[:j] for r, _ in spec
                    for j in range(len(r.spec_token_ids) + 1)]
         self._mask_early_stop(logits, seqs, [len(o) for o in outputs])
-        plain_greedy = all(r.seq.params.greedy and not _has_penalty(r.seq.params) for r, _ in spec)
-        if plain_greedy:
+        all_plain_greedy = all(plain_greedy(r.seq.params) for r, _ in spec)
+        if all_plain_greedy:
             argmax, probs = logits.argmax(-1), None  # [R]
         else:
             probs = self.sampler.probs(logits, [s.params for s in seqs], [s.prompt_token_ids for s in seqs],
                                        outputs)  # [R, V]; greedy rows one-hot
             argmax = probs.argmax(-1)
+        # every greedy request's target tokens in one host copy (one device sync per step, not per request)
+        targets = argmax.tolist() if any(r.seq.params.greedy for r, _ in spec) else None
         out, start = [], 0
         for r, _ in spec:
             n = len(r.spec_token_ids)
-            d = torch.tensor([r.spec_token_ids], dtype=torch.long, device=self.device)  # [1, n]
             if r.seq.params.greedy:
-                res = greedy_verify(d, [n], argmax[start:start + n + 1][None])
+                out.append(greedy_accept(r.spec_token_ids, targets[start:start + n + 1]))
             else:
+                d = torch.tensor([r.spec_token_ids], dtype=torch.long, device=self.device)  # [1, n]
                 q = draft_probs.get(r.seq.request_id)
                 q = None if q is None else q[:n].to(self.device)[None]  # [1, n, V]
                 res = rejection_sample(d, [n], q, probs[start:start + n + 1][None], [self._generator(r.seq)])
-            out.append(res.output_token_ids[0])
+                out.append(res.output_token_ids[0])
             start += n + 1
         return out
 
@@ -298,6 +300,3 @@ class ModelRunner:
                                    block_table=table.to(self.device), mask=mask[:, None, None, :].to(self.device)))
         return out
 
-
-def _has_penalty(params) -> bool:
-    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0

@@ -67,10 +67,27 @@ class _RowParams:
     repetition: Tensor  # [N] float, 1.0 where off
     presence: Tensor  # [N] float
     frequency: Tensor  # [N] float
+    greedy_rows: tuple[bool, ...]  # the same flags on the host: branching on them never waits for the device
     any_penalty: bool
     any_temperature: bool  # some row's temperature != 1.0
     any_top_k_top_p: bool
     any_min_p: bool
+
+
+def is_greedy(params: SamplingParams | None) -> bool:
+    """Temperature 0 (None: no params, greedy)."""
+    return params is None or bool(params.greedy)
+
+
+def has_penalty(params: SamplingParams | None) -> bool:
+    """Repetition, presence or frequency penalty on (they make even a greedy row's argmax depend on history)."""
+    return params is not None and (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+                                   or params.frequency_penalty != 0.0)
+
+
+def plain_greedy(params: SamplingParams | None) -> bool:
+    """Greedy without penalties: the token is the raw logits' argmax."""
+    return is_greedy(params) and not has_penalty(params)
 
 
 def _row_params(params: list[SamplingParams], vocab_size: int, device: torch.device) -> _RowParams:
@@ -94,6 +111,7 @@ def _row_params(params: list[SamplingParams], vocab_size: int, device: torch.dev
         repetition=t(rep, torch.float32),
         presence=t(pres, torch.float32),
         frequency=t(freq, torch.float32),
+        greedy_rows=tuple(greedy),
         any_penalty=any(r != 1.0 for r in rep) or any(x != 0.0 for x in pres + freq),
         any_temperature=any(x != 1.0 for x in temperature),
         any_top_k_top_p=any(k < vocab_size for k in top_k) or any(p < 1.0 for p in top_p),
@@ -239,27 +257,27 @@ class Sampler:
         if len(generators) != logits.shape[0]:
             raise ValueError(f"got {len(generators)} generators for {logits.shape[0]} logits rows; need one per row")
         logits = logits.float()
-        rp = _row_params(params, logits.shape[1], logits.device)
         want_logprobs = any(p.logprobs is not None for p in params)
-
-        if bool(rp.greedy.all()) and not rp.any_penalty and not want_logprobs:
-            # Fast path: a plain greedy batch is one argmax.
+        if not want_logprobs and all(plain_greedy(p) for p in params):
+            # Fast path: a plain greedy batch is one argmax. Decided from the host-side params, before any
+            # per-row tensor is built: on a GPU each of those is a copy, and a branch on one a sync.
             return SamplerOutput(token_ids=logits.argmax(dim=-1), logprobs=None, top_logprobs=None)
+        rp = _row_params(params, logits.shape[1], logits.device)
 
         processed = self._process(logits, rp, prompt_token_ids, output_token_ids)  # [N, V]
         probs = processed.softmax(dim=-1)  # [N, V]
-        if bool(rp.greedy.all()):
+        if all(rp.greedy_rows):
             token_ids = processed.argmax(dim=-1)
         else:
             token_ids = torch.where(rp.greedy, processed.argmax(dim=-1),
-                                    _exponential_race(probs, rp.greedy, generators))
+                                    _exponential_race(probs, rp.greedy_rows, generators))
 
         if not want_logprobs:
             return SamplerOutput(token_ids=token_ids, logprobs=None, top_logprobs=None)
         if self.logprobs_mode == "raw":
             logp = logits.log_softmax(dim=-1)
         else:
-            logp = _one_hot_greedy(probs, processed, rp.greedy).log()
+            logp = _one_hot_greedy(probs, processed, rp).log()
         return SamplerOutput(
             token_ids=token_ids,
             logprobs=logp.gather(1, token_ids[:, None]).squeeze(1),
@@ -278,7 +296,7 @@ class Sampler:
         logits = logits.float()
         rp = _row_params(params, logits.shape[1], logits.device)
         processed = self._process(logits, rp, prompt_token_ids, output_token_ids)
-        return _one_hot_greedy(processed.softmax(dim=-1), processed, rp.greedy)
+        return _one_hot_greedy(processed.softmax(dim=-1), processed, rp)
 
     @staticmethod
     def _process(
@@ -306,7 +324,7 @@ def _check_batch(logits: Tensor, params: list, prompt_token_ids: list, output_to
             raise ValueError(f"got {len(seq)} {name} for {n} logits rows; need one per row")
 
 
-def _exponential_race(probs: Tensor, greedy: Tensor, generators: list[torch.Generator | None]) -> Tensor:
+def _exponential_race(probs: Tensor, greedy: tuple[bool, ...], generators: list[torch.Generator | None]) -> Tensor:
     """Draw one index per row from probs [N, V] as argmax(probs / q), q ~ Exp(1).
 
     q = -log(u), u ~ U[0, 1): several times cheaper than Tensor.exponential_ on CPU, and u < 1 keeps q > 0.
@@ -315,21 +333,21 @@ def _exponential_race(probs: Tensor, greedy: Tensor, generators: list[torch.Gene
     """
     n, v = probs.shape
     u = torch.full_like(probs, 0.5)  # [N, V]; greedy rows keep a constant (their result is discarded)
-    unseeded = [i for i, g in enumerate(generators) if g is None and not bool(greedy[i])]
+    unseeded = [i for i, g in enumerate(generators) if g is None and not greedy[i]]
     if unseeded:
         u[unseeded] = torch.rand(len(unseeded), v, device=probs.device)
     for i, g in enumerate(generators):
-        if g is not None and not bool(greedy[i]):
+        if g is not None and not greedy[i]:
             u[i] = torch.rand(v, generator=g, device=probs.device)
     return (probs / u.log_().neg_()).argmax(dim=-1)
 
 
-def _one_hot_greedy(probs: Tensor, processed: Tensor, greedy: Tensor) -> Tensor:
+def _one_hot_greedy(probs: Tensor, processed: Tensor, rp: _RowParams) -> Tensor:
     """Replace greedy rows of probs [N, V] by the one-hot of their argmax."""
-    if not bool(greedy.any()):
+    if not any(rp.greedy_rows):
         return probs
     one_hot = torch.zeros_like(probs).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
-    return torch.where(greedy[:, None], one_hot, probs)
+    return torch.where(rp.greedy[:, None], one_hot, probs)
 
 
 def _top_logprobs(logp: Tensor, params: list[SamplingParams]) -> list[list[tuple[int, float]]] | None:

@@ -28,7 +28,7 @@ from accel.runtime.kv_cache_manager import KVCacheManager
 from accel.runtime.model import CausalLM, fuse_projections, load_model
 from accel.runtime.model_runner import ModelRunner, RunnerConfig
 from accel.runtime.outputs import ScheduledRequest
-from accel.runtime.sampler import Sampler
+from accel.runtime.sampler import Sampler, is_greedy, plain_greedy
 from accel.runtime.sampling_params import SamplingParams
 from accel.runtime.sequence import Sequence
 from accel.spec.proposer import ProposalRequest, Proposals, Proposer, load_draft_vocab_ids
@@ -176,7 +176,7 @@ class PagedDraftProposer(Proposer):
             if path[i] < self.min_path_confidence:
                 return False
         drafts[i].append(tokens[b])
-        if q is not None and not _is_greedy(requests[i].params):
+        if q is not None and not is_greedy(requests[i].params):
             qs[i].append(q[b])
         return True
 
@@ -187,7 +187,7 @@ class PagedDraftProposer(Proposer):
         min_path_confidence is set else None). Greedy rows read both from the draft's raw distribution. All-greedy
         batches take the argmax over the reduced head and never build a full-vocabulary row."""
         want_conf, want_top = self.min_confidence is not None, self.min_path_confidence is not None
-        if all(_is_greedy(r.params) and not _has_penalty(r.params) for r in reqs):
+        if all(plain_greedy(r.params) for r in reqs):
             if not (want_conf or want_top):
                 return self._greedy(last), None, None, None
             if self.head is None:
@@ -203,7 +203,7 @@ class PagedDraftProposer(Proposer):
         if not (want_conf or want_top):
             return tokens, q, None, None
         raw = logits.softmax(-1).max(-1).values.tolist()  # a greedy row's q is one-hot: its confidence is raw
-        greedy = [_is_greedy(r.params) for r in reqs]
+        greedy = [is_greedy(r.params) for r in reqs]
         conf = [raw[b] if greedy[b] else float(q[b, t]) for b, t in enumerate(tokens)]
         top = [raw[b] if greedy[b] else float(q[b].max()) for b in range(len(tokens))]
         return tokens, q, conf if want_conf else None, top if want_top else None
@@ -254,7 +254,7 @@ class PagedDraftProposer(Proposer):
         q = self.sampler.probs(logits, params, prompts, outputs)  # [B, V]; greedy rows one-hot
         tokens = []
         for b, r in enumerate(reqs):
-            if _is_greedy(r.params):
+            if is_greedy(r.params):
                 tokens.append(int(q[b].argmax()))
             else:
                 e = torch.empty_like(q[b]).exponential_(generator=r.generator).clamp_min_(1e-20)
@@ -267,12 +267,3 @@ def _head_weight(model: CausalLM) -> Tensor | None:
     if model.tie_word_embeddings:
         return model.model.embed_tokens.weight
     return model.lm_head.weight if isinstance(model.lm_head, nn.Linear) else None
-
-
-def _is_greedy(params) -> bool:
-    return params is None or bool(getattr(params, "greedy", False))
-
-
-def _has_penalty(params) -> bool:
-    return params is not None and (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-                                   or params.frequency_penalty != 0.0)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from accel.runtime.sampler import is_greedy, plain_greedy
 from accel.spec.ngram import propose_ngram
 from accel.spec.tokenizer_check import check_tokenizers_match
 
@@ -230,7 +231,7 @@ class DraftModelProposer(Proposer):
         logits = self._forward(state, feed)
         for step in range(r.k):
             q = self._dist(logits, r, drafts)  # [V]
-            tok = int(q.argmax()) if _is_greedy(r.params) else _draw(q, r.generator)
+            tok = int(q.argmax()) if is_greedy(r.params) else _draw(q, r.generator)
             drafts.append(tok)
             qs.append(q)
             if step + 1 < r.k:
@@ -239,7 +240,7 @@ class DraftModelProposer(Proposer):
 
     def _dist(self, logits: Tensor, r: ProposalRequest, drafts: list[int]) -> Tensor:
         """q for one position: the target's sampling processing applied to the draft's logits."""
-        if _is_greedy(r.params) and not _has_penalty(r.params):
+        if plain_greedy(r.params):
             return torch.zeros_like(logits).scatter_(0, logits.argmax().view(1), 1.0)
         from accel.runtime.sampler import Sampler
 
@@ -248,13 +249,6 @@ class DraftModelProposer(Proposer):
         return Sampler().probs(logits[None].float(), [r.params], [prompt], [output])[0]
 
 
-def _is_greedy(params: object | None) -> bool:
-    return params is None or bool(getattr(params, "greedy", False))
-
-
-def _has_penalty(params: object | None) -> bool:
-    return params is not None and (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-                                   or params.frequency_penalty != 0.0)
 
 
 def _draw(q: Tensor, generator: torch.Generator | None) -> int:

@@ -64,6 +64,22 @@ def _num_accepted(accept: Tensor, num: Tensor) -> Tensor:
     return (accept & valid).long().cumprod(dim=1).sum(dim=1)  # [N]
 
 
+def greedy_accept(draft_token_ids: list[int], target_argmax: list[int]) -> list[int]:
+    """`greedy_verify` for one request on host lists: drafts d [n], the target's argmax at its n + 1 positions ->
+    the accepted drafts followed by the target's token at the first mismatch (or the bonus token).
+
+    Why a host form: the runner turns the argmax of every greedy request of a step into one list with a single
+    device sync, where the tensor form costs ~4 syncs per request (shape checks, counts, `.tolist()`), 64 a step
+    at batch 16 on a GPU."""
+    if len(target_argmax) != len(draft_token_ids) + 1:
+        raise ValueError(f"target_argmax has {len(target_argmax)} tokens for {len(draft_token_ids)} drafts; "
+                         "need one more than the drafts")
+    a = 0
+    while a < len(draft_token_ids) and draft_token_ids[a] == target_argmax[a]:
+        a += 1
+    return list(target_argmax[: a + 1])
+
+
 def greedy_verify(draft_token_ids: Tensor, num_draft_tokens: list[int] | Tensor,
                   target_argmax: Tensor) -> VerifyResult:
     """Prefix-match verification for greedy requests.

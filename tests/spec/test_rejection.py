@@ -170,3 +170,18 @@ def test_tiny_model_distributions_total_variation():
     assert tv < 0.05
     # and the acceptance rate is sum min(p, q)
     assert abs(sum(res.num_accepted) / n - float(torch.minimum(p, q).sum())) < 0.02
+
+
+def test_greedy_accept_on_host_lists_equals_greedy_verify():
+    from accel.spec.rejection import greedy_accept
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(0, 6, (1,), generator=g))
+        target = torch.randint(0, 3, (n + 1,), generator=g)  # small vocabulary: matches and mismatches both
+        drafts = torch.randint(0, 3, (n,), generator=g)
+        ref = greedy_verify(drafts[None], [n], target[None]).output_token_ids[0]
+        assert greedy_accept(drafts.tolist(), target.tolist()) == ref
+    assert greedy_accept([], [7]) == [7]  # no drafts: the target's token
+    with pytest.raises(ValueError, match="target_argmax has 2 tokens for 2 drafts"):
+        greedy_accept([1, 2], [1, 2])
