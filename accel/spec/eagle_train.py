@@ -457,7 +457,7 @@ def train_eagle(target_path: str | Path, out_dir: str | Path, *, time_budget_min
             losses.append(float(loss.detach()))
             step += 1
             if progress and step % 100 == 0:
-                log(f"step {step}: regression {float(reg):.4f}, cross-entropy {float(ce):.3f}")
+                log(f"step {step}: regression {float(reg.detach()):.4f}, cross-entropy {float(ce.detach()):.3f}")
     train_s = time.monotonic() - train_start
     if not losses:
         raise ValueError(f"time_budget_minutes={time_budget_minutes} left no time to train after generating "
