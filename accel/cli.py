@@ -186,6 +186,8 @@ def serve(
     draft_min_path_confidence: Annotated[Optional[float], typer.Option(
         help="A draft model proposes a token only while the product of its probabilities along the chain is at "
              "least this (0 < p < 1; EAGLE-2's path score).")] = None,
+    draft_min_first_confidence: Annotated[Optional[float], typer.Option(
+        help="The gate for a chain's first token only (0 < p < 1; default: --draft-min-path-confidence).")] = None,
     draft_ngram_first: Annotated[bool, typer.Option(
         help="With a draft model: prompt lookup first, the model only for requests it finds nothing for.")] = False,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send.")] = None,
@@ -202,7 +204,8 @@ def serve(
         run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                    draft=draft, num_speculative_tokens=num_speculative_tokens,
                    draft_min_confidence=draft_min_confidence, draft_min_path_confidence=draft_min_path_confidence,
-                   draft_ngram_first=draft_ngram_first, max_queue=max_queue, max_num_seqs=max_num_seqs,
+                   draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first,
+                   max_queue=max_queue, max_num_seqs=max_num_seqs,
                    kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device)
     except (ModelNotFoundError, ValueError) as e:
         _fail(str(e))

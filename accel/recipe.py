@@ -162,6 +162,17 @@ class NgramConfig(Strict):
 
 DISTILL_DEFAULTS = {"eagle": {"num_prompts": 1200, "learning_rate": 1e-3},
                     "layers": {"num_prompts": 256, "learning_rate": 5e-4}}
+# eagle: prompts queued per budget minute beyond the default's 30 minutes. The 30-minute run replies to ~920 of its
+# 1200 before its generation share (40%) ends; an 80-minute run replied to all 2398 of 3200 queued (1067 of them
+# model-written turns) within its share, so a longer budget needs proportionally more prompts or it trains longer on
+# the same replies.
+EAGLE_PROMPTS_PER_MINUTE = 40
+
+
+def default_num_prompts(kind: str, time_budget_minutes: float) -> int:
+    """Prompts queued for the target's replies when the recipe / command line leaves num_prompts unset."""
+    base = DISTILL_DEFAULTS[kind]["num_prompts"]
+    return max(base, round(EAGLE_PROMPTS_PER_MINUTE * time_budget_minutes)) if kind == "eagle" else base
 
 
 class DistillConfig(Strict):
@@ -173,7 +184,7 @@ class DistillConfig(Strict):
     time_budget_minutes: Annotated[float, Field(gt=0.0, le=24 * 60)] = 30.0
     num_prompts: Annotated[int, Field(ge=1)] | None = None
     """Calibration prompts queued for the target's replies (generation stops at its share of the budget);
-    None: 1200 for eagle, 256 for layers."""
+    None: 256 for layers; for eagle 1200, or 40 per budget minute when that is more (`default_num_prompts`)."""
     max_new_tokens: Annotated[int, Field(ge=1, le=2048)] = 128
     learning_rate: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     """None: 1e-3 for eagle, 5e-4 for layers."""
@@ -188,6 +199,8 @@ class DistillConfig(Strict):
 
     def resolved(self, name: str):
         value = getattr(self, name)
+        if value is None and name == "num_prompts":
+            return default_num_prompts(self.kind, self.time_budget_minutes)
         return DISTILL_DEFAULTS[self.kind][name] if value is None else value
 
 
@@ -209,6 +222,9 @@ class SpeculationConfig(Strict):
     draft_min_path_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
     """A draft model proposes a token only while the product of its top probabilities along the chain stays at
     or above this (EAGLE-2's path score; see SpecConfig)."""
+    draft_min_first_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    """The gate for a chain's first token only; later tokens still need draft_min_path_confidence (None: that
+    one; see SpecConfig)."""
     draft_ngram_first: bool = False
     """A draft model's requests try prompt lookup (speculation.ngram) first; the draft model drafts only those it
     finds nothing for (see SpecConfig)."""

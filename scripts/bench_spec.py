@@ -153,7 +153,7 @@ def main() -> None:
         ap.error(str(e))
     if methods[0] != "off" or any(m not in ("off", "off2", "ngram") and m not in gates for m in methods):
         ap.error(f"--methods {args.methods!r}: must start with off, then any of off2 (A/A control), ngram, draft "
-                 "(draft+conf0.5, draft+path0.3: a draft model with that gate)")
+                 "(draft+conf0.5, draft+path0.3, draft+first0.2: a draft model with that gate)")
     results = []
     for batch in [int(b) for b in args.batches.split(",")]:
         for set_name in args.sets.split(","):
@@ -162,16 +162,13 @@ def main() -> None:
             for method in methods:
                 spec = None
                 if method not in ("off", "off2"):
-                    conf, path, scheme, first = gates.get(method, (None, None, None, False))
                     spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=args.draft,
-                                      draft_quant_scheme=scheme,
+                                      **gates.get(method, {}),
                                       num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
                                       ngram_min_n=args.ngram_min_n, ngram_max_n=args.ngram_max_n,
                                       disable_above_batch_size=(args.disable_above if args.disable_above == "auto"
                                                                 else int(args.disable_above) or None),
-                                      max_step_rows=args.max_step_rows or None,
-                                      draft_min_confidence=conf, draft_min_path_confidence=path,
-                                      draft_ngram_first=first)
+                                      max_step_rows=args.max_step_rows or None)
                 config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,
                                       max_num_batched_tokens=2048)
                 engines[method] = Engine(model, config, tok)  # builds its proposer (an EAGLE draft needs the runner)
@@ -248,32 +245,36 @@ def main() -> None:
 
 
 def draft_variant(method: str, min_confidence: float | None, min_path_confidence: float | None,
-                  quant: str | None) -> tuple[float | None, float | None, str | None, bool]:
-    """"draft" -> the command line's (draft_min_confidence, draft_min_path_confidence, draft_quant_scheme, False);
-    "draft+ngram+conf0.5+path0.3+int8" -> those as named (unnamed gates None, no quantization unless named;
-    "ngram": prompt lookup first, `draft_ngram_first`), so one run compares variants side by side."""
+                  quant: str | None) -> dict:
+    """A draft method -> its SpecConfig gate / quantization fields. "draft": the command line's
+    (draft_min_confidence, draft_min_path_confidence, draft_quant_scheme). "draft+ngram+conf0.5+path0.3+first0.2+int8":
+    those as named (unnamed gates None, no quantization unless named; "ngram": prompt lookup first,
+    `draft_ngram_first`; "firstX": `draft_min_first_confidence`), so one run compares variants side by side."""
     parts = method.split("+")
     if parts[0] != "draft":
-        raise ValueError(f"method {method!r} is invalid; allowed: draft, draft+confX, draft+pathX, draft+int8, "
-                         "draft+ngram")
+        raise ValueError(f"method {method!r} is invalid; allowed: draft, draft+confX, draft+pathX, draft+firstX, "
+                         "draft+int8, draft+ngram")
+    out = {"draft_min_confidence": min_confidence, "draft_min_path_confidence": min_path_confidence,
+           "draft_min_first_confidence": None, "draft_quant_scheme": quant, "draft_ngram_first": False}
     if len(parts) == 1:
-        return min_confidence, min_path_confidence, quant, False
-    named: dict[str, float | None] = {"conf": None, "path": None}
-    scheme, first = None, False
+        return out
+    out.update(draft_min_confidence=None, draft_min_path_confidence=None, draft_quant_scheme=None)
+    gates = {"conf": "draft_min_confidence", "path": "draft_min_path_confidence",
+             "first": "draft_min_first_confidence"}
     for p in parts[1:]:
         if p in ("int8", "int4"):
-            scheme = p
+            out["draft_quant_scheme"] = p
             continue
         if p == "ngram":
-            first = True
+            out["draft_ngram_first"] = True
             continue
-        key = next((k for k in named if p.startswith(k)), None)
+        key = next((k for k in gates if p.startswith(k)), None)
         try:
-            named[key] = float(p[len(key):])
-        except (TypeError, ValueError):
-            raise ValueError(f"method {method!r}: {p!r} is invalid; allowed: confX, pathX (X a number), "
+            out[gates[key]] = float(p[len(key):])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"method {method!r}: {p!r} is invalid; allowed: confX, pathX, firstX (X a number), "
                              "int8, int4, ngram") from None
-    return named["conf"], named["path"], scheme, first
+    return out
 
 
 class _Timed:

@@ -11,7 +11,8 @@ For the EAGLE draft it also prints the second chain token's agreement given the 
 guess fed back as the feature, `EagleTrainer.chain_forward`) and what the path gate
 (`draft_min_path_confidence`) would do at each threshold on these positions, chains of at most two tokens:
 how often a first token is proposed, the acceptance rate of what is proposed, and the accepted tokens per target
-step (1 + accepted; the speedup at zero draft cost).
+step (1 + accepted; the speedup at zero draft cost); `--first-gates` adds a separate gate for the first token
+(`draft_min_first_confidence`) under each path gate.
 """
 import argparse
 import json
@@ -32,6 +33,8 @@ ap.add_argument("--eagle", required=True, help="an EAGLE draft folder (accel dra
 ap.add_argument("--prompts", type=int, default=24)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--gates", default="0,0.1,0.2,0.3,0.4,0.5", help="path-gate thresholds to simulate")
+ap.add_argument("--first-gates", default="",
+                help="first-token gates (draft_min_first_confidence) to simulate under each path gate, e.g. 0.1,0.2")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
 from accel.models import resolve_model  # noqa: E402
@@ -48,6 +51,7 @@ if args.layers:
     vid4 = torch.tensor(json.load(open(Path(args.layers) / "accel_draft.json"))["vocab_ids"])
 eg, vide = load_trainer(args.eagle, tgt)
 gates = [float(g) for g in args.gates.split(",")]
+first_gates = [None] + [float(g) for g in args.first_gates.split(",") if g]
 eng = Engine.from_pretrained(M, kv_cache_memory_bytes=512 << 20)
 for name, msgs in sets.items():
     ids = [tok(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
@@ -92,9 +96,11 @@ for name, msgs in sets.items():
             print(f"  first-token confidence [{lo:.1f}, {min(hi, 1):.1f}): {int(sel.sum()):5d} positions, "
                   f"agreement {r1[sel].float().mean():.3f}")
     for g in gates:
-        p1 = c1 >= g
-        p2 = p1 & (c1 * c2 >= g)
-        drafted = int(p1.sum()) + int(p2.sum())
-        accepted = int((p1 & r1).sum()) + int((p2 & r1 & r2).sum())
-        print(f"  path gate {g:.2f}: first token proposed at {p1.float().mean():.2f} of positions, acceptance "
-              f"{accepted / max(1, drafted):.3f}, tokens per step {1 + accepted / n:.3f}", flush=True)
+        for f in first_gates:
+            p1 = c1 >= (g if f is None else f)
+            p2 = p1 & (c1 >= g) & (c1 * c2 >= g)  # the chain goes on only while its path score passes g
+            drafted = int(p1.sum()) + int(p2.sum())
+            accepted = int((p1 & r1).sum()) + int((p2 & r1 & r2).sum())
+            label = f"path gate {g:.2f}" + ("" if f is None else f", first-token gate {f:.2f}")
+            print(f"  {label}: first token proposed at {p1.float().mean():.2f} of positions, acceptance "
+                  f"{accepted / max(1, drafted):.3f}, tokens per step {1 + accepted / n:.3f}", flush=True)

@@ -134,3 +134,15 @@ def test_cli_optimize_broken_recipe_fails_before_work(tmp_path):
     assert res.exit_code == 2
     assert "runtime.blok_size" in res.output and "block_size" in res.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_distill_prompt_count_scales_with_a_longer_eagle_budget():
+    from accel.recipe import DistillConfig, default_num_prompts
+
+    assert DistillConfig().resolved("num_prompts") == 1200  # 30 minutes: the default
+    assert DistillConfig(time_budget_minutes=5).resolved("num_prompts") == 1200
+    assert DistillConfig(time_budget_minutes=80).resolved("num_prompts") == 3200
+    assert DistillConfig(time_budget_minutes=80, num_prompts=10).resolved("num_prompts") == 10  # as given
+    assert DistillConfig(kind="layers", time_budget_minutes=80).resolved("num_prompts") == 256
+    assert default_num_prompts("eagle", 120) == 4800
+    assert DistillConfig().resolved("learning_rate") == 1e-3

@@ -20,7 +20,8 @@ def draft_train(
     num_layers: Annotated[int, typer.Option(min=1, max=8, help="Decoder layers of the draft (kind layers).")] = 2,
     minutes: Annotated[float, typer.Option(min=0.1, max=24 * 60, help="Time budget, loading to saving.")] = 30.0,
     num_prompts: Annotated[Optional[int], typer.Option(
-        min=1, help="Calibration prompts queued for the target's replies (default 1200 eagle, 256 layers).")] = None,
+        min=1, help="Calibration prompts queued for the target's replies (default: 256 layers; eagle 1200, or 40 "
+                    "per budget minute when more).")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=2048, help="Reply length per prompt.")] = 128,
     vocab: Annotated[int, typer.Option(min=1, help="Draft vocabulary (reduced head) size.")] = 8192,
     learning_rate: Annotated[Optional[float], typer.Option(min=0.0, max=1.0,
@@ -43,14 +44,14 @@ def draft_train(
     import torch
 
     from accel.models import ModelNotFoundError, resolve_model
-    from accel.recipe import DISTILL_DEFAULTS
+    from accel.recipe import DISTILL_DEFAULTS, default_num_prompts
 
     if kind not in DISTILL_DEFAULTS:
         raise typer.BadParameter(f"{kind!r} is invalid; allowed: {', '.join(DISTILL_DEFAULTS)}", param_hint="--kind")
     if threads:
         torch.set_num_threads(threads)
     defaults = DISTILL_DEFAULTS[kind]
-    num_prompts = defaults["num_prompts"] if num_prompts is None else num_prompts
+    num_prompts = default_num_prompts(kind, minutes) if num_prompts is None else num_prompts
     learning_rate = defaults["learning_rate"] if learning_rate is None else learning_rate
     if layer_choice not in ("first", "spread"):
         raise typer.BadParameter(f"{layer_choice!r} is invalid; allowed: first, spread", param_hint="--layer-choice")

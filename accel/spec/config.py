@@ -52,6 +52,12 @@ class SpecConfig:
                               token is not verified at all (on a CPU each verified row costs ~5% of a batch-1
                               step) and a request whose draft is unsure of even its first token drafts nothing
                               this step. None: off.
+    draft_min_first_confidence  the gate for a chain's first token only (its top probability); later tokens
+                              still need the path score >= draft_min_path_confidence, and a chain whose path
+                              is already below that stops without another draft forward. Why: the first extra
+                              row is the cheapest token a draft gets verified (its forward was paid to learn
+                              that the draft is unsure), so it pays from a lower probability than a chain's
+                              continuation, which costs a draft forward more. None: draft_min_path_confidence.
     draft_ngram_first         a draft model's requests try prompt lookup (ngram_min_n..ngram_max_n) first; the
                               draft model drafts only those it finds nothing for (`NgramFirstProposer`). Prompt
                               lookup is free and copies long spans; the model covers the rest.
@@ -78,6 +84,7 @@ class SpecConfig:
     probe_interval: int = 8
     draft_min_confidence: float | None = None
     draft_min_path_confidence: float | None = None
+    draft_min_first_confidence: float | None = None
     draft_ngram_first: bool = False
     draft_context_window: int | None = 128
 
@@ -100,10 +107,14 @@ class SpecConfig:
         if self.draft_min_path_confidence is not None and not 0.0 < self.draft_min_path_confidence < 1.0:
             raise ValueError(f"draft_min_path_confidence={self.draft_min_path_confidence} is invalid; "
                              "allowed: None or in (0, 1)")
+        if self.draft_min_first_confidence is not None and not 0.0 < self.draft_min_first_confidence < 1.0:
+            raise ValueError(f"draft_min_first_confidence={self.draft_min_first_confidence} is invalid; "
+                             "allowed: None or in (0, 1)")
         if self.method == "ngram" and (self.draft_min_confidence is not None
-                                       or self.draft_min_path_confidence is not None):
-            raise ValueError("draft_min_confidence / draft_min_path_confidence need a draft model; n-gram lookup "
-                             "has no confidence (allowed with method 'ngram': None)")
+                                       or self.draft_min_path_confidence is not None
+                                       or self.draft_min_first_confidence is not None):
+            raise ValueError("draft_min_confidence / draft_min_path_confidence / draft_min_first_confidence need a "
+                             "draft model; n-gram lookup has no confidence (allowed with method 'ngram': None)")
         if self.method == "ngram" and self.draft_ngram_first:
             raise ValueError("draft_ngram_first=True needs a draft model to fall back to; with method 'ngram' "
                              "prompt lookup is all there is (allowed: False)")
@@ -149,6 +160,7 @@ class SpecConfig:
         scheme = speculation.draft_quantization if speculation.method == "draft_model" else None
         return cls(method="draft", draft_model=str(draft), draft_min_confidence=speculation.draft_min_confidence,
                    draft_min_path_confidence=speculation.draft_min_path_confidence,
+                   draft_min_first_confidence=speculation.draft_min_first_confidence,
                    draft_ngram_first=speculation.draft_ngram_first, ngram_min_n=speculation.ngram.min_n,
                    ngram_max_n=speculation.ngram.max_n,
                    draft_context_window=speculation.draft_context_window,

@@ -265,7 +265,7 @@ class EagleProposer(PagedDraftProposer):
                 seq.num_computed_tokens = seq.num_tokens
                 if not self._take(tokens, q, top, b, i, path, drafts, qs, requests):
                     continue
-                if len(drafts[i]) < requests[i].k and self._confident(conf, b):
+                if len(drafts[i]) < requests[i].k and self._goes_on(conf, b, path[i]):
                     seq.prompt_token_ids.append(tokens[b])  # fed next step with the predicted feature
                     nxt.append((i, seq))
                     feats.append(last[b: b + 1])

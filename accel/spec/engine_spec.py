@@ -52,6 +52,7 @@ def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, 
                                                       quant_scheme=config.draft_quant_scheme)
     proposer.min_confidence = config.draft_min_confidence
     proposer.min_path_confidence = config.draft_min_path_confidence
+    proposer.min_first_confidence = config.draft_min_first_confidence
     if config.draft_ngram_first:
         return NgramFirstProposer(NgramProposer(config.ngram_min_n, config.ngram_max_n), proposer)
     return proposer

@@ -78,6 +78,7 @@ class PagedDraftProposer(Proposer):
         self.seqs: dict[str, Sequence] = {}
         self.min_confidence: float | None = None  # SpecConfig.draft_min_confidence
         self.min_path_confidence: float | None = None  # SpecConfig.draft_min_path_confidence
+        self.min_first_confidence: float | None = None  # SpecConfig.draft_min_first_confidence
         # the longest catch-up span of the last propose call (tokens a request fed its first forward): a request's
         # first draft prefills its whole context, a one-time cost the engine keeps out of the per-forward cost
         self.last_max_catchup = 0
@@ -155,7 +156,7 @@ class PagedDraftProposer(Proposer):
                 seq.num_computed_tokens = seq.num_tokens
                 if not self._take(tokens, q, top, b, i, path, drafts, qs, requests):
                     continue
-                if len(drafts[i]) < requests[i].k and self._confident(conf, b):
+                if len(drafts[i]) < requests[i].k and self._goes_on(conf, b, path[i]):
                     seq.prompt_token_ids.append(tokens[b])  # fed next step
                     nxt.append((i, seq))
             active = nxt
@@ -168,12 +169,16 @@ class PagedDraftProposer(Proposer):
         """Append row b's token to request i's draft unless the path gate ends the chain before it (False).
 
         The gate (min_path_confidence, EAGLE-2's path score): the product of the draft's top probability at every
-        position of the chain so far, this one included, must stay >= the threshold. It reads the top
-        probability, not the sampled token's, so whether a position is proposed depends only on the context
-        before it and rejection sampling stays exact for temperature > 0."""
+        position of the chain so far, this one included, must stay >= the threshold; the chain's first token is
+        held to min_first_confidence instead when that is set. It reads the top probability, not the sampled
+        token's, so whether a position is proposed depends only on the context before it and rejection sampling
+        stays exact for temperature > 0."""
         if top is not None:
             path[i] *= top[b]
-            if path[i] < self.min_path_confidence:
+            gate = self.min_path_confidence
+            if not drafts[i] and self.min_first_confidence is not None:
+                gate = self.min_first_confidence
+            if gate is not None and path[i] < gate:
                 return False
         drafts[i].append(tokens[b])
         if q is not None and not is_greedy(requests[i].params):
@@ -186,7 +191,8 @@ class PagedDraftProposer(Proposer):
         draft gave each token when min_confidence is set else None, the draft's top probability per row when
         min_path_confidence is set else None). Greedy rows read both from the draft's raw distribution. All-greedy
         batches take the argmax over the reduced head and never build a full-vocabulary row."""
-        want_conf, want_top = self.min_confidence is not None, self.min_path_confidence is not None
+        want_conf = self.min_confidence is not None
+        want_top = self.min_path_confidence is not None or self.min_first_confidence is not None
         if all(plain_greedy(r.params) for r in reqs):
             if not (want_conf or want_top):
                 return self._greedy(last), None, None, None
@@ -208,9 +214,12 @@ class PagedDraftProposer(Proposer):
         top = [raw[b] if greedy[b] else float(q[b].max()) for b in range(len(tokens))]
         return tokens, q, conf if want_conf else None, top if want_top else None
 
-    def _confident(self, conf: list[float] | None, row: int) -> bool:
-        """Whether row's chain may go on (min_confidence unset, or its last token was likely enough)."""
-        return conf is None or conf[row] >= self.min_confidence
+    def _goes_on(self, conf: list[float] | None, row: int, path: float) -> bool:
+        """Whether a chain that just took row's token runs another draft forward: that token was likely enough
+        (min_confidence), and its path score still reaches min_path_confidence (the next position's can only be
+        lower; below it after a first token let through by min_first_confidence, the forward would be wasted)."""
+        return ((conf is None or conf[row] >= self.min_confidence)
+                and (self.min_path_confidence is None or path >= self.min_path_confidence))
 
     def _reduced_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, H] -> logits [B, K] over vocab_ids (self.head set). The K x H head goes through the runtime's

@@ -194,3 +194,7 @@ def test_speculative_config_from_the_draft_flag(tiny_dir):
     assert speculative_config(str(tiny_dir), 2, None, None, True).draft_ngram_first is True
     with pytest.raises(ValueError, match="draft_ngram_first needs a draft model"):
         speculative_config("ngram", 5, None, None, True)
+    cfg = speculative_config(str(tiny_dir), 2, None, 0.35, False, 0.2)
+    assert (cfg.draft_min_path_confidence, cfg.draft_min_first_confidence) == (0.35, 0.2)
+    with pytest.raises(ValueError, match="draft_min_first_confidence=0.2 needs a draft model"):
+        speculative_config("ngram", 5, None, None, False, 0.2)

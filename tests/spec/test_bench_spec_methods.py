@@ -12,15 +12,29 @@ bench_spec = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_spec)
 
 
+def _gates(conf=None, path=None, first=None, scheme=None, ngram=False) -> dict:
+    return {"draft_min_confidence": conf, "draft_min_path_confidence": path, "draft_min_first_confidence": first,
+            "draft_quant_scheme": scheme, "draft_ngram_first": ngram}
+
+
 def test_draft_method_names_carry_their_gates():
     # plain: the command line's
-    assert bench_spec.draft_variant("draft", 0.5, None, "int8") == (0.5, None, "int8", False)
-    assert bench_spec.draft_variant("draft+path0.3", 0.5, None, "int8") == (None, 0.3, None, False)
-    assert bench_spec.draft_variant("draft+conf0.4+path0.2+int8", None, None, None) == (0.4, 0.2, "int8", False)
-    assert bench_spec.draft_variant("draft+ngram+path0.3+int8", None, None, None) == (None, 0.3, "int8", True)
-    for bad in ("draft+speed2", "draft+pathx", "drafty"):
+    assert bench_spec.draft_variant("draft", 0.5, None, "int8") == _gates(conf=0.5, scheme="int8")
+    assert bench_spec.draft_variant("draft+path0.3", 0.5, None, "int8") == _gates(path=0.3)
+    assert bench_spec.draft_variant("draft+conf0.4+path0.2+int8", None, None, None) == _gates(0.4, 0.2, scheme="int8")
+    assert bench_spec.draft_variant("draft+ngram+path0.3+int8", None, None, None) == _gates(path=0.3, scheme="int8",
+                                                                                           ngram=True)
+    assert bench_spec.draft_variant("draft+path0.35+first0.2", None, None, None) == _gates(path=0.35, first=0.2)
+    for bad in ("draft+speed2", "draft+pathx", "drafty", "draft+firstly"):
         with pytest.raises(ValueError, match="is invalid"):
             bench_spec.draft_variant(bad, None, None, None)
+    # every name maps onto SpecConfig fields
+    from accel.spec.config import SpecConfig
+
+    cfg = SpecConfig(method="draft", draft_model="d", **bench_spec.draft_variant("draft+path0.35+first0.2+int8",
+                                                                                None, None, None))
+    assert (cfg.draft_min_path_confidence, cfg.draft_min_first_confidence, cfg.draft_quant_scheme) == (0.35, 0.2,
+                                                                                                       "int8")
 
 
 class _FakeEngine:

@@ -353,6 +353,13 @@ def test_min_path_confidence_drafts_only_likely_paths_and_keeps_outputs_exact(tm
         stats[gate] = engine.stats().spec_decode
     assert stats[1e-30].num_draft_tokens == stats[None].num_draft_tokens > 0
     assert stats[0.999].num_drafts == 0  # a random draft is never that sure of even its first token
+    # a first-token gate at ~0 under a path gate no chain passes: every drafted chain is one token long
+    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+                      disable_above_batch_size=None, max_step_rows=None, draft_min_path_confidence=0.999,
+                      draft_min_first_confidence=1e-30)
+    out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
+    first = engine.stats().spec_decode
+    assert out == ref and first.num_drafts > 0 and first.num_draft_tokens == first.num_drafts
 
 
 def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):

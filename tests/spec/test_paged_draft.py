@@ -124,6 +124,36 @@ def test_path_gate_truncates_each_chain_where_the_path_score_drops_below_the_thr
     assert prop.propose([ProposalRequest(r.token_ids, r.k, r.request_id) for r in reqs]).token_ids == [[], []]
 
 
+def test_first_token_gate_proposes_an_unsure_first_token_and_ends_its_chain_without_another_forward(draft):
+    _, model = draft
+    prop = PagedDraftProposer(model, num_blocks=64, block_size=4)
+    reqs = [ProposalRequest([1, 5, 9, 33, 71, 4], 6, "a"), ProposalRequest([7, 8, 9, 10], 6, "b")]
+    full, tops = _top_probs(prop, reqs)
+    firsts = [t[0] for t in tops]
+    lo, hi = sorted(firsts)
+    assert lo < hi
+
+    def again():
+        return prop.propose([ProposalRequest(r.token_ids, r.k, r.request_id) for r in reqs])
+
+    # path gate above both first tokens, first-token gate below both: one token each, and one draft forward
+    prop.min_path_confidence, prop.min_first_confidence = hi * 1.01, lo * 0.99
+    assert again().token_ids == [d[:1] for d in full.token_ids] and prop.last_num_forwards == 1
+    # first-token gate between the two: only the surer request drafts
+    prop.min_first_confidence = (lo + hi) / 2
+    assert again().token_ids == [d[:1] if f == hi else [] for d, f in zip(full.token_ids, firsts)]
+    # a first-token gate above the path gate holds the first token to it; the chain then follows the path gate
+    scores = [torch.tensor(t).cumprod(0).tolist() for t in tops]
+    path = min(sc[1] for sc in scores) * 0.99  # both chains' second positions pass the path gate
+    prop.min_path_confidence, prop.min_first_confidence = path, (lo + hi) / 2
+    for d, d_full, sc, f in zip(again().token_ids, full.token_ids, scores, firsts):
+        assert d == (d_full[:sum(1 for s in sc if s >= path)] if f == hi else [])
+    # unset: the path gate alone, as before
+    prop.min_first_confidence = None
+    for d, d_full, sc in zip(again().token_ids, full.token_ids, scores):
+        assert d == d_full[:sum(1 for s in sc if s >= path)]
+
+
 def test_path_gate_for_sampled_rows_depends_on_the_context_not_the_draw(draft):
     """Rejection sampling stays exact only if whether a position is proposed is fixed before its token is drawn:
     the gate must read the draft's top probability, never the sampled token's."""
@@ -157,6 +187,14 @@ def test_path_gate_validation():
         SpecConfig(method="draft", draft_model="d", draft_min_path_confidence=1.0)
     with pytest.raises(ValueError, match="n-gram lookup has no confidence"):
         SpecConfig(method="ngram", draft_min_path_confidence=0.3)
+    assert SpecConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_first_confidence=0.2),
+                                  draft_dir="d").draft_min_first_confidence == 0.2
+    with pytest.raises(ValueError, match="draft_min_first_confidence=0.0 is invalid"):
+        SpecConfig(method="draft", draft_model="d", draft_min_first_confidence=0.0)
+    with pytest.raises(ValueError, match="n-gram lookup has no confidence"):
+        SpecConfig(method="ngram", draft_min_first_confidence=0.2)
+    with pytest.raises(ValueError, match="draft_min_first_confidence"):
+        SpeculationConfig(method="distilled", draft_min_first_confidence=1.0)
     with pytest.raises(ValueError, match="draft_min_path_confidence"):
         SpeculationConfig(method="distilled", draft_min_path_confidence=0.0)
 
