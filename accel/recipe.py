@@ -195,7 +195,24 @@ class DistillConfig(Strict):
     """kind eagle only: weight of the second chain step's loss (the draft fed its own first guess, EAGLE-3's
     training-time test); 0 trains the first step only (at 30 CPU-minutes the halved step count cost more
     first-token agreement than the second token gained; see train_eagle)."""
+    gen_fraction: Annotated[float, Field(ge=0.05, le=0.95)] = 0.4
+    """kind eagle only: share of the budget spent generating the target's replies; the rest trains. A continuation
+    (init_from) has a trained draft already, so fresh data is worth more than steps (0.6)."""
+    init_from: str | None = None
+    """kind eagle only: an EAGLE draft folder of the same target to go on training on this run's fresh replies
+    (see train_eagle); use another seed and a high model_written_fraction, or the replies repeat the first run's."""
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _init_from(self) -> DistillConfig:
+        if self.init_from is None:
+            return self
+        if self.kind != "eagle":
+            raise ValueError(f"distill.init_from is set with kind {self.kind!r}; allowed: kind eagle only")
+        from accel.spec.eagle_train import init_history
+
+        init_history(self.init_from)  # a folder that is not an EAGLE draft fails here, before any work starts
+        return self
 
     def resolved(self, name: str):
         value = getattr(self, name)

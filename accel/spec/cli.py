@@ -37,6 +37,12 @@ def draft_train(
     chain_weight: Annotated[float, typer.Option(
         min=0.0, help="kind eagle: weight of the second chain step's loss (EAGLE-3 training-time test; 0: off).")
     ] = 0.0,
+    gen_fraction: Annotated[float, typer.Option(
+        min=0.05, max=0.95, help="kind eagle: share of the budget spent generating the target's replies (the rest "
+                                 "trains).")] = 0.4,
+    init_from: Annotated[Optional[Path], typer.Option(
+        help="kind eagle: an EAGLE draft folder of this target to go on training on fresh replies (its vocabulary "
+             "is kept; use another --seed and a high --model-written-fraction for fresh prompts).")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     threads: Annotated[Optional[int], typer.Option(min=1, help="torch CPU threads.")] = None,
 ) -> None:
@@ -48,6 +54,15 @@ def draft_train(
 
     if kind not in DISTILL_DEFAULTS:
         raise typer.BadParameter(f"{kind!r} is invalid; allowed: {', '.join(DISTILL_DEFAULTS)}", param_hint="--kind")
+    if init_from is not None and kind != "eagle":
+        raise typer.BadParameter(f"given with --kind {kind}; allowed: --kind eagle only", param_hint="--init-from")
+    if init_from is not None:
+        from accel.spec.eagle_train import init_history
+
+        try:
+            init_history(init_from)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--init-from") from None
     if threads:
         torch.set_num_threads(threads)
     defaults = DISTILL_DEFAULTS[kind]
@@ -66,7 +81,7 @@ def draft_train(
         r = train_eagle(target_path, out, time_budget_minutes=minutes, calibration_dir=calibration_dir,
                         num_prompts=num_prompts, max_new_tokens=max_new_tokens, learning_rate=learning_rate,
                         draft_vocab_size=vocab, model_written_fraction=model_written_fraction, chain_weight=chain_weight,
-                        seed=seed)
+                        gen_fraction=gen_fraction, seed=seed, init_from=init_from)
         typer.echo(f"eagle draft: {r.out_dir} (vocab {r.draft_vocab_size}, coverage {r.vocab_coverage:.3f}); "
                    f"{r.num_prompts} replies ({r.num_model_written_prompts} to model-written turns), {r.num_train_positions} positions, {r.num_steps} steps; held-out "
                    f"agreement: first token {r.heldout_top1:.3f}, second given the first {r.heldout_second:.3f}")

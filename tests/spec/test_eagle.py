@@ -274,6 +274,57 @@ def test_train_eagle_writes_a_loadable_folder(tmp_path, tiny_model_dir):
     assert out == _run(tiny_model_dir, PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0))[0]
 
 
+def _fox_calibration(tmp_path):
+    cal = tmp_path / "cal"
+    cal.mkdir(exist_ok=True)
+    rows = [{"id": f"c{i}", "domain": "chat", "text": f"User: tell me about fox {i}\nAssistant: a fox."}
+            for i in range(6)] + [{"id": f"p{i}", "domain": "prose", "text": f"The quick brown fox {i}."}
+                                  for i in range(3)]
+    (cal / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return cal
+
+
+def test_train_eagle_init_from_goes_on_from_the_saved_draft(tmp_path, tiny_model_dir):
+    """A continuation starts from the folder's weights and vocabulary (at learning rate 0 it saves them back
+    unchanged, so the run did load them) and keeps the earlier run's training record under history."""
+    from safetensors.torch import load_file
+
+    from accel.spec.eagle_train import train_eagle
+
+    target, _, first = _save(tmp_path, tiny_model_dir, list(range(0, 320, 3)))
+    meta = json.loads((first / "accel_draft.json").read_text())
+    meta["train"] = {"num_steps": 7, "seed": 0}
+    (first / "accel_draft.json").write_text(json.dumps(meta))
+    res = train_eagle(tiny_model_dir, tmp_path / "cont", time_budget_minutes=0.25,
+                      calibration_dir=_fox_calibration(tmp_path), num_prompts=9, max_new_tokens=8,
+                      draft_vocab_size=64, learning_rate=0.0, model_written_fraction=0.0, seed=1, init_from=first,
+                      progress=False)
+    assert res.num_steps > 0 and res.draft_vocab_size == len(range(0, 320, 3))  # the folder's, not 64
+    cont = json.loads((tmp_path / "cont" / "accel_draft.json").read_text())
+    assert cont["vocab_ids"] == list(range(0, 320, 3))
+    assert cont["history"] == [{"num_steps": 7, "seed": 0}]
+    assert cont["train"]["init_from"] == str(first) and cont["train"]["seed"] == 1
+    before, after = load_file(str(first / "model.safetensors")), load_file(str(tmp_path / "cont" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    for k in before:
+        torch.testing.assert_close(after[k], before[k])
+
+
+def test_train_eagle_init_from_refuses_a_draft_of_another_target(tmp_path, tiny_model_dir):
+    from tests.conftest import save_tiny_model
+
+    from accel.spec.eagle_train import init_history, train_eagle
+
+    _, _, first = _save(tmp_path, tiny_model_dir, list(range(64)))
+    wider = save_tiny_model(tmp_path / "wider", hidden_size=96, num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(ValueError, match="was not trained from this target"):
+        train_eagle(wider, tmp_path / "cont", time_budget_minutes=0.25, calibration_dir=_fox_calibration(tmp_path),
+                    num_prompts=9, max_new_tokens=8, model_written_fraction=0.0, init_from=first, progress=False)
+    assert not (tmp_path / "cont").exists()
+    with pytest.raises(ValueError, match="a folder an EAGLE"):
+        init_history(tmp_path / "nothing-here")
+
+
 def test_min_confidence_stops_chains_early_and_keeps_outputs_exact(tmp_path, tiny_model_dir):
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
     params = SamplingParams(max_tokens=16, temperature=0)
