@@ -86,6 +86,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default=None, help="draft folder (e.g. from `accel draft train`)")
+    ap.add_argument("--draft-b", default=None,
+                    help="a second draft folder for methods named draftb+...: two drafts compared in one paired run")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per set at batch 1 (batch 16 uses 16)")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--sets", default="input-grounded,open-ended")
@@ -145,7 +147,10 @@ def main() -> None:
     eos = [2] + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, stop_token_ids=eos)
     warm_params = SamplingParams(max_tokens=16, temperature=0, stop_token_ids=eos)
-    methods = [m for m in args.methods.split(",") if not m.startswith("draft") or args.draft]
+    def draft_of(method: str) -> str | None:
+        return args.draft_b if method.split("+")[0] == "draftb" else args.draft
+
+    methods = [m for m in args.methods.split(",") if not m.startswith("draft") or draft_of(m)]
     try:
         gates = {m: draft_variant(m, args.min_confidence, args.min_path_confidence, args.draft_quant)
                  for m in methods if m.startswith("draft")}
@@ -162,7 +167,7 @@ def main() -> None:
             for method in methods:
                 spec = None
                 if method not in ("off", "off2"):
-                    spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=args.draft,
+                    spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=draft_of(method),
                                       **gates.get(method, {}),
                                       num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
                                       ngram_min_n=args.ngram_min_n, ngram_max_n=args.ngram_max_n,
@@ -251,9 +256,9 @@ def draft_variant(method: str, min_confidence: float | None, min_path_confidence
     those as named (unnamed gates None, no quantization unless named; "ngram": prompt lookup first,
     `draft_ngram_first`; "firstX": `draft_min_first_confidence`), so one run compares variants side by side."""
     parts = method.split("+")
-    if parts[0] != "draft":
+    if parts[0] not in ("draft", "draftb"):  # draftb: the same variants of the --draft-b folder
         raise ValueError(f"method {method!r} is invalid; allowed: draft, draft+confX, draft+pathX, draft+firstX, "
-                         "draft+int8, draft+ngram")
+                         "draft+int8, draft+ngram (draftb+...: the same with --draft-b)")
     out = {"draft_min_confidence": min_confidence, "draft_min_path_confidence": min_path_confidence,
            "draft_min_first_confidence": None, "draft_quant_scheme": quant, "draft_ngram_first": False}
     if len(parts) == 1:

@@ -25,7 +25,9 @@ def test_draft_method_names_carry_their_gates():
     assert bench_spec.draft_variant("draft+ngram+path0.3+int8", None, None, None) == _gates(path=0.3, scheme="int8",
                                                                                            ngram=True)
     assert bench_spec.draft_variant("draft+path0.35+first0.2", None, None, None) == _gates(path=0.35, first=0.2)
-    for bad in ("draft+speed2", "draft+pathx", "drafty", "draft+firstly"):
+    # draftb: the same variants of the second draft folder (--draft-b)
+    assert bench_spec.draft_variant("draftb+path0.35+first0.2", None, None, None) == _gates(path=0.35, first=0.2)
+    for bad in ("draft+speed2", "draft+pathx", "drafty", "draft+firstly", "draftc+path0.3"):
         with pytest.raises(ValueError, match="is invalid"):
             bench_spec.draft_variant(bad, None, None, None)
     # every name maps onto SpecConfig fields
