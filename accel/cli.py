@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -42,12 +43,18 @@ def _not_built(what: str, issue: int) -> None:
 
 
 def _load_recipe_or_exit(path: Path):
+    """The recipe, checked by its schema and against the disk (accel.preflight); exit 2 listing every problem."""
+    from accel.preflight import preflight
     from accel.recipe import RecipeError, load_recipe
 
     try:
-        return load_recipe(path)
+        recipe = load_recipe(path)
     except RecipeError as e:
         _fail(str(e))
+    problems = preflight(recipe)
+    if problems:
+        _fail(str(RecipeError(str(path), problems)))
+    return recipe
 
 
 def _human_bytes(n: int) -> str:
@@ -125,6 +132,7 @@ def _run_pipeline(recipe, force: list[str], until: str | None = None, override_g
 
     from accel.pipeline import GateFailed, optimize as run_optimize
     from accel.pipeline_ui import EXIT_GATES, StageProgress, headline_table
+    from accel.recipe import RecipeError
 
     if override_gates:
         recipe.gates.override = True
@@ -132,7 +140,10 @@ def _run_pipeline(recipe, force: list[str], until: str | None = None, override_g
     console.print(f"run folder: {recipe.run_dir()}")
     code = 0
     try:
-        run_optimize(recipe, on_event=ui, force=tuple(force), until=until, progress=sys.stderr.isatty())
+        with terminate_as_interrupt():
+            run_optimize(recipe, on_event=ui, force=tuple(force), until=until, progress=sys.stderr.isatty())
+    except RecipeError as e:  # the recipe does not fit the disk: nothing ran
+        _fail(str(e))
     except ValueError as e:
         if not ui.rows:  # bad --force etc.: nothing ran
             _fail(str(e))
@@ -195,6 +206,8 @@ def serve(
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
     kv_cache_memory_gb: Annotated[float, typer.Option(min=0.01)] = 1.0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    skip_verify: Annotated[bool, typer.Option(help="Serve an export even when its files do not match its "
+                                                   "accel.json (checked by default).")] = False,
 ) -> None:
     """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API."""
     from accel.models import ModelNotFoundError
@@ -205,7 +218,7 @@ def serve(
                    draft=draft, num_speculative_tokens=num_speculative_tokens,
                    draft_min_confidence=draft_min_confidence, draft_min_path_confidence=draft_min_path_confidence,
                    draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first,
-                   max_queue=max_queue, max_num_seqs=max_num_seqs,
+                   max_queue=max_queue, max_num_seqs=max_num_seqs, skip_verify=skip_verify,
                    kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device)
     except (ModelNotFoundError, ValueError) as e:
         _fail(str(e))
@@ -405,8 +418,51 @@ def generate(
     err_console.print(f"[dim]{ttft}, {n} text chunks, {rate:.1f} chunks/s after the first[/]")
 
 
-def main() -> None:  # pragma: no cover
-    app()
+@app.callback()
+def _global_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show the Python traceback of an unexpected error.")] = False,
+) -> None:
+    """accel: make causal language models cheaper and faster to serve, and prove it with numbers."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `accel` entry point: an unexpected error prints one line (and where the traceback is), not a traceback,
+    unless --debug is given."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in args
+    if debug:  # accepted anywhere on the line, not only before the command
+        args = ["--debug"] + [a for a in args if a != "--debug"]
+    try:
+        app(args=args, prog_name="accel")
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - the last line of defence for the terminal; --debug shows all
+        if debug:
+            raise
+        err_console.print(f"[bold red]error:[/] {type(e).__name__}: {e}", highlight=False)
+        err_console.print("[dim](run the command again with --debug for the Python traceback)[/]")
+        raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM behaves as Ctrl-C while the block runs, so `finally` blocks (a stage's temp folder) clean up."""
+    import signal
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

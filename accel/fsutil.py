@@ -26,9 +26,10 @@ def atomic_dir(final: Path, *, overwrite: bool = False) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it 0700; the result is an ordinary folder
+    tmp.chmod(0o777 & ~process_umask())  # mkdtemp makes it 0700; the result is an ordinary folder
     try:
         yield tmp
+        normalize_modes(tmp)
         if final.exists():
             if not overwrite:
                 raise FileExistsError(f"{final} already exists")
@@ -43,12 +44,32 @@ def atomic_dir(final: Path, *, overwrite: bool = False) -> Iterator[Path]:
         raise
 
 
+def process_umask() -> int:
+    """The process's umask (read by setting it and putting it back: POSIX has no read-only call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def normalize_modes(root: Path) -> None:
+    """Give every file and folder under `root` the mode the process's umask gives a new one (0644 / 0755 with
+    the usual 022). Some writers (transformers' save_pretrained, mkstemp) make files 0600, which a server running
+    under another account (vLLM, say) cannot read."""
+    mask = process_umask()
+    for p in [Path(root), *Path(root).rglob("*")]:
+        if p.is_symlink():
+            continue
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temp file in the same folder and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
     try:
+        # mkstemp makes the file 0600; the result is an ordinary file another account (a server) can read
+        os.fchmod(fd, 0o666 & ~process_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

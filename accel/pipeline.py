@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from accel.fsutil import atomic_write_text
-from accel.recipe import Recipe, dump_recipe
+from accel.preflight import preflight
+from accel.recipe import Recipe, RecipeError, dump_recipe
 from accel.stages import Stage, StageContext, StageRecord, run_stages
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -406,12 +407,16 @@ def optimize(recipe: Recipe, *, on_event: Callable | None = None, force: tuple[s
 
     force: stage names to rerun even when reusable (their dependants rerun only if their outputs change).
     until: stop after this stage (`accel quantize` stops after quantize). Raises GateFailed from the export stage
-    when a gate failed and the recipe does not override it; every stage before it stays finished.
+    when a gate failed and the recipe does not override it; every stage before it stays finished. Raises
+    RecipeError before any work when the recipe does not fit the disk or the machine (accel.preflight).
     """
     stages = build_stages(recipe, until)
     bad = sorted(set(force) - {s.name for s in stages})
     if bad:
         raise ValueError(f"--force {', '.join(bad)}: no such stage; stages: {', '.join(s.name for s in stages)}")
+    problems = preflight(recipe, PROJECT_ROOT)
+    if problems:
+        raise RecipeError(str(recipe.run_dir() / "recipe.yaml"), problems)
     run_dir = recipe.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "recipe.yaml", dump_recipe(recipe))

@@ -1,8 +1,9 @@
 """The recipe: what `accel optimize` does, as data.
 
 A recipe is YAML (or the same structure in Python). Every section is a pydantic model with `extra="forbid"`, so a
-typo fails at load with the field path, the bad value and what is allowed, before any work starts. Every field has
-a default, so a three-line recipe works:
+typo fails at load with the field path, the bad value and what is allowed, before any work starts; what needs the
+disk (paths, data files, the model's shapes) is checked by accel.preflight. `name` and `model.path` are required,
+every other field has a default, so a three-line recipe works:
 
     name: demo
     model:
@@ -33,8 +34,8 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
-    path: str = "smollm2-135m"
-    """Registry name (see `accel models list`), a local Hugging Face folder, or a .gguf file."""
+    path: Annotated[str, Field(min_length=1)]
+    """Registry name (see `accel models list`, e.g. smollm2-135m), a local Hugging Face folder, or a .gguf file."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Compute dtype; auto = float32 on CPU (no fast bf16 matmul on AVX2), bfloat16 on CUDA."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -138,6 +139,19 @@ class QuantizationConfig(Strict):
             raise ValueError(f"candidates must be a non-empty list without repeats, got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _reachable_bits(self) -> QuantizationConfig:
+        # the nominal floor of the cheapest candidate; accel.preflight checks the exact one on the model's shapes
+        target = self.budget.target_avg_bits
+        floors = {"int4": 4 + 32 / self.int4_group_size, "int4f": 4 + 32 / self.int4_group_size, "int8": 8.0,
+                  "fp16": 16.0}
+        cheapest = min(self.candidates, key=floors.__getitem__)
+        if target is not None and target < floors[cheapest]:
+            raise ValueError(f"budget.target_avg_bits {target} is unreachable with candidates {self.candidates}: "
+                             f"{cheapest}, the cheapest, costs {floors[cheapest]:g} bits per weight or more; allowed: "
+                             f">= {floors[cheapest]:g}, or a cheaper candidate")
+        return self
+
     @field_validator("overrides")
     @classmethod
     def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
@@ -205,13 +219,9 @@ class DistillConfig(Strict):
 
     @model_validator(mode="after")
     def _init_from(self) -> DistillConfig:
-        if self.init_from is None:
-            return self
-        if self.kind != "eagle":
+        # the folder itself is checked against the disk by accel.preflight, before any work starts
+        if self.init_from is not None and self.kind != "eagle":
             raise ValueError(f"distill.init_from is set with kind {self.kind!r}; allowed: kind eagle only")
-        from accel.spec.eagle_train import init_history
-
-        init_history(self.init_from)  # a folder that is not an EAGLE draft fails here, before any work starts
         return self
 
     def resolved(self, name: str):
@@ -335,10 +345,11 @@ class GatesConfig(Strict):
 
 
 class Recipe(Strict):
-    name: Name = "default"
+    name: Name
+    """The run folder's name (output_dir/name); required, so two recipes never share a folder by accident."""
     description: str = ""
     output_dir: str = "runs"
-    model: ModelConfig = ModelConfig()
+    model: ModelConfig
     calibration: CalibrationConfig = CalibrationConfig()
     quantization: QuantizationConfig = QuantizationConfig()
     speculation: SpeculationConfig = SpeculationConfig()
@@ -407,7 +418,7 @@ def _format_errors(e: ValidationError) -> list[str]:
 def parse_recipe(data: Any, source: str = "<dict>") -> Recipe:
     """Validate a recipe given as a mapping; raise RecipeError listing every problem."""
     if data is None:
-        data = {}
+        raise RecipeError(source, ["(top level): the recipe is empty; it needs at least `name` and `model.path`"])
     if not isinstance(data, dict):
         raise RecipeError(source, [f"(top level): a recipe must be a mapping of sections, got {type(data).__name__}"])
     try:
@@ -422,9 +433,13 @@ def load_recipe(path: str | Path) -> Recipe:
     if not p.is_file():
         raise RecipeError(str(p), [f"file {str(p)!r} does not exist"])
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise RecipeError(str(p), [f"not a text file: byte {e.start} is not UTF-8 (a recipe is YAML text)"]) from None
     except yaml.YAMLError as e:
         raise RecipeError(str(p), [f"not valid YAML: {e}"]) from None
+    except OSError as e:
+        raise RecipeError(str(p), [f"cannot be read: {e.strerror or e}"]) from None
     return parse_recipe(data, str(p))
 
 

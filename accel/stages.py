@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accel.fsutil import atomic_write_json, sha256_file
+from accel.fsutil import atomic_write_json, normalize_modes, sha256_file
 
 MANIFEST = "manifest.json"
 
@@ -164,6 +164,7 @@ def run_stages(stages: list[Stage], recipe: Any, run_dir: Path, *, state: dict |
         try:
             ctx = StageContext(recipe, run_dir, tmp, {n: r.summary for n, r in records.items()}, state)
             summary = stage.fn(ctx) or {}
+            normalize_modes(tmp)
             _move_outputs(stage, tmp, run_dir)
         except BaseException:
             if on_event:

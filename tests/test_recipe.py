@@ -22,7 +22,7 @@ def test_three_line_recipe_gets_defaults():
 
 def test_round_trip_load_dump_load(tmp_path):
     r = parse_recipe({
-        "name": "rt", "calibration": {"allocation": "weights", "weights": {"code": 2.0, "chat": 1.0}},
+        "name": "rt", "model": {"path": "smollm2-135m"}, "calibration": {"allocation": "weights", "weights": {"code": 2.0, "chat": 1.0}},
         "quantization": {"budget": {"target_avg_bits": 5.0}, "overrides": {r"layers\.0\.": "fp16"}},
         "speculation": {"method": "draft_model", "draft_model": "some/folder", "num_speculative_tokens": 3},
         "eval": {"workloads": [{"name": "w", "prompt_tokens": [8, 64], "output_tokens": [4, 4], "concurrency": 2}]},
@@ -63,8 +63,6 @@ BROKEN = [
      ["speculation.disable_above_batch_size", "sometimes", "'auto'"]),
     ({"speculation": {"distill": {"chain_weight": -1}}},
      ["speculation.distill.chain_weight", "-1", "greater than or equal to 0"]),
-    ({"speculation": {"distill": {"init_from": "/nonexistent/draft"}}},
-     ["speculation.distill", "/nonexistent/draft", "a folder an EAGLE `accel draft train` wrote"]),
     ({"speculation": {"distill": {"kind": "layers", "init_from": "runs/x"}}},
      ["speculation.distill", "init_from is set with kind 'layers'", "kind eagle only"]),
     ({"speculation": {"distill": {"gen_fraction": 1.0}}},
@@ -80,15 +78,22 @@ BROKEN = [
     ({"eval": {"variants": ["turbo"]}}, ["eval.variants.0", "turbo"]),
     ({"gates": {"min_top1_agreement": 1.5}}, ["gates.min_top1_agreement", "1.5", "less than or equal to 1"]),
     ({"name": "has space"}, ["name", "has space", "pattern"]),
-    ({"model": {"dtype": "float8"}}, ["model.dtype", "float8"]),
+    ({"model": {"path": "smollm2-135m", "dtype": "float8"}}, ["model.dtype", "float8"]),
+    ({"model": {"path": ""}}, ["model.path", "at least 1 character"]),
+    ({"model": {}}, ["model.path", "Field required"]),
+    ({"quantization": {"candidates": ["int8", "fp16"], "budget": {"target_avg_bits": 4.0}}},
+     ["budget.target_avg_bits 4.0 is unreachable", "int8", "allowed: >= 8"]),
+    ({"quantization": {"int4_group_size": 32, "budget": {"target_avg_bits": 4.5}}},
+     ["budget.target_avg_bits 4.5 is unreachable", "allowed: >= 5"]),
     (["not", "a", "mapping"], ["must be a mapping"]),
 ]
+BASE = {"name": "x", "model": {"path": "smollm2-135m"}}
 
 
 @pytest.mark.parametrize("data,expected", BROKEN, ids=[str(i) for i in range(len(BROKEN))])
 def test_broken_recipes_name_path_value_and_allowed(data, expected):
     with pytest.raises(RecipeError) as ei:
-        parse_recipe(data)
+        parse_recipe({**BASE, **data} if isinstance(data, dict) else data)
     msg = str(ei.value)
     for s in expected:
         assert s in msg, f"{s!r} not in {msg!r}"
@@ -96,8 +101,26 @@ def test_broken_recipes_name_path_value_and_allowed(data, expected):
 
 def test_every_problem_is_listed():
     with pytest.raises(RecipeError) as ei:
-        parse_recipe({"runtime": {"block_size": 7, "max_num_seqs": 0}, "modle": {}})
+        parse_recipe({**BASE, "runtime": {"block_size": 7, "max_num_seqs": 0}, "modle": {}})
     assert len(ei.value.problems) == 3
+
+
+@pytest.mark.parametrize("data,expected", [
+    (None, "the recipe is empty"),
+    ({}, "name: Field required"),
+    ({"model": {"path": "smollm2-135m"}}, "name: Field required"),
+    ({"name": "x"}, "model: Field required"),
+])
+def test_empty_recipe_and_missing_name_or_model_are_errors_not_defaults(data, expected):
+    with pytest.raises(RecipeError, match=expected):
+        parse_recipe(data)
+
+
+def test_binary_recipe_file_is_a_one_line_problem(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary")
+    with pytest.raises(RecipeError, match="not a text file: byte 0 is not UTF-8"):
+        load_recipe(p)
 
 
 def test_bad_yaml_and_missing_file(tmp_path):

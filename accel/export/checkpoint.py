@@ -98,6 +98,44 @@ class VerifyResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def read_manifest(export_dir: Path) -> tuple[dict | None, str | None]:
+    """(the export's accel.json, None) or (None, what is wrong with it)."""
+    mpath = Path(export_dir) / MANIFEST_NAME
+    if not mpath.is_file():
+        return None, f"{mpath} is missing: not an accel export"
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        return None, f"{mpath} is not a text file (byte {e.start} is not UTF-8)"
+    except json.JSONDecodeError as e:
+        return None, f"{mpath} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); it may be truncated"
+    except OSError as e:
+        return None, f"{mpath} cannot be read: {e.strerror or e}"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return None, f"{mpath} has no 'files' table of sha256 digests: not an accel export manifest"
+    return manifest, None
+
+
+def check_files(export_dir: Path) -> tuple[list[str], int]:
+    """(problems, number of files checked): every file's sha256 against accel.json, and no file it does not list."""
+    root = Path(export_dir)
+    manifest, problem = read_manifest(root)
+    if manifest is None:
+        return [problem], 0
+    expected: dict[str, str] = manifest["files"]
+    actual = _hash_files(root)
+    problems = []
+    for rel, digest in expected.items():
+        if rel not in actual:
+            problems.append(f"missing file {rel}")
+        elif actual[rel] != digest:
+            problems.append(f"sha256 mismatch for {rel} (changed since the export was written)")
+    for rel in sorted(set(actual) - set(expected)):
+        problems.append(f"unexpected file {rel} (not in {MANIFEST_NAME})")
+    return problems, len(expected)
+
+
 def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | None = None) -> VerifyResult:
     """Check every file's sha256 against `accel.json`, then (if `load`) load it with transformers and run a forward.
 
@@ -106,20 +144,7 @@ def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | N
     """
     root = Path(export_dir)
     res = VerifyResult(ok=True)
-    mpath = root / MANIFEST_NAME
-    if not mpath.is_file():
-        return VerifyResult(ok=False, problems=[f"{mpath} is missing: not an accel export"])
-    manifest = json.loads(mpath.read_text())
-    expected: dict[str, str] = manifest.get("files", {})
-    actual = _hash_files(root)
-    for rel, digest in expected.items():
-        if rel not in actual:
-            res.problems.append(f"missing file {rel}")
-        elif actual[rel] != digest:
-            res.problems.append(f"sha256 mismatch for {rel}")
-    for rel in sorted(set(actual) - set(expected)):
-        res.problems.append(f"unexpected file {rel} (not in {MANIFEST_NAME})")
-    res.checked_files = len(expected)
+    res.problems, res.checked_files = check_files(root)
     if res.problems:
         res.ok = False
         return res

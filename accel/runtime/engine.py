@@ -6,6 +6,7 @@ One step is three lines (schedule, run, update) plus detokenization and stop str
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullE
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+log = logging.getLogger("accel.engine")
 
 
 @dataclass
@@ -89,13 +91,14 @@ class RequestOutput:
     token_ids: list[int]  # all output tokens so far
     text: str  # all output text so far (truncated before a stop string)
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort"
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None  # the stop string or stop token id that ended it, if any
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     spec_decode: SpecDecodeCounters | None = None  # None unless the request was verified against drafts
+    error: str | None = None  # finish_reason "error": what failed (this request only; the others go on)
 
 
 @dataclass
@@ -196,9 +199,17 @@ class Engine:
         bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are invalid; allowed: integers in [0, {vocab})")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are invalid; allowed: integers in [0, {vocab})")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         seq = Sequence(request_id, token_ids, params, priority=priority, eos_token_id=self.eos_token_id)
-        self.scheduler.add(seq)
+        self.runner.add_request(seq)
+        try:
+            self.scheduler.add(seq)
+        except BaseException:
+            self.runner.release(request_id)
+            raise
         self._states[request_id] = _RequestState(seq, IncrementalDetokenizer(self.tokenizer, token_ids, params.stop))
         if self.spec is not None:
             self.spec.add(request_id, domain)
@@ -225,19 +236,37 @@ class Engine:
             self.runner.swap(sched.swap_out, sched.swap_in)  # preemptions may still have to move K/V
             return []
         out = self.runner.execute(sched, draft_probs) if draft_probs else self.runner.execute(sched)
+        results = [self._fail(self._states[rid], error) for rid, error in out.failed.items()]
         touched = self.scheduler.update_from_output(sched, out)
         if self.spec is not None:
             self.spec.observe(sched, out)
         by_id = dict(zip(out.request_ids, range(len(out.request_ids))))
-        results = []
         for seq in touched:
             st = self._states[seq.request_id]
             i = by_id[seq.request_id]
-            if out.logprobs[i] is not None:
-                st.logprobs.extend(out.logprobs[i])
-                st.top_logprobs.extend(out.top_logprobs[i] or [])
-            results.append(self._output(st))
+            try:
+                if out.logprobs[i] is not None:
+                    st.logprobs.extend(out.logprobs[i])
+                    st.top_logprobs.extend(out.top_logprobs[i] or [])
+                results.append(self._output(st))
+            except Exception as e:  # noqa: BLE001 - detokenization / stop strings of this request only
+                log.exception("request %s failed after its step", seq.request_id)
+                results.append(self._fail(st, f"{type(e).__name__}: {e}"))
         return results
+
+    def _fail(self, st: _RequestState, error: str) -> RequestOutput:
+        """End one request with finish reason "error" (its blocks freed); the rest of the batch goes on."""
+        seq = st.seq
+        self.scheduler.finish(seq, FinishReason.ERROR)
+        self.runner.release(seq.request_id)
+        self._states.pop(seq.request_id, None)
+        if self.spec is not None:
+            self.spec.finish(seq.request_id)
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, new_token_ids=[], text_delta="",
+            token_ids=list(seq.output_token_ids), text=st.detok.output_text, finished=True,
+            finish_reason=FinishReason.ERROR.value, stop_reason=None, metrics=seq.metrics,
+            num_cached_tokens=seq.num_cached_prompt_tokens, error=error)
 
     def _output(self, st: _RequestState) -> RequestOutput:
         seq = st.seq

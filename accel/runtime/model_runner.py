@@ -5,6 +5,9 @@ Owns the KV tensors and one torch.Generator per seeded request.
 
 from __future__ import annotations
 
+import logging
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +20,7 @@ from accel.runtime.sampler import Sampler, plain_greedy
 from accel.runtime.sequence import Sequence
 
 KV_CACHE_DTYPES = ("auto", "int8")
+log = logging.getLogger("accel.engine")
 
 
 # Longest span (tokens of one request in a step) sent through the paged decode kernel as per-token decode rows;
@@ -70,6 +74,10 @@ class ModelRunner:
         self.hidden_hook = None
 
     # ---- per-request state -----------------------------------------------------------------------------
+    def add_request(self, seq: Sequence) -> None:
+        """Set up a new request's state (its seeded generator), so a failure is the caller's, before any step."""
+        self._generator(seq)
+
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.params.seed is None:
             return None
@@ -79,6 +87,29 @@ class ModelRunner:
             g.manual_seed(seq.params.seed)
             self._generators[seq.request_id] = g
         return g
+
+    def _per_request(self, seqs: list[Sequence], fn: Callable[[list[int]], list]) -> tuple[list, dict[str, str]]:
+        """fn(positions) -> one result per position, for the whole batch at once; when that raises, fn([j]) for
+        each request alone, so that only a request whose own inputs fail is failed (its result None, its error in
+        the returned dict). Seeded generators are rewound first, so the others draw exactly what they would have."""
+        saved = [(g, g.get_state()) for g in (self._generators.get(s.request_id) for s in seqs) if g is not None]
+        try:
+            return fn(list(range(len(seqs)))), {}
+        except Exception:  # noqa: BLE001 - isolated below; a request's failure must not end the others
+            if len(seqs) == 1:
+                log.exception("request %s failed in this step", seqs[0].request_id)
+                return [None], {seqs[0].request_id: _describe(sys.exc_info()[1])}
+        for g, state in saved:
+            g.set_state(state)
+        results: list = [None] * len(seqs)
+        failed: dict[str, str] = {}
+        for j, seq in enumerate(seqs):
+            try:
+                results[j] = fn([j])[0]
+            except Exception as e:  # noqa: BLE001
+                log.exception("request %s failed in this step", seq.request_id)
+                failed[seq.request_id] = _describe(e)
+        return results, failed
 
     def enable_feature_cache(self) -> None:
         """Keep the final hidden state of every computed position next to its K/V (hidden_size values per slot:
@@ -129,29 +160,43 @@ class ModelRunner:
         sampled: list[list[int]] = [[] for _ in sched.scheduled]
         logprobs: list[list[float] | None] = [None] * len(sched.scheduled)
         top: list = [None] * len(sched.scheduled)
+        failed: dict[str, str] = {}
         spec_rows = [(i, row) for i, row in sample_rows if sched.scheduled[i].spec_token_ids]
         if spec_rows:
             sample_rows = [(i, row) for i, row in sample_rows if not sched.scheduled[i].spec_token_ids]
-            for i, tokens in zip((i for i, _ in spec_rows),
-                                 self._verify(hidden, [(sched.scheduled[i], row) for i, row in spec_rows],
-                                              draft_probs or {})):
-                sampled[i] = tokens
+            spec = [(sched.scheduled[i], row) for i, row in spec_rows]
+            verified, bad = self._per_request([r.seq for r, _ in spec], lambda js: self._verify(
+                hidden, [spec[j] for j in js], draft_probs or {}))
+            failed.update(bad)
+            for (i, _), tokens in zip(spec_rows, verified):
+                sampled[i] = tokens or []
         if sample_rows:
             idx = [i for i, _ in sample_rows]
             logits = self.model.compute_logits(hidden[torch.tensor([row for _, row in sample_rows],
                                                                   device=self.device)])  # [N, V]
             seqs = [sched.scheduled[i].seq for i in idx]
-            self._mask_early_stop(logits, seqs)
-            out = self.sampler(logits, [s.params for s in seqs], [self._generator(s) for s in seqs],
-                               [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
-            tokens = out.token_ids.tolist()
-            lps = out.logprobs.tolist() if out.logprobs is not None else None
-            for j, i in enumerate(idx):
-                sampled[i] = [tokens[j]]
-                if lps is not None and seqs[j].params.logprobs is not None:
-                    logprobs[i] = [lps[j]]
-                    top[i] = [out.top_logprobs[j]] if out.top_logprobs is not None else None
-        return ModelRunnerOutput(request_ids, sampled, logprobs, top)
+            rows, bad = self._per_request(seqs, lambda js: self._sample(
+                logits if len(js) == len(seqs) else logits[js], [seqs[j] for j in js]))
+            failed.update(bad)
+            for i, row in zip(idx, rows):
+                if row is not None:
+                    sampled[i], logprobs[i], top[i] = row
+        return ModelRunnerOutput(request_ids, sampled, logprobs, top, failed)
+
+    def _sample(self, logits: Tensor, seqs: list[Sequence]) -> list[tuple[list[int], list | None, list | None]]:
+        """One token per row of logits [N, V]: (token ids, logprobs, top logprobs) per request."""
+        self._mask_early_stop(logits, seqs)
+        out = self.sampler(logits, [s.params for s in seqs], [self._generator(s) for s in seqs],
+                           [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
+        tokens = out.token_ids.tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else None
+        rows = []
+        for j, seq in enumerate(seqs):
+            if lps is not None and seq.params.logprobs is not None:
+                rows.append(([tokens[j]], [lps[j]], [out.top_logprobs[j]] if out.top_logprobs is not None else None))
+            else:
+                rows.append(([tokens[j]], None, None))
+        return rows
 
     def _verify(self, hidden: Tensor, spec: list[tuple[ScheduledRequest, int]],
                 draft_probs: dict[str, Tensor | None]) -> list[list[int]]:
@@ -300,3 +345,7 @@ class ModelRunner:
                                    block_table=table.to(self.device), mask=mask[:, None, None, :].to(self.device)))
         return out
 
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"

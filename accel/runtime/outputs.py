@@ -45,9 +45,12 @@ class ModelRunnerOutput:
 
     sampled_token_ids[i] is empty for a prefill chunk that does not reach the end of its prompt; with draft
     tokens it holds the accepted drafts plus one bonus/recovered token.
+    failed: request id -> error, for requests whose own sampling or verification raised this step (their
+    sampled_token_ids are empty; the engine ends them, and only them, with finish reason "error").
     """
 
     request_ids: list[str]
     sampled_token_ids: list[list[int]]
     logprobs: list[list[float] | None] = field(default_factory=list)
     top_logprobs: list[list[list[tuple[int, float]]] | None] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)

@@ -1,14 +1,16 @@
 """Per-request sampling parameters (the contract between the engine, the sampler and the server).
 
 Semantics follow vLLM / the OpenAI API:
-  temperature == 0      greedy (argmax); top_k / top_p / min_p / seed are then irrelevant
+  temperature == 0      greedy (argmax); top_k / top_p / min_p / seed are then irrelevant. A temperature below
+                        SAMPLING_EPS is greedy too (as in vLLM): dividing float32 logits by it overflows to NaN
   top_k is None         no top-k filter
   top_p == 1.0          no nucleus filter
   min_p == 0.0          no min-p filter
   repetition_penalty    HF/CTRL style on prompt + output tokens (1.0 = off)
   presence_penalty      OpenAI style, subtracted once per token present in the output
   frequency_penalty     OpenAI style, subtracted per occurrence in the output
-  seed                  per-request generator: the same seed gives the same tokens whatever else is in the batch
+  seed                  per-request generator: the same seed gives the same tokens whatever else is in the batch;
+                        a signed 64-bit integer (what torch.Generator.manual_seed takes, and vLLM's range)
   logprobs is None      no logprobs; 0 = logprob of the sampled token only; k = plus the top-k alternatives
 """
 
@@ -17,7 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 1024  # the detokenizer holds back len(stop) - 1 characters of every streamed delta
 MAX_LOGPROBS = 20
+SAMPLING_EPS = 1e-5
+# The smallest repetition penalty: logits are float32, and dividing one by a smaller penalty overflows (1e-300 is
+# 0.0 in float32, so the division gives inf and the probabilities NaN).
+MIN_REPETITION_PENALTY = 0.01
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -38,18 +46,26 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if 0.0 < self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0
         checks = [
             ("max_tokens", self.max_tokens >= 1, "an integer >= 1"),
             ("temperature", 0.0 <= self.temperature <= 100.0, "a number in [0, 100] (0 = greedy)"),
             ("top_k", self.top_k is None or self.top_k >= 1, "None (off) or an integer >= 1"),
             ("top_p", 0.0 < self.top_p <= 1.0, "a number in (0, 1]"),
             ("min_p", 0.0 <= self.min_p <= 1.0, "a number in [0, 1]"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "a number in (0, 10]"),
+            ("repetition_penalty", MIN_REPETITION_PENALTY <= self.repetition_penalty <= 10.0,
+             f"a number in [{MIN_REPETITION_PENALTY}, 10]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "a number in [-2, 2]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "a number in [-2, 2]"),
             ("min_tokens", 0 <= self.min_tokens <= self.max_tokens, "an integer in [0, max_tokens]"),
-            ("stop", len(self.stop) <= MAX_STOP_STRINGS and all(isinstance(s, str) and s for s in self.stop),
-             f"at most {MAX_STOP_STRINGS} non-empty strings"),
+            ("stop", len(self.stop) <= MAX_STOP_STRINGS
+             and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS for s in self.stop),
+             f"at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_STRING_CHARS} characters"),
+            ("stop_token_ids", all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+             "a list of token ids (integers >= 0)"),
+            ("seed", self.seed is None or (isinstance(self.seed, int) and SEED_MIN <= self.seed <= SEED_MAX),
+             f"None or an integer in [{SEED_MIN}, {SEED_MAX}]"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"None or an integer in [0, {MAX_LOGPROBS}]"),
         ]

@@ -28,11 +28,13 @@ class SequenceStatus(enum.Enum):
 
 
 class FinishReason(enum.Enum):
-    """Why a request ended; the `.value` strings follow the OpenAI API ("stop" / "length") plus "abort"."""
+    """Why a request ended; the `.value` strings follow the OpenAI API ("stop" / "length") plus "abort" and
+    "error" (vLLM's names)."""
 
     STOP = "stop"  # eos, a stop token id or a stop string
     LENGTH = "length"  # max_tokens reached (or the model's context is full)
     ABORT = "abort"  # aborted by the caller
+    ERROR = "error"  # this request's own processing raised (sampling, verification, detokenization, ...)
 
 
 @dataclass

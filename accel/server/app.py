@@ -2,8 +2,9 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (both stream as server-sent events ending in
 `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus, vLLM names).
-With an API key, /v1/* needs `Authorization: Bearer <key>` (401 otherwise); /health and /metrics stay open
-for probes and scrapers, as in vLLM.
+With an API key, /v1/* and /openapi.json need `Authorization: Bearer <key>` (401 otherwise) and the interactive
+/docs and /redoc pages are off (a browser page cannot send the key when it fetches the schema); /health and
+/metrics stay open for probes and scrapers, as in vLLM.
 
 Request bodies are parsed by hand (bytes -> strict UTF-8 -> strict pydantic JSON) rather than by FastAPI's
 body injection, so malformed JSON, wrong types and invalid UTF-8 all become the same 400 body naming the bad
@@ -23,9 +24,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from accel.server.async_engine import AsyncEngine
-from accel.server.handlers import OpenAIHandlers
+from accel.server.handlers import CLIENT_CLOSED, OpenAIHandlers
 from accel.server.metrics import ServerMetrics
 from accel.server.protocol import (
     APIError,
@@ -73,14 +75,25 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str | None, str]:
     return param, message
 
 
-async def parse_body(request: Request, model_cls):
-    """Read and validate a JSON body into `model_cls`; every failure is a 400 naming what was wrong."""
+async def read_body(request: Request) -> bytes:
+    """The body, refused with a 413 as soon as it passes MAX_BODY_BYTES: by its Content-Length before any byte
+    is read, and while it streams in otherwise (a chunked body declares no length)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(413, f"the request body has {declared} bytes; allowed: at most {MAX_BODY_BYTES}")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise APIError(413, f"the request body has {len(raw)} bytes; allowed: at most {MAX_BODY_BYTES}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body has more than {MAX_BODY_BYTES} bytes; allowed: at most "
+                                f"{MAX_BODY_BYTES}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse_body(request: Request, model_cls):
+    """Read and validate a JSON body into `model_cls`; every failure is a 400 naming what was wrong."""
+    raw = await read_body(request)
     if not raw.strip():
         raise invalid("the request body is empty; send a JSON object")
     try:
@@ -122,6 +135,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error_response(APIError(e.status_code, str(e.detail), _ERROR_TYPES.get(e.status_code, "error"),
                                         headers=dict(e.headers or {})))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, e: ClientDisconnect):  # a normal event: one line, no traceback
+        log.info("client disconnected while sending its request to %s", request.url.path)
+        return Response(status_code=CLIENT_CLOSED)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):  # a bug; still an OpenAI-shaped body
         log.exception("unhandled error on %s", request.url.path)
@@ -149,8 +167,12 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
         async_engine.start()
         yield
         await async_engine.shutdown(drain_timeout_s)
+        handlers.close()
 
-    app = FastAPI(title="accel OpenAI-compatible server", lifespan=lifespan)
+    # With a key, the schema needs it too, and the interactive pages are off: a browser page cannot send the key
+    # when it fetches the schema, so they would only show an error.
+    open_docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="accel OpenAI-compatible server", lifespan=lifespan, **open_docs)
     app.state.async_engine = async_engine
     app.state.metrics = metrics
 
@@ -166,6 +188,12 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
                            "authentication_error", headers={"WWW-Authenticate": "Bearer"})
 
     handlers = OpenAIHandlers(async_engine, metrics, names)
+
+    if api_key is not None:
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi_schema(request: Request):
+            check_auth(request)
+            return JSONResponse(app.openapi())
 
     @app.get("/health")
     async def health():

@@ -11,10 +11,12 @@ Why a thread and a command queue: Engine is not thread-safe and step() is a long
 pass); running it in the event loop would stall every connection, and calling add_request from the loop while
 step() runs in a worker would race. So all Engine calls happen in one thread, in order.
 
-Failure policy: add_request errors go back to the one caller (ValueError -> 400, QueueFullError -> 429). If
-step() raises, the engine's state for the batch is unknown, so every request inside the engine is aborted
-(blocks freed) and told with an error; the loop itself keeps serving new requests. A request whose stream
-cannot be delivered to (its event loop is gone) is aborted alone.
+Failure policy: add_request errors go back to the one caller (ValueError -> 400, QueueFullError -> 429). A
+failure tied to one request (its sampling, verification, detokenization, stop strings) is contained by the
+engine: that request finishes with reason "error" and only its stream gets the error. If step() itself raises
+(the batch's forward pass), the engine's state for the batch is unknown, so every request inside the engine is
+aborted (blocks freed) and told with an error; the loop itself keeps serving new requests. A request whose
+stream cannot be delivered to (its event loop is gone) is aborted alone.
 
 Shutdown: `begin_shutdown(timeout)` stops admission (503) at once; in-flight requests run on until `timeout`,
 then are aborted and told; `shutdown()` waits for that and stops the thread.
@@ -323,7 +325,10 @@ class AsyncEngine:
             with self._lock:
                 stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is not None:
-                by_loop.setdefault(stream.loop, []).append((stream, out))
+                item = out if getattr(out, "error", None) is None else RequestFailed(
+                    f"this request failed in the engine and was ended (other requests were not affected): "
+                    f"{out.error}")
+                by_loop.setdefault(stream.loop, []).append((stream, item))
         # One wake-up of each event loop per step, not one per request: every call_soon_threadsafe writes the
         # loop's self-pipe and runs a callback, and at 64 streams those wake-ups steal the CPU (and the GIL) from
         # the step the OpenMP threads are waiting on.

@@ -10,6 +10,7 @@ either way the request is aborted and its KV blocks are freed before the engine'
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import AsyncIterator
@@ -130,6 +131,17 @@ class OpenAIHandlers:
         self.engine = async_engine
         self.metrics = metrics
         self.names = served_model_names
+        # Tokenizing (and rendering chat templates) runs on one worker thread, never on the event loop: a long
+        # prompt would stall every stream and /health meanwhile (the Rust tokenizer releases the GIL). One worker,
+        # because a tokenizer object must not be used from two threads at once.
+        self._tokenizer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="accel-tokenize")
+        self._max_prompt_chars = serving.max_prompt_chars(async_engine.tokenizer, async_engine.max_model_len)
+
+    def close(self) -> None:
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+    async def _on_tokenizer_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
     async def admit(self, ids: list[int], params, request_id: str, priority: int) -> RequestStream:
         """Into the engine, or an APIError: 429/503 with Retry-After when refused, 400 for the engine's checks."""
@@ -146,7 +158,7 @@ class OpenAIHandlers:
         except RequestFailed as e:
             raise APIError(e.status, e.message, e.type, headers=retry) from e
         except ValueError as e:  # the engine's own checks (token ids, KV capacity)
-            raise invalid(str(e), "max_tokens" if "max_tokens" in str(e) else "prompt") from e
+            raise invalid(str(e), _engine_error_param(str(e))) from e
 
     async def admit_n(self, ids: list[int], params, request_id: str, priority: int, n: int) -> list[RequestStream]:
         """n engine requests for the n choices (all or none: a refusal aborts the ones already admitted).
@@ -167,12 +179,15 @@ class OpenAIHandlers:
     # ---- /v1/completions -----------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request):
         serving.check_model(req.model, self.names)
-        ids = serving.completion_prompt_ids(req, self.engine.tokenizer)
+        ids = await self._on_tokenizer_thread(serving.completion_prompt_ids, req, self.engine.tokenizer,
+                                              self._max_prompt_chars)
         params = serving.sampling_params(
             req, serving.resolve_max_tokens(req.max_tokens, len(ids), self.engine.max_model_len))
+        echo = ""
+        if req.echo and self.engine.tokenizer is not None:
+            echo = await self._on_tokenizer_thread(self.engine.tokenizer.decode, ids)
         rid = random_id("cmpl")
         streams = await self.admit_n(ids, params, rid, req.priority, req.n)
-        echo = self.engine.tokenizer.decode(ids) if req.echo and self.engine.tokenizer is not None else ""
         created = int(time.time())
 
         def chunk(choices: list[CompletionChoice], usage=None) -> CompletionResponse:
@@ -205,7 +220,8 @@ class OpenAIHandlers:
     # ---- /v1/chat/completions ------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request):
         serving.check_model(req.model, self.names)
-        ids = serving.chat_prompt_ids(req, self.engine.tokenizer)
+        ids = await self._on_tokenizer_thread(serving.chat_prompt_ids, req, self.engine.tokenizer,
+                                              self._max_prompt_chars)
         requested, param = ((req.max_completion_tokens, "max_completion_tokens")
                             if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
         params = serving.sampling_params(
@@ -242,6 +258,13 @@ class OpenAIHandlers:
             id=rid, created=created, model=req.model, usage=serving.usage(outs),
             choices=[ChatChoice(index=i, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
                                 stop_reason=o.stop_reason) for i, o in enumerate(outs)])
+
+
+def _engine_error_param(message: str) -> str:
+    """The request field an engine ValueError is about (its messages name the field first, or max_tokens)."""
+    if message.startswith("stop_token_ids"):
+        return "stop_token_ids"
+    return "max_tokens" if "max_tokens" in message else "prompt"
 
 
 def _include_usage(req) -> bool:

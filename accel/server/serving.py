@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 
-from accel.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams
+from accel.runtime.sampling_params import MAX_STOP_STRINGS, SEED_MAX, SEED_MIN, SamplingParams
 from accel.server.metrics import spec_counters
 from accel.server.protocol import (
     APIError,
@@ -46,9 +46,29 @@ def _check_common(req: CompletionRequest | ChatCompletionRequest) -> None:
         raise invalid("stop strings must be non-empty", "stop")
     if req.top_k is not None and req.top_k < -1:
         raise invalid(f"top_k={req.top_k} is invalid; allowed: -1 or 0 (off) or an integer >= 1", "top_k")
+    if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX - (req.n - 1):
+        # choice i of n is sampled with seed + i, so the whole range must be a signed 64-bit integer
+        raise invalid(f"seed={req.seed} is invalid; allowed: an integer in [{SEED_MIN}, {SEED_MAX - (req.n - 1)}]"
+                      + (f" with n={req.n} (choice i uses seed + i)" if req.n > 1 else ""), "seed")
 
 
-def completion_prompt_ids(req: CompletionRequest, tokenizer) -> list[int]:
+def max_prompt_chars(tokenizer, max_model_len: int) -> int | None:
+    """The most characters a prompt can have and still fit the context: no token spells more characters than the
+    longest vocabulary entry (a byte-level BPE entry has one character per byte). A longer prompt is refused
+    before it is tokenized, which would take seconds for megabytes of text. None without a tokenizer."""
+    if tokenizer is None or not hasattr(tokenizer, "get_vocab"):
+        return None
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    return max_model_len * max(longest, 1)
+
+
+def _check_prompt_chars(num_chars: int, max_chars: int | None, param: str) -> None:
+    if max_chars is not None and num_chars > max_chars:
+        raise invalid(f"the {param} has {num_chars} characters, more than any prompt that fits this model's "
+                      f"context can have (at most {max_chars}); shorten it", param)
+
+
+def completion_prompt_ids(req: CompletionRequest, tokenizer, max_chars: int | None = None) -> list[int]:
     """The one prompt of a completion request as token ids (a batch of more than one prompt is a 400)."""
     _check_common(req)
     if req.suffix is not None:
@@ -67,6 +87,7 @@ def completion_prompt_ids(req: CompletionRequest, tokenizer) -> list[int]:
             raise invalid("prompt is empty; send at least one character", "prompt")
         if tokenizer is None:
             raise invalid("this model has no tokenizer; send the prompt as a list of token ids", "prompt")
+        _check_prompt_chars(len(prompt), max_chars, "prompt")
         try:
             ids = tokenizer.encode(prompt)
         except Exception as e:  # noqa: BLE001 - text the tokenizer cannot take is the client's input
@@ -78,7 +99,7 @@ def completion_prompt_ids(req: CompletionRequest, tokenizer) -> list[int]:
     return ids
 
 
-def chat_prompt_ids(req: ChatCompletionRequest, tokenizer) -> list[int]:
+def chat_prompt_ids(req: ChatCompletionRequest, tokenizer, max_chars: int | None = None) -> list[int]:
     """The chat template of the tokenizer applied to the messages, with the assistant's turn opened."""
     _check_common(req)
     if req.logprobs or req.top_logprobs:
@@ -86,6 +107,7 @@ def chat_prompt_ids(req: ChatCompletionRequest, tokenizer) -> list[int]:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise invalid("this model has no chat template; use /v1/completions", "messages")
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    _check_prompt_chars(sum(len(m["content"]) for m in messages), max_chars, "messages")
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as e:  # noqa: BLE001 - jinja raises for conversations the template refuses

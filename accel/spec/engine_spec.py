@@ -14,6 +14,7 @@ the bonus token never pass max_tokens or the model length. Requests that ask for
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -22,8 +23,10 @@ from torch import Tensor
 from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput
 from accel.spec.adaptive import AdaptiveSpeculation, CostMeter
 from accel.spec.config import SpecConfig
-from accel.spec.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposer
+from accel.spec.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer
 from accel.spec.stats import SpecDecodeStats
+
+log = logging.getLogger("accel.engine")
 
 
 def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, block_size: int,
@@ -77,6 +80,8 @@ class SpecDecoder:
         self._source: dict[str, str] = {}  # request id -> which proposer drafted it this step
         self._domain: dict[str, str | None] = {}
         self._drafted: set[str] = set()  # requests asked for drafts this step (k >= 0 decided)
+        self._undraftable: set[str] = set()  # requests whose proposal raised: decoded without drafts from then on
+        self._sources: list[str | None] | None = None  # per request when proposed one by one after a failure
 
     def add(self, request_id: str, domain: str | None) -> None:
         self._domain[request_id] = domain
@@ -85,6 +90,7 @@ class SpecDecoder:
         self.proposer.finish(request_id)
         self.adaptive.forget(request_id)
         self._domain.pop(request_id, None)
+        self._undraftable.discard(request_id)
 
     def propose(self) -> dict[str, Tensor | None]:
         """Set `spec_token_ids` of the running decode requests; returns their draft distributions (q)."""
@@ -105,7 +111,8 @@ class SpecDecoder:
         reqs, seqs = [], []
         max_len = sched.config.max_model_len
         # still prefilling, or wants per-token logprobs: not drafted
-        eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1 and s.params.logprobs is None]
+        eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1 and s.params.logprobs is None
+                    and s.request_id not in self._undraftable]
         lengths = self.adaptive.lengths([s.request_id for s in eligible], batch)
         for seq, k in zip(eligible, lengths):
             self._drafted.add(seq.request_id)
@@ -123,7 +130,7 @@ class SpecDecoder:
             if not reqs:
                 return {}
         t0 = time.perf_counter()
-        props = self.proposer.propose(reqs)
+        props = self._contained_propose(reqs)
         self._propose_s = time.perf_counter() - t0
         # the cost per unit of k: a draft model runs up to max(k) batched forwards, fewer when confidence gates end
         # the chains early (`last_num_forwards`). The adaptive rule charges k x c for a draft of length k, and with
@@ -137,7 +144,7 @@ class SpecDecoder:
             # draft's prompt catch-up put c at 0.61 of a step, its steady forwards cost ~0.1), so the cost
             # meter skips this step's proposing time
             self._draft_forwards = 0
-        sources = getattr(self.proposer, "last_sources", None)
+        sources = self._sources if self._sources is not None else getattr(self.proposer, "last_sources", None)
         self._source = {} if sources is None else {s.request_id: src for s, src in zip(seqs, sources) if src}
         probs: dict[str, Tensor | None] = {}
         for i, seq in enumerate(seqs):
@@ -145,6 +152,32 @@ class SpecDecoder:
             if seq.spec_token_ids:
                 probs[seq.request_id] = None if props.probs is None else props.probs[i]
         return probs
+
+    def _contained_propose(self, reqs: list[ProposalRequest]) -> Proposals:
+        """The proposer's drafts; when it raises, each request is proposed for alone and the ones that still fail
+        are decoded without drafts from then on (drafts only ever save time: the output is the same)."""
+        self._sources = None
+        try:
+            return self.proposer.propose(reqs)
+        except Exception:  # noqa: BLE001
+            log.exception("the proposer failed; proposing for each request alone")
+        token_ids: list[list[int]] = []
+        probs: list[Tensor | None] = []
+        self._sources = []
+        for r in reqs:
+            try:
+                one = self.proposer.propose([r])
+                token_ids.append(list(one.token_ids[0]))
+                probs.append(None if one.probs is None else one.probs[0])
+                self._sources.append((getattr(self.proposer, "last_sources", None) or [None])[0])
+            except Exception:  # noqa: BLE001
+                log.exception("the proposer failed for request %s; it decodes without drafts", r.request_id)
+                self._undraftable.add(r.request_id)
+                self.proposer.finish(r.request_id)
+                token_ids.append([])
+                probs.append(None)
+                self._sources.append(None)
+        return Proposals(token_ids, probs if any(q is not None for q in probs) else None)
 
     def _fit_step_rows(self, reqs: list[ProposalRequest], seqs: list, running: list
                        ) -> tuple[list[ProposalRequest], list]:

@@ -177,11 +177,17 @@ def test_cli_bad_recipe_and_bad_force_exit_2_before_work(tmp_path):
     r = CliRunner().invoke(app, ["optimize", str(bad)])
     assert r.exit_code == 2 and "quantisation" in r.output
     assert not (tmp_path / "runs").exists()
+    nowhere = tmp_path / "nowhere.yaml"
+    nowhere.write_text(yaml.safe_dump({"name": "x", "output_dir": str(tmp_path / "runs"),
+                                       "model": {"path": str(tmp_path / "nowhere")}}))
+    r = CliRunner().invoke(app, ["optimize", str(nowhere)])
+    assert r.exit_code == 2 and "model.path" in r.output and "not found" in r.output
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump({"name": "x", "output_dir": str(tmp_path / "runs"),
-                                    "model": {"path": str(tmp_path / "nowhere")}}))
+                                    "model": {"path": str(save_tiny_model(tmp_path / "tiny"))}}))
     r = CliRunner().invoke(app, ["optimize", str(good), "--force", "nope"])
     assert r.exit_code == 2 and "no such stage" in r.output
+    assert not (tmp_path / "runs").exists()
 
 
 def test_cli_optimize_reports_failed_gate_with_exit_1(first_run, small_eval, tmp_path):

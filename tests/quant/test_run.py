@@ -16,6 +16,8 @@ from accel.recipe import parse_recipe
 from tests.conftest import make_tiny_llama
 from tests.quant.test_quantize import _tokenizer
 
+BASE = {"name": "t", "model": {"path": "smollm2-135m"}}
+
 
 def _draw(seed, n):
     g = torch.Generator().manual_seed(seed)
@@ -28,7 +30,7 @@ def test_run_quantize_writes_run_folder(tmp_path, metric):
     make_tiny_llama(initializer_range=0.1).save_pretrained(src)
     _tokenizer().save_pretrained(src)
     recipe = parse_recipe({
-        "calibration": {"num_samples": 8, "max_seq_len": 16},
+        "name": "t", "model": {"path": str(src)}, "calibration": {"num_samples": 8, "max_seq_len": 16},
         "quantization": {"method": "rtn", "int4_group_size": 32, "lm_head": "fp16",
                          "budget": {"max_mean_kl": 0.01}, "sensitivity": {"num_samples": 4, "max_seq_len": 16, "metric": metric},
                          "overrides": {r"layers\.0\.self_attn\.q_proj$": "int4"}},
@@ -74,7 +76,7 @@ def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_the
     monkeypatch.setattr(allocate, "joint_quality",
                         lambda m, s, g, batches: SimpleNamespace(mean_kl=0.3 if batches[0].min() >= 100 else 0.1))
     plan = Plan(schemes={}, group_size=32, avg_bits=16.0, estimated_kl=0.0)
-    recipe = parse_recipe({"calibration": {"num_samples": 12, "max_seq_len": 16}})
+    recipe = parse_recipe({**BASE, "calibration": {"num_samples": 12, "max_seq_len": 16}})
     assert recipe.quantization.calibration_mix == "damage"
 
     def unit(domain, base, n=32):
@@ -90,6 +92,6 @@ def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_the
     for t in ([unit("easy", 3) for _ in range(6)], train + [unit("tiny", 200, n=8)]):
         batches, mix = calibration_batches(None, plan, t, recipe)
         assert mix is None and sum(b.shape[0] for b in batches) == sum(len(u.token_ids) for u in t) // 16
-    draw_recipe = parse_recipe({"calibration": {"num_samples": 12, "max_seq_len": 16},
+    draw_recipe = parse_recipe({**BASE, "calibration": {"num_samples": 12, "max_seq_len": 16},
                                 "quantization": {"calibration_mix": "draw"}})
     assert calibration_batches(None, plan, train, draw_recipe)[1] is None

@@ -30,6 +30,9 @@ class CharTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids if i != EOS)
 
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(i): i for i in range(1, 256)}
+
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
         if any("REJECT" in m["content"] for m in messages):
             raise ValueError("this template rejects the word REJECT")
