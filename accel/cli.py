@@ -320,11 +320,34 @@ def eval_(
 def export_verify(
     directory: Annotated[Path, typer.Argument(help="An exported checkpoint folder (with accel.json).")],
     load: Annotated[bool, typer.Option(help="Also load it with transformers and run a forward.")] = True,
+    target: Annotated[Optional[str], typer.Option(
+        help="A loader that must accept the export: accel, transformers or vllm (vllm also runs vLLM's own parser "
+             "and weight loaders on it, in the side venv of scripts/peers/setup_vllm_check.sh).")] = None,
 ) -> None:
-    """Check the sha256 of every file against accel.json and load the checkpoint; exit 1 on any problem."""
+    """Check every file against accel.json, say which loaders accept which layers, load it; exit 1 on a problem."""
     from accel.export import verify_export
+    from accel.export.checkpoint import TARGETS
+    from accel.export.loaders import VllmCheckUnavailable
 
-    res = verify_export(directory, load=load)
+    if target is not None and target not in TARGETS:
+        _fail(f"--target {target!r} is invalid; allowed: {', '.join(TARGETS)}")
+    try:
+        res = verify_export(directory, load=load, target=target)
+    except VllmCheckUnavailable as e:
+        _fail(str(e))
+    for name, s in res.details.get("loaders", {}).items():
+        refused = s["refused"]
+        line = "loads every layer" if s["loads"] else f"refuses {len(refused)} layers, e.g. {next(iter(refused))}: " \
+                                                     f"{next(iter(refused.values()))}"
+        console.print(f"{name}: {line}", highlight=False)
+    rep = res.details.get("vllm_check")
+    if rep and rep.get("ok"):
+        load_rep = rep.get("load") or {}
+        spec = (rep.get("config") or {}).get("speculative_config")
+        console.print(f"vllm check (vLLM {rep.get('vllm')}'s own code, {rep.get('platform')}): config parsed"
+                      + (f" with speculative config {spec}" if spec else "")
+                      + f", {load_rep.get('quantized_modules', 0)} quantized modules loaded {load_rep.get('schemes')},"
+                      " values equal to the checkpoint", highlight=False)
     for p in res.problems:
         err_console.print(f"[red]problem:[/] {p}", highlight=False)
     if not res.ok:
@@ -337,6 +360,9 @@ def export_verify(
 def export_run(
     run_dir: Annotated[Path, typer.Argument(help="Run folder of `accel optimize`.")],
     override_gates: Annotated[bool, typer.Option(help="Export even when a quality/speed gate fails.")] = False,
+    target: Annotated[Optional[str], typer.Option(
+        help="The loader that must accept every layer: accel, transformers or vllm (default: the recipe's "
+             "export.target).")] = None,
 ) -> None:
     """Export the checkpoint of a run folder (finished stages are reused; missing ones run first)."""
     from accel.pipeline import recipe_of_run
@@ -350,6 +376,11 @@ def export_run(
         _fail(str(e))
     if not r.export.enabled:
         r.export.enabled = True
+    if target is not None:
+        try:
+            r.export.target = target
+        except ValueError:
+            _fail(f"--target {target!r} is invalid; allowed: accel, transformers, vllm")
     _run_pipeline(r, [], override_gates=override_gates)
 
 

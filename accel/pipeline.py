@@ -125,44 +125,17 @@ def stage_sensitivity(ctx: StageContext) -> dict:
                                _progress(ctx))
     sens.to_json(ctx.out_dir / "sensitivity.json")
     plot_heatmap(sens, ctx.out_dir / "sensitivity.png")
-    return {"metric": sens.metric, "num_modules": len(sens.damage), "num_tokens": sens.num_tokens}
+    return {"metric": sens.metric, "num_units": len(sens.damage), "num_tokens": sens.num_tokens}
 
 
 def stage_plan(ctx: StageContext) -> dict:
-    """Budgeted allocation from the sensitivity, then the held-out check that promotes Linears until it holds."""
-    import re
-
-    from accel.quant.allocate import Budget, Plan, Rules, allocate, apply_overrides, average_bits, check_and_fallback
-    from accel.quant.run import token_batches
-    from accel.quant.schemes import SCHEMES, in_features_of, param_counts
+    """Budgeted allocation over units from the sensitivity, then the held-out check that promotes units."""
+    from accel.quant.run import build_plan
     from accel.quant.sensitivity import SensitivityResult
 
-    q = ctx.recipe.quantization
     _set_threads(ctx.recipe)
     sens = SensitivityResult.from_json(ctx.upstream_path("sensitivity.json"))
-    model = fresh_model(ctx)
-    names = sens.modules()
-    pc, inf = param_counts(model, names), in_features_of(model, names)
-    budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
-    if sens.metric == "proxy" and budget.kl_limit() is not None:
-        # proxy damage is not in KL units: start from the cheapest plan, let the held-out check promote Linears
-        cheapest = min(q.candidates, key=SCHEMES.index)
-        schemes = apply_overrides({n: cheapest for n in names}, q.overrides)
-        plan = Plan(schemes=schemes, group_size=q.int4_group_size,
-                    avg_bits=average_bits(schemes, pc, inf, q.int4_group_size), estimated_kl=float("nan"),
-                    lm_head=rules.lm_head, embeddings=rules.embeddings)
-    else:
-        plan = allocate(sens, budget, pc, rules, inf)
-    draw = calibration_draw(ctx)
-    if budget.kl_limit() is not None and draw.holdout:
-        try:
-            hold = token_batches(draw.holdout, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
-        except ValueError:  # a holdout shorter than one row: nothing to check against
-            hold = []
-        if hold:
-            fixed = [n for n in plan.schemes if any(re.search(p, n) for p in q.overrides)]
-            plan = check_and_fallback(model, plan, hold, budget, sens, pc, inf, step=max(1, len(names) // 30),
-                                      fixed=fixed, progress=_progress(ctx))
+    plan = build_plan(fresh_model(ctx), sens, ctx.recipe.quantization, calibration_draw(ctx).holdout, _progress(ctx))
     plan.to_json(ctx.out_dir / "plan.json")
     return {"avg_bits": round(plan.avg_bits, 3), "counts": plan.counts(), "lm_head": plan.lm_head,
             "measured_kl": plan.measured_kl, "promoted": len(plan.promoted)}
@@ -243,8 +216,22 @@ def stage_evaluate(ctx: StageContext) -> dict:
 
 
 def stage_gates(ctx: StageContext) -> dict:
-    """Compare the recipe's gates with the evaluation summary; never fails (the export stage enforces them)."""
+    """Compare the recipe's gates with the evaluation summary, and the export's target loader with what the
+    quantized checkpoint holds; never fails (the export stage enforces them)."""
     rep = evaluate_gates(ctx.recipe, json.loads(ctx.upstream_path("eval.json").read_text()))
+    target = ctx.recipe.export.target
+    if ctx.recipe.quantization.enabled:
+        from accel.export.loaders import loader_support
+
+        config = json.loads((ctx.upstream_path("checkpoint_quantized") / "config.json").read_text())
+        refused = loader_support(config)[target].refused
+        first = next(iter(refused.items()), None)
+        rep.checked["loader"] = {"metric": f"layers {target} cannot load", "limit": 0, "value": len(refused),
+                                 "ok": not refused, "refused": refused,
+                                 "detail": first and f"{target} cannot load {len(refused)} layers, e.g. {first[0]}: "
+                                                     f"{first[1]}"}
+        if refused:
+            rep.failed.append("loader")
     atomic_write_text(ctx.out_dir / "gates.json", json.dumps(asdict(rep), indent=2) + "\n")
     return {"failed": rep.failed, "override": ctx.recipe.gates.override}
 
@@ -257,8 +244,10 @@ def stage_report(ctx: StageContext) -> dict:
     ev = json.loads(ctx.upstream_path("eval.json").read_text())
     plan = sens = None
     if ctx.recipe.quantization.enabled:
-        p = json.loads(ctx.upstream_path("plan.json").read_text())
-        plan = {**p["schemes"], "lm_head": p["lm_head"]}
+        from accel.quant.allocate import Plan
+
+        p = Plan.from_json(ctx.upstream_path("plan.json"))
+        plan = {**p.unit_schemes(), "lm_head": p.lm_head}  # one row per unit: what vLLM and the runtime load
         sens = json.loads(ctx.upstream_path("sensitivity.json").read_text())["damage"]
     data = {"name": ctx.recipe.name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": f"accel optimize ({ctx.recipe.name})", "recipe": dump_recipe(ctx.recipe),
@@ -302,7 +291,8 @@ class GateReport:
 class GateFailed(RuntimeError):
     def __init__(self, report: GateReport):
         self.report = report
-        lines = [f"{g}: measured {_fmt(report.checked[g]['value'])}, limit {report.checked[g]['limit']}"
+        lines = [f"{g}: " + (report.checked[g].get("detail") or f"measured {_fmt(report.checked[g]['value'])}, "
+                                                                 f"limit {report.checked[g]['limit']}")
                  for g in report.failed]
         super().__init__("gates failed, export blocked (set gates.override: true in the recipe, or pass "
                          "--override-gates, to export anyway):\n  " + "\n  ".join(lines))
@@ -377,16 +367,16 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
     if q_on:
         stages += [
             Stage("sensitivity", stage_sensitivity, SENSITIVITY_FIELDS, ("load", "calibrate"),
-                  ("sensitivity.json", "sensitivity.png")),
+                  ("sensitivity.json", "sensitivity.png"), version="2"),  # 2: per fused unit
             Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",)),
             Stage("quantize", stage_quantize, QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
-                  ("checkpoint_quantized",)),
+                  ("checkpoint_quantized",), version="2"),  # 2: INT8 pack-quantized, the lm_head in the checkpoint
         ]
     stages += [
         Stage("draft", stage_draft, ("speculation",), ("load",), ("draft.json", "draft")),
         Stage("evaluate", stage_evaluate, ("eval", "runtime", "speculation", "model"), ("load", "quantize", "draft"),
               ("eval.json",)),
-        Stage("gates", stage_gates, ("gates",), ("evaluate",), ("gates.json",)),
+        Stage("gates", stage_gates, ("gates", "export.target"), ("evaluate",), ("gates.json",)),
         Stage("report", stage_report, ("name",), ("evaluate", "plan", "sensitivity", "gates"),
               ("report.html", "report.md", "plots")),
     ]

@@ -328,6 +328,9 @@ class EvalConfig(Strict):
 class ExportConfig(Strict):
     enabled: bool = True
     format: Literal["compressed-tensors"] = "compressed-tensors"
+    target: Literal["accel", "transformers", "vllm"] = "transformers"
+    """The loader that must accept every layer of the export; the `loader` gate blocks the export otherwise (e.g.
+    vllm refuses int4f's float zero points). Every loader's view is in the export's accel.json either way."""
     include_draft: bool = True
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accel.export.loaders import loader_support, manifest_loaders, vllm_speculative_config
 from accel.fsutil import atomic_dir, sha256_file
 
 MANIFEST_NAME = "accel.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: `loaders` is {loader: {"loads", "refused": {layer: why}}}
 
 
 def package_versions() -> dict[str, str]:
@@ -37,21 +38,6 @@ def package_versions() -> dict[str, str]:
 def _hash_files(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
             if p.is_file() and p.name != MANIFEST_NAME}
-
-
-def vllm_support(config: dict) -> tuple[bool, str]:
-    """Whether vLLM has kernels for this checkpoint's quantization, from its config.json (no vLLM import).
-
-    The one accel format vLLM cannot run is INT4 with float zero points ("int4f": compressed-tensors
-    int-quantized 4-bit with a float zp_dtype); vLLM's W4A16 kernels take packed integer zero points only."""
-    qc = config.get("quantization_config") or {}
-    for name, group in (qc.get("config_groups") or {}).items():
-        w = group.get("weights") or {}
-        zp = str(w.get("zp_dtype") or "")
-        if w.get("num_bits") == 4 and not w.get("symmetric", True) and "float" in zp:
-            return False, (f"config group {name!r} is INT4 with float zero points ({zp}); vLLM's W4A16 kernels take "
-                           "integer zero points only — re-quantize with scheme 'int4' for vLLM")
-    return True, ""
 
 
 def write_export(out_dir: Path, model_dir: Path, *, recipe: dict | None = None, plan: dict | None = None,
@@ -72,15 +58,16 @@ def write_export(out_dir: Path, model_dir: Path, *, recipe: dict | None = None, 
         if draft_dir is not None:
             shutil.copytree(draft_dir, tmp / "draft")
         config = json.loads((tmp / "config.json").read_text())
-        vllm_ok, vllm_note = vllm_support(config)
         manifest = {
             "format_version": FORMAT_VERSION,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "quantization_format": (config.get("quantization_config") or {}).get("quant_method", "none"),
-            "loaders": {"transformers": True, "vllm": vllm_ok, **({"vllm_note": vllm_note} if vllm_note else {})},
+            "loaders": manifest_loaders(config),
             "recipe": recipe or {},
             "plan": plan or {},
-            "draft": ({"path": "draft", **(draft_pairing or {})} if draft_dir is not None else None),
+            "draft": None if not draft_pairing else {
+                **draft_pairing, **({"path": "draft"} if draft_dir is not None else {}),
+                "vllm_speculative_config": vllm_speculative_config(draft_pairing, draft_dir)},
             "eval": eval_summary or {},
             "versions": package_versions(),
             "files": _hash_files(tmp),
@@ -136,18 +123,36 @@ def check_files(export_dir: Path) -> tuple[list[str], int]:
     return problems, len(expected)
 
 
-def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | None = None) -> VerifyResult:
-    """Check every file's sha256 against `accel.json`, then (if `load`) load it with transformers and run a forward.
+TARGETS = ("accel", "transformers", "vllm")
 
-    With `prompts`, greedy continuations from transformers are returned in `details["greedy"]` so callers can compare
-    them with another engine (the runtime).
+
+def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | None = None,
+                  target: str | None = None) -> VerifyResult:
+    """Check every file's sha256 against `accel.json`, report which loaders accept which layers
+    (`details["loaders"]`), then (if `load`) load it with transformers and run a forward.
+
+    target: a loader that must accept the export; "vllm" also runs vLLM's own parser and loaders on it in the side
+    venv (`details["vllm_check"]`; raises VllmCheckUnavailable without one). With `prompts`, greedy continuations
+    from transformers are returned in `details["greedy"]` so callers can compare them with another engine.
     """
+    if target is not None and target not in TARGETS:
+        raise ValueError(f"target={target!r} is invalid; allowed: {', '.join(TARGETS)}")
     root = Path(export_dir)
     res = VerifyResult(ok=True)
     res.problems, res.checked_files = check_files(root)
     if res.problems:
         res.ok = False
         return res
+    support = loader_support(json.loads((root / "config.json").read_text()))
+    res.details["loaders"] = {name: asdict(s) for name, s in support.items()}
+    if target is not None:
+        res.problems += [f"{target} cannot load {layer}: {why}" for layer, why in support[target].refused.items()]
+    if target == "vllm":
+        from accel.export.loaders import describe_vllm_report, run_vllm_check
+
+        rep = res.details["vllm_check"] = run_vllm_check(root)
+        if not rep.get("ok"):
+            res.problems += describe_vllm_report(rep) or ["vLLM's check did not pass (see its report)"]
     if load:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,10 +1,10 @@
 """Load an export (or any compressed-tensors checkpoint written by accel) into accel's runtime.
 
 `accel.runtime.model.load_model` reads plain 16/32-bit safetensors. An export's quantized Linears are stored in
-compressed-tensors form (`weight` int8 + `weight_scale`, or `weight_packed` int32 + scale + zero point), so this
+compressed-tensors form (`weight_packed` int32 + scale [+ zero point], or an int8 `weight` for int4f), so this
 loader builds the runtime's CausalLM, loads the plain tensors, and swaps each quantized Linear for accel's INT8 /
-INT4 kernel module straight from the stored integers (no dequantize/requantize round trip). The lm_head scheme of
-the plan (`accel_plan.json`) is applied on load when llm-compressor left it out (a tied lm_head).
+INT4 kernel module straight from the stored integers (no dequantize/requantize round trip). It runs exactly what the
+checkpoint stores (the lm_head included), so accel, transformers and vLLM run the same weights.
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ def load_runtime_model(path: str | Path, dtype: torch.dtype = torch.float32, dev
     """The runtime's CausalLM for an HF folder, quantized (compressed-tensors) or not."""
     from transformers import AutoConfig
 
-    from accel.quant import kernels
-    from accel.quant.allocate import Plan
-    from accel.quant.quantize import PLAN_FILE, _kernel_module, _read_state
+    from accel.quant.quantize import _kernel_module, _read_state
     from accel.runtime.model import CausalLM, load_model
 
     path, device = Path(path), torch.device(device)
@@ -61,11 +59,6 @@ def load_runtime_model(path: str | Path, dtype: torch.dtype = torch.float32, dev
         module = _kernel_module(state, prefix, None, None if bias is None else bias.to(dtype)).to(device)
         parent, _, child = prefix.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, module)
-    plan_file = path / PLAN_FILE
-    if plan_file.is_file():
-        plan = Plan.from_json(plan_file)
-        if plan.lm_head != "fp16" and "lm_head" not in quant:
-            kernels.apply_plan(model, {"lm_head": plan.lm_head}, plan.group_size)
     model.init_rope(device, dtype)
     return model.eval().requires_grad_(False)
 

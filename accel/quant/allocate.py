@@ -1,10 +1,13 @@
-"""Bit allocation: choose int4 / int8 / fp16 per Linear under the recipe's budget, then check it for real.
+"""Bit allocation: choose int4 / int8 / fp16 per unit under the recipe's budget, then check it for real.
 
-`allocate` is greedy by damage per bit saved. It starts from every Linear at its most precise candidate and
-repeatedly takes the cheapest demotion (a Linear moves to a lower candidate) ranked by
+A unit is a fused module (q/k/v, gate/up: one scheme for all members, as vLLM and accel's runtime load them) or a
+Linear fused with nothing (`accel.quant.schemes.quant_units`); plans store the scheme of every member Linear.
+
+`allocate` is greedy by damage per bit saved. It starts from every unit at its most precise candidate and
+repeatedly takes the cheapest demotion (a unit moves to a lower candidate) ranked by
     added damage / bits saved       (bits saved = delta bits per weight x parameter count)
-while the budget still holds. Damage is assumed ADDITIVE across Linears (the joint KL of a plan is estimated as
-the sum of the single-layer KLs); this is first-order accurate for small perturbations, and
+while the budget still holds. Damage is assumed ADDITIVE across units (the joint KL of a plan is estimated as
+the sum of the single-unit KLs); this is first-order accurate for small perturbations, and
 `check_and_fallback` corrects what it misses by measuring the joint KL of the plan on held-out tokens.
 
 Budgets (exactly one):
@@ -26,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from accel.quant.schemes import SCHEME_INFO, SCHEMES, check_scheme, fake_quantized
+from accel.quant.schemes import SCHEME_INFO, SCHEMES, check_scheme, expand_units, fake_quantized
 from accel.quant.sensitivity import SensitivityResult, kl_sum
 
 
@@ -70,7 +73,8 @@ class Rules:
 
 @dataclass
 class Plan:
-    """The bit plan. `schemes` covers the quantizable Linears; lm_head / embeddings are in `rules`."""
+    """The bit plan. `schemes` covers the quantizable Linears (members of a unit share one); `units` maps each
+    unit to its members; lm_head / embeddings follow the recipe's rules."""
 
     schemes: dict[str, str]
     group_size: int
@@ -81,10 +85,19 @@ class Plan:
     measured_kl: float | None = None
     measured_ppl_increase_pct: float | None = None
     promoted: list[str] = field(default_factory=list)
-    """Linears promoted by the accuracy-driven fallback, in order."""
+    """Units promoted by the accuracy-driven fallback, in order."""
+    units: dict[str, list[str]] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for v in self.schemes.values() if v == s) for s in SCHEMES}
+
+    def unit_map(self) -> dict[str, list[str]]:
+        """{unit: members}; a plan without units treats every Linear as its own unit."""
+        return self.units or {n: [n] for n in self.schemes}
+
+    def unit_schemes(self) -> dict[str, str]:
+        """{unit: scheme} (what the report shows and vLLM loads per fused module)."""
+        return {u: self.schemes[ms[0]] for u, ms in self.unit_map().items()}
 
     def all_schemes(self) -> dict[str, str]:
         """{module: scheme} including lm_head (what the runtime's apply_plan takes)."""
@@ -115,22 +128,48 @@ def average_bits(schemes: dict[str, str], param_counts: dict[str, int], in_featu
 
 
 def estimated_kl(sens: SensitivityResult, schemes: dict[str, str]) -> float:
-    return sum(sens.damage[n].get(s, 0.0) if s != "fp16" else 0.0 for n, s in schemes.items())
+    """Sum of the single-unit damages of a plan ({Linear: scheme}) under the additive assumption."""
+    total = 0.0
+    for unit, members in sens.unit_map().items():
+        s = schemes.get(members[0], "fp16")
+        total += 0.0 if s == "fp16" else sens.damage[unit].get(s, 0.0)
+    return total
 
 
 def _ordered(candidates: Sequence[str]) -> list[str]:
     return [s for s in SCHEMES if s in candidates]
 
 
-def apply_overrides(schemes: dict[str, str], overrides: dict[str, str]) -> dict[str, str]:
+def apply_overrides(schemes: dict[str, str], overrides: dict[str, str],
+                    units: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """The recipe's regex overrides on {unit: scheme}: a pattern that matches a unit's name or any of its members'
+    sets the whole unit (an override never splits a fused module)."""
     out = dict(schemes)
+    units = units or {}
     for pattern, scheme in overrides.items():
         check_scheme(scheme)
         rx = re.compile(pattern)
-        for n in out:
-            if rx.search(n):
-                out[n] = scheme
+        for u in out:
+            if any(rx.search(n) for n in (u, *units.get(u, []))):
+                out[u] = scheme
     return out
+
+
+def overridden_units(units: dict[str, list[str]], overrides: dict[str, str]) -> list[str]:
+    """Units an override names (the fallback never promotes them)."""
+    return [u for u, ms in units.items() if any(re.search(p, n) for p in overrides for n in (u, *ms))]
+
+
+def cheapest_plan(units: dict[str, list[str]], candidates: Sequence[str], rules: Rules, param_counts: dict[str, int],
+                  in_features: dict[str, int], group_size: int) -> Plan:
+    """Every unit at the cheapest candidate (overrides applied): where the held-out check starts when the damage
+    is not in KL units (the proxy metric) and cannot be budgeted."""
+    cheapest = _ordered(candidates)[0]
+    unit_schemes = apply_overrides({u: cheapest for u in units}, rules.overrides, units)
+    schemes = expand_units(unit_schemes, units)
+    return Plan(schemes=schemes, group_size=group_size,
+                avg_bits=average_bits(schemes, param_counts, in_features, group_size), estimated_kl=float("nan"),
+                lm_head=rules.lm_head, embeddings=rules.embeddings, units=units)
 
 
 def allocate(
@@ -140,28 +179,30 @@ def allocate(
     rules: Rules = Rules(),
     in_features: dict[str, int] | None = None,
 ) -> Plan:
-    """Greedy allocation by damage per bit saved (module doc); overrides are applied after the allocation."""
-    names = sensitivity.modules()
+    """Greedy allocation over units by damage per bit saved (module doc); overrides fix their units first.
+    param_counts / in_features are per Linear."""
+    units = sensitivity.unit_map()
+    names = [m for ms in units.values() for m in ms]
     missing = [n for n in names if n not in param_counts]
     if missing:
         raise ValueError(f"param_counts lacks {missing[:3]}{'...' if len(missing) > 3 else ''}")
     cands = _ordered(sensitivity.candidates)
     gs = sensitivity.group_size
     in_features = in_features or {n: gs for n in names}  # only int8 metadata depends on it (tiny)
-    fixed = apply_overrides({n: "" for n in names}, rules.overrides)
-    free = [n for n in names if not fixed[n]]
-    schemes = {n: (fixed[n] or cands[-1]) for n in names}
+    fixed = apply_overrides({u: "" for u in units}, rules.overrides, units)
+    free = [u for u in units if not fixed[u]]
+    schemes = {u: (fixed[u] or cands[-1]) for u in units}
 
-    def dmg(n, s):
-        return 0.0 if s == "fp16" else sensitivity.damage[n][s]
+    def dmg(u, s):
+        return 0.0 if s == "fp16" else sensitivity.damage[u][s]
 
-    def bits(n, s):
-        return SCHEME_INFO[s].bits_per_weight(in_features[n], gs) * param_counts[n]
+    def bits(u, s):
+        return sum(SCHEME_INFO[s].bits_per_weight(in_features[m], gs) * param_counts[m] for m in units[u])
 
     total_params = sum(param_counts[n] for n in names)
     kl_limit = budget.kl_limit()
-    cur_kl = estimated_kl(sensitivity, schemes)
-    cur_bits = sum(bits(n, s) for n, s in schemes.items())
+    cur_kl = sum(dmg(u, s) for u, s in schemes.items())
+    cur_bits = sum(bits(u, s) for u, s in schemes.items())
 
     def done() -> bool:
         return budget.target_avg_bits is not None and cur_bits / total_params <= budget.target_avg_bits + 1e-9
@@ -187,8 +228,8 @@ def allocate(
     if budget.target_avg_bits is not None and not done():
         raise ValueError(f"target_avg_bits {budget.target_avg_bits} is unreachable with candidates {cands} "
                          f"and overrides {rules.overrides}; the lowest is {cur_bits / total_params:.3f}")
-    return Plan(schemes=schemes, group_size=gs, avg_bits=cur_bits / total_params,
-                estimated_kl=estimated_kl(sensitivity, schemes), lm_head=rules.lm_head, embeddings=rules.embeddings)
+    return Plan(schemes=expand_units(schemes, units), group_size=gs, avg_bits=cur_bits / total_params,
+                estimated_kl=cur_kl, lm_head=rules.lm_head, embeddings=rules.embeddings, units=units)
 
 
 # --- accuracy-driven fallback ---------------------------------------------------------------------------------
@@ -255,10 +296,11 @@ def _holds(q: JointQuality, budget: Budget) -> bool:
 
 
 def promotion_order(plan: Plan, sensitivity: SensitivityResult, candidates: Sequence[str]) -> list[str]:
-    """Linears that can still be promoted, worst (largest estimated damage at its current scheme) first."""
+    """Units that can still be promoted, worst (largest estimated damage at its current scheme) first."""
     cands = _ordered(candidates)
-    movable = [n for n, s in plan.schemes.items() if s in cands and cands.index(s) < len(cands) - 1]
-    return sorted(movable, key=lambda n: -sensitivity.damage[n].get(plan.schemes[n], 0.0))
+    current = plan.unit_schemes()
+    movable = [u for u, s in current.items() if s in cands and cands.index(s) < len(cands) - 1]
+    return sorted(movable, key=lambda u: -sensitivity.damage[u].get(current[u], 0.0))
 
 
 def check_and_fallback(
@@ -274,11 +316,11 @@ def check_and_fallback(
     fixed: Sequence[str] = (),
     progress: bool = True,
 ) -> Plan:
-    """Measure the plan's real joint KL / perplexity on held-out tokens; promote the worst Linears until it holds.
+    """Measure the plan's real joint KL / perplexity on held-out tokens; promote the worst units until it holds.
 
-    Each round promotes the `step` Linears with the largest estimated damage by one precision level (int4 -> int8
-    -> fp16 among the candidates) and measures again. `fixed` Linears (overrides) are never promoted.
-    Returns a new Plan with measured_kl / measured_ppl_increase_pct and the promoted Linears in order.
+    Each round promotes the `step` units with the largest estimated damage by one precision level (int4 -> int8
+    -> fp16 among the candidates) and measures again. `fixed` units (overrides) are never promoted.
+    Returns a new Plan with measured_kl / measured_ppl_increase_pct and the promoted units in order.
     """
     if not holdout_batches:
         raise ValueError("check_and_fallback needs held-out batches, got none")
@@ -294,14 +336,16 @@ def check_and_fallback(
     bar = tqdm(desc="fallback check", disable=not progress, leave=False)
     q = joint_quality(model, {**schemes, "lm_head": plan.lm_head}, plan.group_size, holdout_batches, ref)
     rounds = 0
+    units = plan.unit_map()
     while not _holds(q, budget) and rounds < max_rounds:
-        cur = Plan(schemes=schemes, group_size=plan.group_size, avg_bits=0, estimated_kl=0)
-        order = [n for n in promotion_order(cur, sensitivity, cands) if n not in fixed]
+        cur = Plan(schemes=schemes, group_size=plan.group_size, avg_bits=0, estimated_kl=0, units=units)
+        order = [u for u in promotion_order(cur, sensitivity, cands) if u not in fixed]
         if not order:
             break
-        for n in order[:step]:
-            schemes[n] = cands[cands.index(schemes[n]) + 1]
-            promoted.append(n)
+        for u in order[:step]:
+            up = cands[cands.index(schemes[units[u][0]]) + 1]
+            schemes.update({m: up for m in units[u]})
+            promoted.append(u)
         q = joint_quality(model, {**schemes, "lm_head": plan.lm_head}, plan.group_size, holdout_batches, ref)
         rounds += 1
         bar.update(1)
@@ -311,4 +355,4 @@ def check_and_fallback(
                 avg_bits=average_bits(schemes, param_counts, in_features, plan.group_size),
                 estimated_kl=estimated_kl(sensitivity, schemes), lm_head=plan.lm_head, embeddings=plan.embeddings,
                 measured_kl=q.mean_kl, measured_ppl_increase_pct=q.ppl_increase_pct,
-                promoted=plan.promoted + promoted)
+                promoted=plan.promoted + promoted, units=plan.units)

@@ -140,6 +140,19 @@ def int4_from_compressed_tensors(
     return q, scales, zeros
 
 
+def int8_from_compressed_tensors(weight_packed: Tensor, weight_shape: tuple[int, int] | Tensor) -> Tensor:
+    """compressed-tensors "pack-quantized" 8-bit weights -> int8 [out, in].
+
+    weight_packed int32 [out, ceil(in / 4)]: four values + 128 per word, lowest byte first (symmetric, no zero
+    point)."""
+    if weight_packed.dtype != torch.int32:
+        raise ValueError(f"compressed-tensors packed tensors are int32; got {weight_packed.dtype}")
+    out_f, in_f = (int(v) for v in weight_shape)
+    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=weight_packed.device)  # [4]
+    fields = (weight_packed.unsqueeze(-1) >> shifts) & 0xFF  # [out, in/4, 4]
+    return (fields.reshape(weight_packed.shape[0], -1)[:, :in_f] - 128).to(torch.int8).contiguous()
+
+
 def _unpack_int32_nibbles(packed: Tensor, dim: int) -> Tensor:
     """Eight 4-bit fields per int32 (lowest first) unpacked along `dim` -> uint8 values in [0, 15]."""
     if packed.dtype != torch.int32:

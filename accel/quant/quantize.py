@@ -5,17 +5,19 @@ The quantization algorithms are llm-compressor's (a well-kept library); accel on
 library's recipe (one config group per scheme, with the exact module names as targets, and an ignore list for
 16-bit layers) and converts the library's checkpoint format into its own kernels.
 
-Formats written: int8 = "int-quantized" (int8 weight [out, in] + fp scale [out, 1], channel-wise symmetric);
-int4 = "pack-quantized" (int32 `weight_packed`, `weight_scale` [out, G], packed int32 `weight_zero_point`,
-`weight_shape`; group-wise asymmetric); int4f = "int-quantized" with 4-bit args and `zp_dtype: float16` (int8
-container holding values in [-8, 7], `weight_scale` [out, G], fp16 `weight_zero_point` [out, G]): compressed-tensors'
-pack-quantized compressor packs zero points as 4-bit integers and would destroy float ones, so the unpacked format
-is the only lossless compressed-tensors form. transformers decompresses it; vLLM has no kernel for float zero points
-(accel's own runtime packs it to 4 bits in memory).
+Formats written (what vLLM and transformers read; see accel/export/loaders.py):
+- int8 = "pack-quantized" 8-bit, channel-wise symmetric: int32 `weight_packed` [out, in/4] (four values + 128 per
+  word, lowest byte first), `weight_scale` [out, 1], `weight_shape`. vLLM loads weight-only INT8 as W8A16 from this
+  format only ("int-quantized" means weights *and* activations to its parser).
+- int4 = "pack-quantized" 4-bit, group-wise asymmetric: `weight_packed` [out, in/8], `weight_scale` [out, G],
+  packed int32 `weight_zero_point`, `weight_shape`.
+- int4f = "int-quantized" with 4-bit args and `zp_dtype: float16` (int8 container holding values in [-8, 7],
+  `weight_scale` [out, G], fp16 `weight_zero_point` [out, G]): compressed-tensors' pack-quantized compressor packs
+  zero points as 4-bit integers and would destroy float ones, so the unpacked format is the only lossless
+  compressed-tensors form. transformers decompresses it; vLLM has no kernel for float zero points.
 
-A tied lm_head (SmolLM2: lm_head.weight is embed_tokens.weight) is kept out of llm-compressor's config groups: the
-library would quantize the shared tensor and damage the embeddings. Its scheme from the plan is applied at load
-time by `accel.quant.kernels.apply_plan`, which gives lm_head its own quantized copy.
+The lm_head's scheme is written into the checkpoint like any Linear's; when it is tied to the embeddings,
+llm-compressor unties it first (the embedding table stays 16-bit), so every loader runs the same lm_head.
 """
 
 from __future__ import annotations
@@ -45,42 +47,33 @@ def _weights_args(scheme: str, group_size: int) -> dict:
     raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int4, int4f")
 
 
-def is_tied(model: nn.Module) -> bool:
-    out = getattr(model, "get_output_embeddings", lambda: None)()
-    inp = getattr(model, "get_input_embeddings", lambda: None)()
-    return out is not None and inp is not None and out.weight is inp.weight
+FORMATS = {"int8": "pack-quantized", "int4": "pack-quantized", "int4f": "int-quantized"}
 
 
-def recipe_config(plan: Plan, tied_lm_head: bool) -> dict:
+def recipe_config(plan: Plan) -> dict:
     """The plan as llm-compressor config groups + ignore list (plain data; `build_modifiers` wraps it).
 
     {"config_groups": {"int8": {"targets": [...], "weights": {...}, "format": ...}, "int4": {...}},
-     "ignore": [fp16 modules..., "lm_head" when tied or fp16]}
+     "ignore": [fp16 modules..., "lm_head" when it stays 16-bit]}
     Targets are exact module names (no regex), so the checkpoint states precisely what the plan chose.
     """
-    schemes = dict(plan.schemes)
-    lm_in_groups = plan.lm_head != "fp16" and not tied_lm_head
-    if lm_in_groups:
-        schemes["lm_head"] = plan.lm_head
+    schemes = {**plan.schemes, "lm_head": plan.lm_head}
     groups = {}
-    for scheme, fmt in (("int8", "int-quantized"), ("int4", "pack-quantized"), ("int4f", "int-quantized")):
+    for scheme, fmt in FORMATS.items():
         targets = [n for n, s in schemes.items() if s == scheme]
         if targets:
             groups[scheme] = {"targets": targets, "weights": _weights_args(scheme, plan.group_size), "format": fmt}
-    ignore = [n for n, s in plan.schemes.items() if s == "fp16"]
-    if not lm_in_groups:
-        ignore.append("lm_head")
-    return {"config_groups": groups, "ignore": ignore}
+    return {"config_groups": groups, "ignore": [n for n, s in schemes.items() if s == "fp16"]}
 
 
-def build_modifiers(plan: Plan, method: str, tied_lm_head: bool, dampening: float = 0.01) -> list:
+def build_modifiers(plan: Plan, method: str, dampening: float = 0.01) -> list:
     """llm-compressor modifiers for `method` applying the plan (see recipe_config)."""
     if method not in METHODS:
         raise ValueError(f"unknown quantization method {method!r}; allowed: {', '.join(METHODS)}")
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
 
-    cfg = recipe_config(plan, tied_lm_head)
+    cfg = recipe_config(plan)
     if not cfg["config_groups"]:
         return []
     groups = {name: QuantizationScheme(targets=g["targets"], weights=QuantizationArgs(**g["weights"]),
@@ -132,7 +125,7 @@ def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tenso
         from transformers import AutoTokenizer
 
         processor = AutoTokenizer.from_pretrained(model.config.name_or_path)
-    modifiers = build_modifiers(plan, method, is_tied(model), dampening)
+    modifiers = build_modifiers(plan, method, dampening)
     t0 = time.perf_counter()
     if modifiers:
         n = sum(b.shape[0] for b in batches)
@@ -173,6 +166,10 @@ def _kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int 
     if f"{prefix}.weight_packed" in state:
         if f"{prefix}.weight_g_idx" in state:
             raise ValueError(f"{prefix}: activation-ordered groups (weight_g_idx) are not supported by accel kernels")
+        packed, shape = state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_shape"]
+        if int(shape[1]) == 4 * packed.shape[1]:  # four values per int32: 8-bit
+            w = kernels.int8_from_compressed_tensors(packed, shape)
+            return kernels.Int8WeightOnlyLinear.from_quantized(w, state[f"{prefix}.weight_scale"], bias=bias)
         q, scales, zeros = kernels.int4_from_compressed_tensors(
             state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
             state.get(f"{prefix}.weight_zero_point"))
@@ -197,10 +194,8 @@ def _kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int 
 
 def load_quantized_for_runtime(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """Load a compressed-tensors checkpoint written by `save_checkpoint` into a HF model whose quantized Linears
-    are accel's Int8WeightOnlyLinear / Int4WeightOnlyLinear (weights stay quantized in memory)."""
+    are accel's Int8WeightOnlyLinear / Int4WeightOnlyLinear (weights stay quantized in memory), exactly as stored."""
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from accel.quant import kernels
 
     folder = Path(checkpoint)
     config = AutoConfig.from_pretrained(folder)
@@ -229,10 +224,5 @@ def load_quantized_for_runtime(checkpoint: str | Path, dtype: torch.dtype = torc
                      and not (k == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
     if still_missing:
         raise ValueError(f"checkpoint {folder} lacks tensors: {still_missing[:5]}")
-    plan_file = folder / PLAN_FILE
-    if plan_file.is_file():
-        plan = Plan.from_json(plan_file)
-        if plan.lm_head != "fp16" and "lm_head" not in quant_prefixes:
-            kernels.apply_plan(model, {"lm_head": plan.lm_head}, plan.group_size)
     return model.eval()
 

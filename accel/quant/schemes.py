@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,29 @@ class SchemeInfo:
 
 INT4_SCHEMES = ("int4", "int4f")
 SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int4f", 4), ("int8", 8), ("fp16", 16))}
+
+
+# vLLM loads q/k/v as one fused `qkv_proj` and gate/up as one `gate_up_proj`, and so does accel's runtime: one
+# kernel and one checkpoint format per fused module, so every member of a unit must share one scheme (a plan that
+# splits one fails vLLM's loader). Plans, sensitivity and budgets work on units.
+_FUSED_INTO = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+               "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+
+
+def quant_units(names: Sequence[str]) -> dict[str, list[str]]:
+    """{unit: its member Linears}, in model order. A unit is a fused module (`layers.N.self_attn.qkv_proj`,
+    `layers.N.mlp.gate_up_proj`) or a Linear that is fused with nothing (o_proj, down_proj), named as itself."""
+    units: dict[str, list[str]] = {}
+    for n in names:
+        parent, _, leaf = n.rpartition(".")
+        unit = f"{parent}.{_FUSED_INTO[leaf]}" if leaf in _FUSED_INTO and parent else n
+        units.setdefault(unit, []).append(n)
+    return units
+
+
+def expand_units(unit_schemes: dict[str, str], units: dict[str, list[str]]) -> dict[str, str]:
+    """{unit: scheme} -> {Linear: scheme} (every member gets its unit's scheme)."""
+    return {m: scheme for u, scheme in unit_schemes.items() for m in units.get(u, [u])}
 
 
 def check_scheme(scheme: str) -> str:

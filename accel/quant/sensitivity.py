@@ -1,15 +1,19 @@
-"""Per-layer sensitivity: the damage of quantizing one Linear alone, at each candidate precision.
+"""Per-unit sensitivity: the damage of quantizing one unit alone, at each candidate precision.
+
+A unit is what shares one scheme in a plan (`accel.quant.schemes.quant_units`): a fused module (q/k/v, gate/up) or
+a Linear fused with nothing.
 
 metric "kl": mean KL(P_ref || P_quant) of the next-token distribution over the calibration tokens, with only that
-Linear fake-quantized (RTN). To make 210 layers x 2 precisions affordable on a CPU, the input of every decoder
-layer is cached from one reference forward; a Linear in layer i then only re-runs layers i..L-1 plus the head,
-so each measurement costs (L - i) / L of a forward (about half a forward on average).
+unit fake-quantized (RTN). To make 120 units x 2 precisions affordable on a CPU, the input of every decoder layer
+is cached from one reference forward; a unit in layer i then only re-runs layers i..L-1 plus the head, so each
+measurement costs (L - i) / L of a forward (about half a forward on average).
 
-metric "proxy": the relative squared output error of the Linear on the calibration activations,
-||(W_q - W) X||^2 / ||W X||^2 = tr(dW G dW^T) / tr(W G W^T) with G = X^T X the input Gram matrix. One forward
-collects every X (or G); no extra forwards. It ignores how the error propagates to the logits; `rank_agreement`
-reports how well it ranks layers like the KL measure (SmolLM2-135M, 128 tokens: Spearman 0.64 int4, 0.59 int8;
-the absolute output error scored ~0.0).
+metric "proxy": the relative squared output error of the unit on the calibration activations,
+sum_m ||(W_q - W) X||^2 / sum_m ||W X||^2 over its members m (= tr(dW G dW^T) / tr(W G W^T) with G = X^T X the
+input Gram matrix): the relative error of the fused Linear's output. One forward collects every X (or G); no extra
+forwards. It ignores how the error propagates to the logits; `rank_agreement` reports how well it ranks units like
+the KL measure (SmolLM2-135M, 128 tokens, per Linear: Spearman 0.64 int4, 0.59 int8; the absolute output error
+scored ~0.0).
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accel.quant.schemes import check_scheme, fake_quant, fake_quantized, layer_index, quantizable_linears
+from accel.quant.schemes import (check_scheme, fake_quant, fake_quantized, layer_index, quant_units,
+                                 quantizable_linears)
 
 
 @dataclass
 class SensitivityResult:
-    """damage[module][scheme]: mean KL (metric kl) or relative output MSE (metric proxy); fp16 is 0."""
+    """damage[unit][scheme]: mean KL (metric kl) or relative output MSE (metric proxy); fp16 is 0.
+    units[unit]: the unit's member Linears (a unit missing from it is a Linear alone)."""
 
     metric: str
     group_size: int
@@ -38,9 +44,17 @@ class SensitivityResult:
     num_tokens: int
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    units: dict[str, list[str]] = field(default_factory=dict)
 
     def modules(self) -> list[str]:
+        """The units measured (the allocation's decision variables)."""
         return list(self.damage)
+
+    def members(self, unit: str) -> list[str]:
+        return self.units.get(unit, [unit])
+
+    def unit_map(self) -> dict[str, list[str]]:
+        return {u: self.members(u) for u in self.damage}
 
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(asdict(self), indent=1)
@@ -139,7 +153,8 @@ def measure_sensitivity(
     progress: bool = True,
     modules: Sequence[str] | None = None,
 ) -> SensitivityResult:
-    """Damage per quantizable Linear per candidate scheme, each Linear quantized alone (RTN fake-quant).
+    """Damage per unit (fused module or lone Linear) per candidate scheme, each unit quantized alone (RTN
+    fake-quant). `modules`: the Linears to cover (default: every quantizable one), grouped into units.
 
     batches: LongTensors of token ids [B, S] (packed, no padding). fp16 candidates get damage 0 without a forward.
     """
@@ -148,38 +163,39 @@ def measure_sensitivity(
     for c in candidates:
         check_scheme(c)
     batches = _check_batches(batches)
-    names = list(modules) if modules is not None else quantizable_linears(model)
+    units = quant_units(list(modules) if modules is not None else quantizable_linears(model))
     t0 = time.perf_counter()
     if metric == "proxy":
-        damage, ntok = _proxy_damage(model, batches, names, candidates, group_size, progress)
+        damage, ntok = _proxy_damage(model, batches, units, candidates, group_size, progress)
     else:
-        damage, ntok = _kl_damage(model, batches, names, candidates, group_size, progress)
+        damage, ntok = _kl_damage(model, batches, units, candidates, group_size, progress)
     return SensitivityResult(metric=metric, group_size=group_size, candidates=list(candidates), damage=damage,
-                             num_tokens=ntok, seconds=time.perf_counter() - t0)
+                             num_tokens=ntok, seconds=time.perf_counter() - t0, units=units)
 
 
-def _kl_damage(model, batches, names, candidates, group_size, progress):
+def _kl_damage(model, batches, units, candidates, group_size, progress):
     quantized = [c for c in candidates if c != "fp16"]
-    totals = {n: {c: 0.0 for c in candidates} for n in names}
+    totals = {u: {c: 0.0 for c in candidates} for u in units}
     ntok = 0
     # Deepest layers first is irrelevant for cost; model order keeps the progress bar readable.
-    with _progress(len(batches) * len(names) * len(quantized), "sensitivity (KL)", progress) as bar:
+    with _progress(len(batches) * len(units) * len(quantized), "sensitivity (KL)", progress) as bar:
         for ids in batches:
             cache = _capture(model, ids)
             ntok += ids.numel()
-            for name in names:
-                start = layer_index(name)
+            for unit, members in units.items():
+                start = layer_index(unit)
                 for c in quantized:
-                    with fake_quantized(model, {name: c}, group_size):
+                    with fake_quantized(model, {m: c for m in members}, group_size):
                         logits = _suffix_logits(model, cache, start)
-                    totals[name][c] += kl_sum(cache.ref_logits, logits)
+                    totals[unit][c] += kl_sum(cache.ref_logits, logits)
                     bar.update(1)
             del cache
-    damage = {n: {c: totals[n][c] / ntok for c in candidates} for n in names}
+    damage = {u: {c: totals[u][c] / ntok for c in candidates} for u in units}
     return damage, ntok
 
 
-def _proxy_damage(model, batches, names, candidates, group_size, progress):
+def _proxy_damage(model, batches, units, candidates, group_size, progress):
+    names = [m for members in units.values() for m in members]
     modules = dict(model.named_modules())
     # Per Linear either the raw inputs X [N, I] (while N <= I: ||dW X^T||^2 costs O*I*N) or their Gram matrix
     # G = X^T X [I, I] (once N > I: tr(dW G dW^T) costs O*I*I), whichever is cheaper.
@@ -209,25 +225,27 @@ def _proxy_damage(model, batches, names, candidates, group_size, progress):
         for h in handles:
             h.remove()
     damage: dict[str, dict[str, float]] = {}
-    with _progress(len(names), "sensitivity (proxy)", progress) as bar:
-        for n in names:
-            w = modules[n].weight.float()
-            damage[n] = {}
+    with _progress(len(units), "sensitivity (proxy)", progress) as bar:
+        for unit, members in units.items():
+            damage[unit] = {}
             for c in candidates:
                 if c == "fp16":
-                    damage[n][c] = 0.0
+                    damage[unit][c] = 0.0
                     continue
-                dw = fake_quant(w, c, group_size) - w  # [O, I]
-                # relative squared error of the layer output: ||dW X^T||^2 / ||W X^T||^2 (= tr(dW G dW^T) /
-                # tr(W G W^T)). Relative, because the absolute error ranks layers unlike the KL (Spearman ~0 on
-                # SmolLM2) while the relative one tracks it (~0.6): see scripts/bench_quant.py.
-                if n in acts:
-                    err = float((acts[n] @ dw.T).pow(2).sum())
-                    ref = float((acts[n] @ w.T).pow(2).sum())
-                else:
-                    err = float(((dw @ grams[n]) * dw).sum())
-                    ref = float(((w @ grams[n]) * w).sum())
-                damage[n][c] = err / max(ref, 1e-30)
+                # relative squared error of the (fused) output: sum ||dW X^T||^2 / sum ||W X^T||^2 over the
+                # members (= tr(dW G dW^T) / tr(W G W^T)). Relative, because the absolute error ranks layers
+                # unlike the KL (Spearman ~0 on SmolLM2) while the relative one tracks it (~0.6).
+                err = ref = 0.0
+                for n in members:
+                    w = modules[n].weight.float()
+                    dw = fake_quant(w, c, group_size) - w  # [O, I]
+                    if n in acts:
+                        err += float((acts[n] @ dw.T).pow(2).sum())
+                        ref += float((acts[n] @ w.T).pow(2).sum())
+                    else:
+                        err += float(((dw @ grams[n]) * dw).sum())
+                        ref += float(((w @ grams[n]) * w).sum())
+                damage[unit][c] = err / max(ref, 1e-30)
             bar.update(1)
     return damage, ntok
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from accel.export.checkpoint import MANIFEST_NAME, verify_export, vllm_support, write_export
+from accel.export.checkpoint import MANIFEST_NAME, verify_export, write_export
 from tests.conftest import save_tiny_model
 
 
@@ -16,7 +16,7 @@ def test_export_round_trip_and_verify(tmp_path, tiny_model_dir):
     assert manifest["plan"] == {"lm_head": "fp16"} and manifest["draft"]["acceptance_rate"] == 0.5
     assert "model.safetensors" in manifest["files"] and "draft/model.safetensors" in manifest["files"]
     assert manifest["versions"]["torch"]
-    assert manifest["loaders"] == {"transformers": True, "vllm": True}
+    assert manifest["loaders"] == {n: {"loads": True, "refused": {}} for n in ("accel", "transformers", "vllm")}
     res = verify_export(out, prompts=["The quick brown"])
     assert res.ok, res.problems
     assert res.loaded and res.checked_files == len(manifest["files"])
@@ -63,14 +63,3 @@ def test_cli_export_verify(tmp_path, tiny_model_dir):
     (out / "config.json").write_text("{}")
     res = CliRunner().invoke(app, ["export", "verify", str(out), "--no-load"])
     assert res.exit_code == 1 and "sha256 mismatch for config.json" in res.output
-
-
-def test_vllm_support_flags_float_zero_point_int4_only():
-    def cfg(**weights):
-        return {"quantization_config": {"config_groups": {"group_0": {"weights": weights}}}}
-
-    assert vllm_support({}) == (True, "")
-    assert vllm_support(cfg(num_bits=4, symmetric=False, zp_dtype="torch.int8"))[0]
-    assert vllm_support(cfg(num_bits=8, symmetric=True, zp_dtype=None))[0]
-    ok, why = vllm_support(cfg(num_bits=4, symmetric=False, zp_dtype="torch.float16"))
-    assert not ok and "'group_0'" in why and "torch.float16" in why and "'int4'" in why

@@ -91,7 +91,10 @@ def test_export_verifies_and_carries_the_run(first_run):
     manifest = json.loads((ck / "accel.json").read_text())
     assert manifest["quantization_format"] == "compressed-tensors"
     assert manifest["plan"]["schemes"] and manifest["eval"]["kl_mean"] is not None
-    assert manifest["draft"] is None  # n-gram: no draft model to ship
+    draft = manifest["draft"]  # n-gram: the pairing and vLLM's equivalent, no draft model to ship
+    assert draft["method"] == "ngram" and "path" not in draft and draft["measured"]["acceptance_rate"] is not None
+    assert draft["vllm_speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4,
+                                                "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     qcfg = json.loads((ck / "config.json").read_text())["quantization_config"]
     assert qcfg["quant_method"] == "compressed-tensors" and qcfg["config_groups"]
     assert (ck / "generation_config.json").is_file() and (ck / "tokenizer.json").is_file()
@@ -143,6 +146,22 @@ def test_changed_gates_rerun_only_dependants_and_block_export(first_run, small_e
     records, _, _ = _run(data)
     status = {n: r.status for n, r in records.items()}
     assert all(status[s] == "reused" for s in STAGES[:7]) and status["gates"] == "ran"
+
+
+def test_a_vllm_target_blocks_an_export_vllm_cannot_load(first_run, small_eval):
+    from accel.pipeline import GateFailed
+
+    data, _, _ = first_run
+    q = {**data["quantization"], "candidates": ["int4f", "fp16"], "budget": {"max_mean_kl": 10.0}}
+    int4f = {**data, "name": "tiny-int4f", "quantization": q, "export": {"target": "vllm"}}
+    with pytest.raises(GateFailed, match=r"loader: vllm cannot load \d+ layers, e.g. .*float zero points"):
+        _run(int4f)
+    gates = json.loads((parse_recipe(int4f).run_dir() / "gates.json").read_text())
+    assert gates["failed"] == ["loader"] and gates["checked"]["loader"]["refused"]
+    records, _, _ = _run({**int4f, "export": {"target": "transformers"}})  # transformers loads int4f
+    assert records["gates"].status == "ran" and records["quantize"].status == "reused"
+    manifest = json.loads((parse_recipe(int4f).run_dir() / "checkpoint" / "accel.json").read_text())
+    assert manifest["loaders"]["transformers"]["loads"] and not manifest["loaders"]["vllm"]["loads"]
 
 
 def test_crash_mid_stage_leaves_no_half_written_output(first_run, small_eval, monkeypatch):

@@ -118,3 +118,49 @@ def test_fallback_reaches_budget_or_stops_at_fp16():
     assert tight.measured_kl == 0.0
     assert tight.avg_bits == 16.0
     assert average_bits(plan.schemes, pc, inf, 32) == pytest.approx(5.0)
+
+
+# A fused q/k/v unit (three Linears of 100 params) and a lone o_proj: members always share one scheme.
+UNITS = {"l.qkv_proj": ["l.q_proj", "l.k_proj", "l.v_proj"], "l.o_proj": ["l.o_proj"]}
+USENS = SensitivityResult(metric="kl", group_size=32, candidates=["int4", "int8", "fp16"], num_tokens=1, units=UNITS,
+                          damage={"l.qkv_proj": {"int4": 0.03, "int8": 0.001, "fp16": 0.0},
+                                  "l.o_proj": {"int4": 0.004, "int8": 0.0001, "fp16": 0.0}})
+UP = {m: 100 for ms in UNITS.values() for m in ms}
+UIN = {m: 16 for m in UP}
+
+
+def test_allocation_gives_every_member_of_a_fused_unit_one_scheme():
+    plan = allocate(USENS, Budget(max_mean_kl=0.01), UP, Rules(), UIN)
+    # demotions by damage per bit saved: qkv -> int8 (.001 / 2100), o -> int8, o -> int4 (.004 KL); qkv -> int4
+    # would pass the budget
+    assert plan.schemes == {"l.q_proj": "int8", "l.k_proj": "int8", "l.v_proj": "int8", "l.o_proj": "int4"}
+    assert plan.unit_schemes() == {"l.qkv_proj": "int8", "l.o_proj": "int4"}
+    assert plan.units == UNITS and plan.estimated_kl == pytest.approx(0.005)
+    assert plan.avg_bits == pytest.approx((3 * 9 + 5) / 4)
+
+
+def test_an_override_naming_one_member_sets_its_whole_unit():
+    plan = allocate(USENS, Budget(max_mean_kl=0.01), UP, Rules(overrides={r"k_proj$": "fp16"}), UIN)
+    assert plan.unit_schemes()["l.qkv_proj"] == "fp16"
+    assert {plan.schemes[m] for m in UNITS["l.qkv_proj"]} == {"fp16"}
+
+
+def test_fallback_promotes_whole_units():
+    from accel.quant.schemes import quant_units
+
+    m = _tiny()
+    names = quantizable_linears(m)
+    units = quant_units(names)
+    worst = "model.layers.1.mlp.gate_up_proj"
+    dmg = {u: {"int4": 1e-4, "int8": 1e-6, "fp16": 0.0} for u in units}
+    dmg[worst] = {"int4": 1.0, "int8": 1e-3, "fp16": 0.0}
+    sens = SensitivityResult(metric="kl", group_size=32, candidates=["int4", "int8", "fp16"], damage=dmg,
+                             num_tokens=1, units=units)
+    plan = Plan(schemes={n: "int4" for n in names}, group_size=32, avg_bits=5.0, estimated_kl=0.0, lm_head="fp16",
+                units=units)
+    hold = [torch.randint(3, 256, (2, 16), generator=torch.Generator().manual_seed(1))]
+    out = check_and_fallback(m, plan, hold, Budget(max_mean_kl=1e-12), sens, param_counts(m, names),
+                             in_features_of(m, names), step=1, max_rounds=1, progress=False)
+    assert out.promoted == [worst]
+    assert out.schemes["model.layers.1.mlp.gate_proj"] == out.schemes["model.layers.1.mlp.up_proj"] == "int8"
+    assert sum(s == "int4" for s in out.schemes.values()) == len(names) - 2

@@ -16,11 +16,11 @@ PLAN = Plan(schemes={"model.layers.0.self_attn.q_proj": "int4", "model.layers.0.
             lm_head="int8")
 
 
-def test_recipe_config_exact_untied():
-    cfg = recipe_config(PLAN, tied_lm_head=False)
+def test_recipe_config_exact():
+    cfg = recipe_config(PLAN)
     assert cfg == {
         "config_groups": {
-            "int8": {"targets": ["model.layers.0.mlp.up_proj", "lm_head"], "format": "int-quantized",
+            "int8": {"targets": ["model.layers.0.mlp.up_proj", "lm_head"], "format": "pack-quantized",
                      "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}},
             "int4": {"targets": ["model.layers.0.self_attn.q_proj"], "format": "pack-quantized",
                      "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
@@ -28,27 +28,23 @@ def test_recipe_config_exact_untied():
         },
         "ignore": ["model.layers.0.mlp.down_proj"],
     }
-
-
-def test_recipe_config_tied_lm_head_is_ignored():
-    cfg = recipe_config(PLAN, tied_lm_head=True)
-    assert cfg["config_groups"]["int8"]["targets"] == ["model.layers.0.mlp.up_proj"]
-    assert cfg["ignore"] == ["model.layers.0.mlp.down_proj", "lm_head"]
+    plan16 = Plan(**{**PLAN.__dict__, "lm_head": "fp16"})
+    assert recipe_config(plan16)["ignore"] == ["model.layers.0.mlp.down_proj", "lm_head"]
 
 
 def test_build_modifiers_per_method():
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
 
-    (rtn,) = build_modifiers(PLAN, "rtn", tied_lm_head=True)
+    (rtn,) = build_modifiers(PLAN, "rtn")
     assert type(rtn) is QuantizationModifier
     assert set(rtn.config_groups) == {"int8", "int4"}
-    assert rtn.ignore == ["model.layers.0.mlp.down_proj", "lm_head"]
-    (gptq,) = build_modifiers(PLAN, "gptq", tied_lm_head=True, dampening=0.05)
+    assert rtn.ignore == ["model.layers.0.mlp.down_proj"]
+    (gptq,) = build_modifiers(PLAN, "gptq", dampening=0.05)
     assert type(gptq) is GPTQModifier and gptq.dampening_frac == 0.05
-    assert [type(m).__name__ for m in build_modifiers(PLAN, "smoothquant+gptq", True)] == [
+    assert [type(m).__name__ for m in build_modifiers(PLAN, "smoothquant+gptq")] == [
         "SmoothQuantModifier", "GPTQModifier"]
     with pytest.raises(ValueError, match="unknown quantization method 'hqq'"):
-        build_modifiers(PLAN, "hqq", True)
+        build_modifiers(PLAN, "hqq")
 
 
 def _tokenizer():
@@ -86,26 +82,29 @@ def test_rtn_oneshot_matches_our_fake_quant_and_loads_into_kernels(tmp_path):
 
     model = _saved_tiny(tmp_path, tie_word_embeddings=True)
     plan = _mixed_plan(model, lm_head="int8")
-    from accel.quant import kernels
-
-    with fake_quantized(model, plan.schemes, 32):
-        ours = model(X).logits  # our RTN fake-quant, body only (lm_head fp32)
-        hidden = model.model(X).last_hidden_state  # [B, S, H]
-    # the tied lm_head is quantized at load time by the kernels' own int8 RTN
-    head = kernels.dequantize_int8_per_channel(*kernels.quantize_int8_per_channel(model.lm_head.weight))
-    ours_with_head = hidden @ head.T
+    embed = model.model.embed_tokens.weight.clone()
+    with fake_quantized(model, {**plan.schemes, "lm_head": "int8"}, 32):
+        ours = model(X).logits  # our RTN fake-quant, the lm_head included
     res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
     lib = res.model(X).logits
     # our fake quantization reproduces compressed-tensors' RTN numerics
     torch.testing.assert_close(lib, ours, atol=1e-4, rtol=1e-4)
     ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    import json
+
+    config = json.loads((ck / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False  # the quantized lm_head is its own tensor in the checkpoint
     loaded = load_quantized_for_runtime(ck)
     assert isinstance(loaded.model.layers[0].self_attn.q_proj, Int4WeightOnlyLinear)
     assert isinstance(loaded.model.layers[0].self_attn.k_proj, Int8WeightOnlyLinear)
     assert isinstance(loaded.model.layers[0].self_attn.v_proj, torch.nn.Linear)
-    assert isinstance(loaded.lm_head, Int8WeightOnlyLinear)  # tied: applied at load from accel_plan.json
-    assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
-    torch.testing.assert_close(loaded(X).logits, ours_with_head, atol=1e-4, rtol=1e-4)
+    assert isinstance(loaded.lm_head, Int8WeightOnlyLinear)  # read from the checkpoint, not applied on load
+    assert torch.equal(loaded.model.embed_tokens.weight, embed)  # the embeddings stay untouched
+    torch.testing.assert_close(loaded(X).logits, ours, atol=1e-4, rtol=1e-4)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(ck).eval()  # transformers runs the same weights
+    torch.testing.assert_close(hf(X).logits, ours, atol=1e-4, rtol=1e-4)
 
 
 @torch.no_grad()
@@ -122,7 +121,7 @@ def test_gptq_oneshot_checkpoint_matches_fake_quant_model(tmp_path):
     qc = json.loads((ck / "config.json").read_text())["quantization_config"]
     groups = {g["weights"]["num_bits"]: g for g in qc["config_groups"].values()}  # the library renames groups
     assert set(groups) == {4, 8}
-    assert (groups[4]["format"], groups[8]["format"]) == ("pack-quantized", "int-quantized")
+    assert (groups[4]["format"], groups[8]["format"]) == ("pack-quantized", "pack-quantized")
     assert groups[4]["targets"] == [n for n, s in plan.schemes.items() if s == "int4"]
     assert "lm_head" in qc["ignore"]
     loaded = load_quantized_for_runtime(ck)

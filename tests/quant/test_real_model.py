@@ -26,8 +26,10 @@ def test_real_names_and_last_layer_sensitivity(real):
     ids = torch.tensor([tok("The capital of France is Paris. The capital of Italy is Rome.")["input_ids"]])
     last = [n for n in names if ".layers.29." in n]
     res = measure_sensitivity(model, [ids], ["int4", "int8"], group_size=64, progress=False, modules=last)
-    for n in last:
-        assert res.damage[n]["int4"] > res.damage[n]["int8"] > 0, n
+    assert list(res.damage) == [f"model.layers.29.{u}" for u in ("self_attn.qkv_proj", "self_attn.o_proj",
+                                                                  "mlp.gate_up_proj", "mlp.down_proj")]
+    for u in res.damage:
+        assert res.damage[u]["int4"] > res.damage[u]["int8"] > 0, u
 
 
 def test_real_tied_head_fake_quant_keeps_embeddings(real):

@@ -1,8 +1,8 @@
-"""run_quantize end to end on a tiny Llama saved with a throwaway tokenizer."""
+"""The quantize stages' pieces end to end on a tiny Llama saved with a throwaway tokenizer: sensitivity, the
+plan (allocation + held-out fallback), llm-compressor, the runtime loading the checkpoint."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -10,8 +10,7 @@ import torch
 
 from accel.quant.allocate import Plan
 from accel.quant.quantize import load_quantized_for_runtime
-from accel.quant.run import run_quantize
-from accel.quant.sensitivity import SensitivityResult
+from accel.quant.run import build_plan, token_batches
 from accel.recipe import parse_recipe
 from tests.conftest import make_tiny_llama
 from tests.quant.test_quantize import _tokenizer
@@ -25,31 +24,37 @@ def _draw(seed, n):
 
 
 @pytest.mark.parametrize("metric", ["kl", "proxy"])
-def test_run_quantize_writes_run_folder(tmp_path, metric):
+def test_plan_quantize_and_load_on_a_tiny_model(tmp_path, metric):
+    from accel.quant.quantize import oneshot_quantize, save_checkpoint
+    from accel.quant.sensitivity import measure_sensitivity
+
     src = tmp_path / "tiny"
     make_tiny_llama(initializer_range=0.1).save_pretrained(src)
     _tokenizer().save_pretrained(src)
     recipe = parse_recipe({
         "name": "t", "model": {"path": str(src)}, "calibration": {"num_samples": 8, "max_seq_len": 16},
-        "quantization": {"method": "rtn", "int4_group_size": 32, "lm_head": "fp16",
-                         "budget": {"max_mean_kl": 0.01}, "sensitivity": {"num_samples": 4, "max_seq_len": 16, "metric": metric},
+        "quantization": {"method": "rtn", "int4_group_size": 32, "lm_head": "fp16", "budget": {"max_mean_kl": 0.01},
+                         "sensitivity": {"num_samples": 4, "max_seq_len": 16, "metric": metric},
                          "overrides": {r"layers\.0\.self_attn\.q_proj$": "int4"}},
     })
-    draw = SimpleNamespace(train=_draw(0, 8), holdout=_draw(1, 2))
-    res = run_quantize(recipe, tmp_path / "run", src, draw, progress=False)
-    run = tmp_path / "run"
-    for f in ("sensitivity.json", "sensitivity.png", "plan.json", "quantize.json", "checkpoint_quantized/config.json"):
-        assert (run / f).is_file(), f
-    plan = Plan.from_json(run / "plan.json")
-    assert plan == res.plan
-    assert plan.schemes["model.layers.0.self_attn.q_proj"] == "int4"  # override holds through the fallback
+    q = recipe.quantization
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()  # oneshot needs its folder
+    sens = measure_sensitivity(model, token_batches(_draw(0, 8), 16, 4), q.candidates, 32, metric, progress=False)
+    assert sens.num_tokens == 64 and len(sens.damage) == 8  # 2 layers x (qkv, o, gate_up, down)
+    assert sens.units["model.layers.0.self_attn.qkv_proj"] == [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
+    plan = build_plan(model, sens, q, _draw(1, 2))
+    # an override that names one member of a fused unit sets the whole unit, and holds through the fallback
+    assert {plan.schemes[f"model.layers.0.self_attn.{p}_proj"] for p in "qkv"} == {"int4"}
+    assert all(len({plan.schemes[m] for m in ms}) == 1 for ms in plan.units.values())
     assert plan.measured_kl is not None and plan.measured_kl <= 0.01
-    sens = SensitivityResult.from_json(run / "sensitivity.json")
-    assert sens.num_tokens == 64 and len(sens.damage) == 14
-    loaded = load_quantized_for_runtime(res.checkpoint)
+    assert Plan.from_json(plan.to_json()) == plan
+    ck = save_checkpoint(oneshot_quantize(model, plan, token_batches(_draw(0, 8), 16, 8), "rtn").model, plan,
+                         tmp_path / "ck")
+    loaded = load_quantized_for_runtime(ck)
     x = torch.randint(3, 256, (1, 16))
     assert loaded(x).logits.shape == (1, 16, 256)
-    assert json.loads((run / "quantize.json").read_text())["method"] == "rtn"
 
 
 def test_token_batches_cap_keeps_rows_from_every_stratum_not_a_prefix():

@@ -78,10 +78,13 @@ def test_suffix_cache_equals_full_forward():
     """The layer-cached measurement equals quantizing the layer and running the whole model."""
     m = _model(num_hidden_layers=3)
     batches = _batches(n=1)
-    name = "model.layers.1.self_attn.v_proj"
-    res = measure_sensitivity(m, batches, ["int4"], group_size=32, progress=False, modules=[name])
-    full = joint_quality(m, {name: "int4"}, 32, batches)
-    assert res.damage[name]["int4"] == pytest.approx(full.mean_kl, rel=1e-4)
+    qkv = [f"model.layers.1.self_attn.{p}_proj" for p in "qkv"]
+    res = measure_sensitivity(m, batches, ["int4"], group_size=32, progress=False, modules=qkv)
+    full = joint_quality(m, {n: "int4" for n in qkv}, 32, batches)  # a unit is measured with all its members
+    assert res.damage["model.layers.1.self_attn.qkv_proj"]["int4"] == pytest.approx(full.mean_kl, rel=1e-4)
+    unit = "model.layers.1.self_attn.qkv_proj"
+    v_only = measure_sensitivity(m, batches, ["int4"], group_size=32, progress=False, modules=qkv[2:])
+    assert v_only.damage[unit]["int4"] < res.damage[unit]["int4"]
 
 
 def test_proxy_and_json_round_trip(tmp_path):

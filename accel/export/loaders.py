@@ -1,0 +1,174 @@
+"""Which loaders accept an export, layer by layer, read from its config.json (no loader imported).
+
+The rules are those of the loaders' own code (compressed-tensors 0.19 / transformers 5.x, vLLM 0.33's
+CompressedTensorsConfig, accel's runtime). `run_vllm_check` runs vLLM's own parser and weight loaders on the export
+(accel/export/vllm_side_check.py, in a side venv) to confirm the vLLM rules (`accel export verify --target vllm`).
+
+vLLM:
+- weight-only INT (4 or 8 bits, no input activations) loads as W{4,8}A16 only in the `pack-quantized` format;
+  `int-quantized` means weights *and* activations to its parser and stops at an assertion.
+- zero points must be integers (its W4A16 kernels take packed integer zero points): `int4f` does not load.
+- the shards of a fused module (q/k/v -> qkv_proj, gate/up -> gate_up_proj) must share one scheme.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from accel.quant.schemes import quant_units
+
+LOADERS = ("accel", "transformers", "vllm")
+
+
+@dataclass
+class LoaderSupport:
+    """Whether one loader accepts the export; `refused`: layer (a fused unit where it applies) -> why not."""
+
+    loads: bool = True
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def refuse(self, layer: str, why: str) -> None:
+        self.loads = False
+        self.refused.setdefault(layer, why)
+
+
+def loader_support(config: dict) -> dict[str, LoaderSupport]:
+    """{loader: LoaderSupport} for an HF config.json (a plain, unquantized folder loads everywhere)."""
+    out = {name: LoaderSupport() for name in LOADERS}
+    qc = config.get("quantization_config") or {}
+    if not qc:
+        return out
+    if qc.get("quant_method") != "compressed-tensors":
+        for name in ("accel", "vllm"):
+            out[name].refuse("*", f"quant_method {qc.get('quant_method')!r} is not compressed-tensors")
+        return out
+    scheme_of: dict[str, str] = {}
+    for gname, group in (qc.get("config_groups") or {}).items():
+        w = group.get("weights") or {}
+        fmt = group.get("format") or qc.get("format")
+        for target in group.get("targets") or []:
+            scheme_of[target] = gname
+            why = _vllm_refuses(w, group.get("input_activations"), fmt)
+            if why:
+                out["vllm"].refuse(target, f"config group {gname!r}: {why}")
+            why = _accel_refuses(w, fmt)
+            if why:
+                out["accel"].refuse(target, f"config group {gname!r}: {why}")
+    for name in qc.get("ignore") or []:  # left unquantized: a shard of a fused module counts as its own scheme
+        if not name.startswith("re:"):
+            scheme_of.setdefault(name, "unquantized")
+    linears = [t for t in scheme_of if t.split(".")[-1].endswith("_proj")]
+    for unit, members in quant_units(linears).items():
+        groups = {scheme_of[m] for m in members}
+        if len(members) > 1 and len(groups) > 1:
+            out["vllm"].refuse(unit, f"fused module split across config groups {sorted(groups)}: vLLM loads "
+                                     "its shards as one Linear with one scheme")
+    return out
+
+
+def _vllm_refuses(w: dict, activations, fmt: str | None) -> str | None:
+    if w.get("type", "int") != "int" or w.get("num_bits") not in (4, 8):
+        return f"{w.get('num_bits')}-bit {w.get('type')} weights are not a weight-only INT scheme vLLM has"
+    if activations:
+        return None  # W8A8 and friends: vLLM's own schemes, not written by accel
+    zp = str(w.get("zp_dtype") or "")
+    if not w.get("symmetric", True) and "float" in zp:
+        return f"float zero points ({zp}); vLLM's W4A16 kernels take integer zero points only (use int4, not int4f)"
+    if fmt != "pack-quantized":
+        return (f"format {fmt!r} without input activations; vLLM loads weight-only INT (W4A16 / W8A16) from "
+                "'pack-quantized' only")
+    return None
+
+
+def _accel_refuses(w: dict, fmt: str | None) -> str | None:
+    if w.get("type", "int") != "int" or w.get("num_bits") not in (4, 8):
+        return f"{w.get('num_bits')}-bit {w.get('type')} weights: accel's kernels are INT4 and INT8"
+    if fmt not in ("pack-quantized", "int-quantized"):
+        return f"format {fmt!r}: accel reads pack-quantized and int-quantized"
+    return None
+
+
+def manifest_loaders(config: dict) -> dict[str, dict]:
+    """The manifest's `loaders` table: per loader {"loads": bool, "refused": {layer: why}}."""
+    return {name: asdict(s) for name, s in loader_support(config).items()}
+
+
+class VllmCheckUnavailable(RuntimeError):
+    """No side venv with vLLM to run its own checks in."""
+
+
+def vllm_python() -> Path:
+    """The side venv's python that has vLLM (ACCEL_VLLM_PYTHON, else $ACCEL_HOME/peers/vllm-check/venv)."""
+    from accel.models import accel_home
+
+    env = os.environ.get("ACCEL_VLLM_PYTHON")
+    return Path(env) if env else accel_home() / "peers" / "vllm-check" / "venv" / "bin" / "python"
+
+
+def run_vllm_check(export_dir: str | Path, capability: str = "9.0", timeout_s: float = 600) -> dict:
+    """vLLM's own config parse (the export's speculative config included, from accel.json), fused-module schemes,
+    weight loading and value comparison on the export (accel/export/vllm_side_check.py, run in the side venv).
+    Raises VllmCheckUnavailable without one."""
+    python = vllm_python()
+    if not python.is_file():
+        raise VllmCheckUnavailable(f"no vLLM side venv at {python.parent.parent}; build it with "
+                                   "`bash scripts/peers/setup_vllm_check.sh` (or set ACCEL_VLLM_PYTHON)")
+    export = Path(export_dir).resolve()
+    cmd = [str(python), str(Path(__file__).with_name("vllm_side_check.py")), str(export), "--capability", capability]
+    manifest = export / "accel.json"
+    spec = (json.loads(manifest.read_text()).get("draft") or {}).get("vllm_speculative_config") \
+        if manifest.is_file() else None
+    if spec:
+        spec = {**spec, **({"model": str(export / spec["model"])} if "model" in spec else {})}
+        cmd += ["--speculative-config", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return {"ok": False, "fatal": {"type": "no report", "message": proc.stderr[-2000:]}}
+
+
+def describe_vllm_report(rep: dict) -> list[str]:
+    """One line per finding of a vLLM side-check report (for the terminal and the verify result)."""
+    lines = []
+    if rep.get("fatal"):
+        return [f"the vLLM check itself failed: {rep['fatal'].get('type')}: {rep['fatal'].get('message')}"]
+    cfg = rep.get("config") or {}
+    if not cfg.get("ok"):
+        e = cfg.get("error") or {}
+        return [f"vLLM {rep.get('vllm')} refuses the config: {e.get('type')} {e.get('message') or e.get('code', '')} "
+                f"at {e.get('where')}"]
+    for fused, shards in (rep.get("fused_mismatches") or {}).items():
+        lines.append(f"{fused}: shards with different schemes {shards} (vLLM loads them as one Linear)")
+    load = rep.get("load") or {}
+    if load and not load.get("ok"):
+        e = load.get("error") or {}
+        lines.append(f"vLLM's loader fails: {e.get('type')} {e.get('message') or e.get('code', '')} at {e.get('where')}")
+    elif load:
+        if load.get("params_not_loaded"):
+            lines.append(f"parameters vLLM left unloaded: {load['params_not_loaded'][:5]}")
+        if not load.get("ints_equal") or load.get("errors") or load.get("max_abs_diff"):
+            lines.append(f"loaded values differ from the checkpoint (max |diff| {load.get('max_abs_diff')}, "
+                         f"errors {list(load.get('errors') or {})[:3]})")
+    return lines
+
+
+def vllm_speculative_config(pairing: dict | None, draft_dir: Path | None) -> dict | None:
+    """The `vllm serve --speculative-config` for the export's draft pairing ("model" relative to the export), or
+    None when vLLM has no equivalent (no speculation; accel's EAGLE draft, which reads the target's hidden states
+    in accel's own layout)."""
+    if not pairing or pairing.get("method") in (None, "none"):
+        return None
+    k = int(pairing.get("num_speculative_tokens", 4))
+    if pairing["method"] == "ngram":
+        n = pairing.get("ngram") or {}
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": int(n.get("min_n", 2)),
+                "prompt_lookup_max": int(n.get("max_n", 4))}
+    meta = draft_dir / "accel_draft.json" if draft_dir is not None else None
+    if draft_dir is None or (meta.is_file() and json.loads(meta.read_text()).get("method") == "eagle"):
+        return None
+    return {"method": "draft_model", "model": "draft", "num_speculative_tokens": k}
