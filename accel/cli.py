@@ -208,18 +208,26 @@ def serve(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     skip_verify: Annotated[bool, typer.Option(help="Serve an export even when its files do not match its "
                                                    "accel.json (checked by default).")] = False,
+    quant: Annotated[Optional[str], typer.Option(help=QUANT_HELP)] = None,
+    quant_group_size: Annotated[int, typer.Option(help="INT4 group size for --quant int4 / int4f.")] = 64,
 ) -> None:
     """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API."""
-    from accel.models import ModelNotFoundError
+    from accel.models import ModelNotFoundError, resolve_model
     from accel.server import run_server
 
+    if quant not in QUANT_CHOICES:
+        _fail(f"--quant {quant!r} is invalid; allowed: {', '.join(q for q in QUANT_CHOICES if q)}")
+    try:
+        quant_kwargs = _quant_kwargs(resolve_model(model), quant, quant_group_size) if quant else {}
+    except (ModelNotFoundError, ValueError) as e:
+        _fail(str(e))
     try:
         run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                    draft=draft, num_speculative_tokens=num_speculative_tokens,
                    draft_min_confidence=draft_min_confidence, draft_min_path_confidence=draft_min_path_confidence,
                    draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first,
                    max_queue=max_queue, max_num_seqs=max_num_seqs, skip_verify=skip_verify,
-                   kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device)
+                   kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device, **quant_kwargs)
     except (ModelNotFoundError, ValueError) as e:
         _fail(str(e))
 
@@ -406,7 +414,8 @@ def generate(
     top_k: Annotated[Optional[int], typer.Option()] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
     raw: Annotated[bool, typer.Option(help="Send the prompt as is, without the chat template.")] = False,
-    quant: Annotated[Optional[str], typer.Option(help="Quantize every Linear on load: int8 or int4.")] = None,
+    quant: Annotated[Optional[str], typer.Option(help=QUANT_HELP)] = None,
+    quant_group_size: Annotated[int, typer.Option(help="INT4 group size for --quant int4 / int4f.")] = 64,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Generate text for one prompt with the embedded runtime, streaming to the terminal."""
@@ -416,22 +425,14 @@ def generate(
     from accel.runtime.engine import Engine, stream_generate
     from accel.runtime.sampling_params import SamplingParams
 
-    if quant not in (None, "int8", "int4"):
-        _fail(f"--quant {quant!r} is invalid; allowed: int8, int4")
+    if quant not in QUANT_CHOICES:
+        _fail(f"--quant {quant!r} is invalid; allowed: {', '.join(q for q in QUANT_CHOICES if q)}")
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         path = resolve_model(model)
     except (ValueError, ModelNotFoundError) as e:
         _fail(str(e))
-    plan = None
-    if quant:
-        from transformers import AutoConfig
-
-        n = AutoConfig.from_pretrained(path).num_hidden_layers
-        names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                 "mlp.up_proj", "mlp.down_proj"]
-        plan = {f"model.layers.{i}.{m}": quant for i in range(n) for m in names}
-    engine = Engine.from_pretrained(path, device=device, quant_plan=plan, max_num_seqs=1)
+    engine = Engine.from_pretrained(path, device=device, max_num_seqs=1, **_quant_kwargs(path, quant, quant_group_size))
     tok = engine.tokenizer
     if tok is None:
         _fail(f"{path} has no tokenizer files; accel generate needs one")
@@ -454,6 +455,22 @@ def _global_options(
     debug: Annotated[bool, typer.Option("--debug", help="Show the Python traceback of an unexpected error.")] = False,
 ) -> None:
     """accel: make causal language models cheaper and faster to serve, and prove it with numbers."""
+
+
+QUANT_CHOICES = (None, "int8", "int4", "int4f")
+QUANT_HELP = "Quantize every Linear and the lm_head on load (RTN): int8, int4 or int4f."
+
+
+def _quant_kwargs(path, quant: str | None, group_size: int) -> dict:
+    """EngineConfig fields for `--quant` (a plain model folder quantized on load; an export carries its own)."""
+    if quant is None:
+        return {}
+    from transformers import AutoConfig
+
+    from accel.quant.schemes import uniform_plan
+
+    n = AutoConfig.from_pretrained(path).num_hidden_layers
+    return {"quant_plan": uniform_plan(n, quant), "quant_group_size": group_size}
 
 
 def main(argv: list[str] | None = None) -> None:

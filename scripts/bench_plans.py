@@ -20,9 +20,10 @@ ap.add_argument("checkpoints", nargs="*")
 ap.add_argument("--threads", type=int, default=2)
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
-from bench_runtime import all_int8_plan, greedy, resolve  # noqa: E402
+from bench_runtime import greedy, resolve  # noqa: E402
 
 from accel.export.load import load_engine  # noqa: E402
+from accel.quant.schemes import uniform_plan  # noqa: E402
 from accel.runtime import Engine  # noqa: E402
 
 path = resolve("smollm2-135m")
@@ -39,7 +40,7 @@ def speed(engine, batch):
     return n / (time.perf_counter() - t0)
 variants = {
     "fp32": lambda: Engine.from_pretrained(path),
-    "all-int8 (RTN, lm_head int8)": lambda: Engine.from_pretrained(path, quant_plan=all_int8_plan(30)),
+    "all-int8 (RTN, lm_head int8)": lambda: Engine.from_pretrained(path, quant_plan=uniform_plan(30, "int8")),
     **{str(c): (lambda c=c: load_engine(c)) for c in args.checkpoints},
 }
 base = {}

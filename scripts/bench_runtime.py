@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from accel.quant.schemes import uniform_plan
 from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
 
@@ -201,21 +202,13 @@ def bench_batch1(path: str, args, hf) -> dict:
         res["hf_tok_s"] = decode_tok_s(run_hf, n)
         res["ratio_ours_vs_hf"] = res["ours_fp32_tok_s"] / res["hf_tok_s"]
     try:
-        q = Engine.from_pretrained(path, quant_plan=all_int8_plan(engine.model.num_layers))
+        q = Engine.from_pretrained(path, quant_plan=uniform_plan(engine.model.num_layers, "int8"))
         q.generate([prompt], greedy(4))
         res["ours_int8_tok_s"] = decode_tok_s(lambda: q.generate([prompt], greedy(n)), n)
         res["ratio_int8_vs_fp32"] = res["ours_int8_tok_s"] / res["ours_fp32_tok_s"]
     except Exception as e:  # noqa: BLE001 - quant kernels may not be there yet
         res["int8_error"] = repr(e)
     return res
-
-
-def all_int8_plan(num_layers: int) -> dict[str, str]:
-    """Every Linear of a Llama-family model (HF names, lm_head included) as int8."""
-    projs = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-             "mlp.up_proj", "mlp.down_proj")
-    plan = {f"model.layers.{i}.{p}": "int8" for i in range(num_layers) for p in projs}
-    return {**plan, "lm_head": "int8"}
 
 
 def bench_prefix(path: str, args) -> dict:

@@ -362,12 +362,17 @@ class Int4WeightOnlyLinear(nn.Module):
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def avx2_operands(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(packed weight, scales, mins) in the layout of accel's AVX2 kernel (built once): w = q * scale + min."""
+        if self._avx2_packed is None:
+            self._avx2_packed = cpu_kernels.int4_repack(unpack_int4(self.qweight))
+            self._avx2_mins = (-self.zeros.float() * self.scales.float()).contiguous()
+        return self._avx2_packed, self.scales, self._avx2_mins
+
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
-            if self._avx2_packed is None:
-                self._avx2_packed = cpu_kernels.int4_repack(unpack_int4(self.qweight))
-                self._avx2_mins = (-self.zeros.float() * self.scales.float()).contiguous()  # w = q * s + min
-            return cpu_kernels.int4_linear(x2, self._avx2_packed, self.scales, self._avx2_mins, self.group_size)
+            packed, scales, mins = self.avx2_operands()
+            return cpu_kernels.int4_linear(x2, packed, scales, mins, self.group_size)
         if kernel == "int4pack":
             if self._cpu_packed is None:
                 self._prepare_cpu()

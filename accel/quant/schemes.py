@@ -70,6 +70,17 @@ def quant_units(names: Sequence[str]) -> dict[str, list[str]]:
     return units
 
 
+DECODER_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def uniform_plan(num_layers: int, scheme: str, lm_head: bool = True) -> dict[str, str]:
+    """Every decoder Linear of a Llama-family model (HF names) at one scheme, the lm_head too unless told not."""
+    check_scheme(scheme)
+    plan = {f"model.layers.{i}.{p}": scheme for i in range(num_layers) for p in DECODER_LINEARS}
+    return {**plan, "lm_head": scheme} if lm_head else plan
+
+
 def expand_units(unit_schemes: dict[str, str], units: dict[str, list[str]]) -> dict[str, str]:
     """{unit: scheme} -> {Linear: scheme} (every member gets its unit's scheme)."""
     return {m: scheme for u, scheme in unit_schemes.items() for m in units.get(u, [u])}

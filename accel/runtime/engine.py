@@ -148,6 +148,8 @@ class Engine:
             preemption_mode=config.preemption_mode),
             self.kv)
         self.runner = ModelRunner(model, RunnerConfig(config.block_size, num_blocks, config.kv_cache_dtype))
+        if config.kv_cache_dtype == "auto" and hasattr(model, "enable_native_decode"):
+            model.enable_native_decode()  # decode steps in one native call where every layer fits it
         self.eos_token_id = _eos_id(model.config, tokenizer)
         self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()

@@ -212,12 +212,20 @@ class CausalLM(nn.Module):
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
         self.sin_signed = signed_sin(self.sin)
 
+    def enable_native_decode(self) -> bool:
+        """Run decode steps through one native call when every layer fits it (NativeDecode); True if it does."""
+        self.native_decode = NativeDecode.for_model(self)
+        return self.native_decode is not None
+
     def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
                 kv_caches: list[PagedKVCache]) -> Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
         sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
+        native = getattr(self, "native_decode", None)
+        if native is not None and native.takes(meta, x.shape[0]):
+            return native(x, cos, sin, meta, kv_caches)
         residual = None
         for layer, cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, cos, sin, cache, meta)
@@ -226,6 +234,84 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, hidden] -> logits [N, vocab] float32."""
         return self.lm_head(hidden).float()
+
+
+class NativeDecode:
+    """A decode step's decoder layers as one native call (`cpu_kernels.decode_layers`), for fp32 CPU models whose
+    projections are fused (qkv_proj, gate_up_proj) and run on accel's kernels (fp32, INT8, INT4/int4f).
+
+    Why: at batch 1 the module-by-module path issues ~1,400 torch ops per step, and their dispatch, checks and
+    allocations cost more than the arithmetic; the native call runs the same kernels on raw pointers in the same
+    order, so its output is identical. It takes steps whose rows all ride the paged decode kernel (decode and
+    short verify spans, no prefill) and at most MAX_ROWS rows (above that the Linears switch to GEMM kernels).
+    """
+
+    MAX_ROWS = 32
+
+    def __init__(self, model: CausalLM, weights: list[Tensor], spec: list[int]) -> None:
+        self.weights, self.spec = weights, spec
+        c = model.config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, model.num_kv_heads, model.head_dim
+        self.eps = float(c.rms_norm_eps)
+        self.scale = self.head_dim ** -0.5
+
+    @classmethod
+    def for_model(cls, model: CausalLM) -> NativeDecode | None:
+        """The native decode of `model`, or None where a layer does not fit it (then the modules run as usual)."""
+        p = next(model.parameters())
+        if p.device.type != "cpu" or p.dtype != torch.float32 or not cpu_kernels.available():
+            return None
+        weights: list[Tensor] = []
+        spec: list[int] = []
+
+        def add(t: Tensor) -> int:
+            weights.append(t.contiguous())
+            return len(weights) - 1
+
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            mods = [getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj]
+            lins = [_native_linear(m, add) for m in mods]
+            if any(x is None for x in lins):
+                return None
+            spec += [add(layer.input_layernorm.weight), add(layer.post_attention_layernorm.weight)]
+            for x in lins:
+                spec += x
+        spec.append(add(model.model.norm.weight))
+        return cls(model, weights, spec)
+
+    def takes(self, meta: AttentionMetadata, rows: int) -> bool:
+        return (rows <= self.MAX_ROWS and not meta.prefills and len(meta.decode_groups) == 1
+                and meta.decode_groups[0].context_lens is not None)
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata,
+                 kv_caches: list[PagedKVCache]) -> Tensor:
+        g = meta.decode_groups[0]
+        if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches[:1]):
+            raise ValueError("the native decode step needs an fp32 KV cache")
+        return cpu_kernels.decode_layers(
+            x.contiguous(), cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1), self.weights, self.spec,
+            [c.k for c in kv_caches], [c.v for c in kv_caches], meta.slot_mapping, g.block_table, g.context_lens,
+            g.token_idx, g.spans if g.spans is not None else torch.empty(0, dtype=torch.long), self.num_heads,
+            self.num_kv_heads, self.head_dim, self.eps, self.scale)
+
+
+def _native_linear(m: nn.Module | None, add) -> list[int] | None:
+    """The 7-int spec of one projection for `cpu_kernels.decode_layers`, or None if it has no native kernel."""
+    from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear, PackedLinear
+
+    if m is None:
+        return None
+    bias = getattr(m, "bias", None)
+    b = add(bias.float()) if bias is not None else -1
+    if isinstance(m, PackedLinear) and m.avx2:
+        return [0, add(m.packed), -1, -1, 0, b, m.out_features]
+    if isinstance(m, Int8WeightOnlyLinear) and m.in_features % 8 == 0:
+        return [1, add(m.qweight), add(m.scales.float()), -1, 0, b, m.out_features]
+    if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0:
+        packed, scales, mins = m.avx2_operands()
+        return [2, add(packed), add(scales), add(mins), m.group_size, b, m.out_features]
+    return None
 
 
 def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:

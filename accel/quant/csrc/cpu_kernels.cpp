@@ -1,0 +1,838 @@
+// accel's CPU kernels (see accel/quant/cpu_kernels.py for why each exists and how it is built).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+static inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+static inline __m256 widen8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+constexpr int64_t PF_ROWS = 8;  // weight rows the int8 / int4 row kernels prefetch ahead
+
+// MB activation rows (1..4) against output rows [n0, n1): y[m, n] = scale[n] * dot(x[m, :], q[n, :]).
+template <int MB>
+static void tile(const float* x, int64_t K, const int8_t* q, const float* scale, float* y, int64_t N,
+                 int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* row = q + n * K;
+    // software prefetch PF_ROWS rows ahead, one cache line per 64 inputs: the hardware prefetcher alone left
+    // the int8 stream at ~10 GB/s; measured on the 30 layers' Linears + lm_head with cold weights (AVX-512/AMX
+    // Xeon, 2 threads, M = 1): 13.5 ms without, 10.9 / 9.4 / 8.3 / 8.0 ms at 1 / 2 / 4 / 8 rows ahead
+    const char* ahead = n + PF_ROWS < N ? reinterpret_cast<const char*>(row + PF_ROWS * K) : nullptr;
+    __m256 a0[MB], a1[MB];
+    for (int m = 0; m < MB; ++m) { a0[m] = _mm256_setzero_ps(); a1[m] = _mm256_setzero_ps(); }
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {  // two independent FMA chains per row hide FMA latency at MB = 1
+      if (ahead && (k & 63) == 0) _mm_prefetch(ahead + k, _MM_HINT_T0);
+      __m256 w0 = widen8(row + k), w1 = widen8(row + k + 8);
+      for (int m = 0; m < MB; ++m) {
+        a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * K + k), a0[m]);
+        a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * K + k + 8), a1[m]);
+      }
+    }
+    for (; k < K; k += 8) {
+      __m256 w0 = widen8(row + k);
+      for (int m = 0; m < MB; ++m) a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * K + k), a0[m]);
+    }
+    const float s = scale[n];
+    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(_mm256_add_ps(a0[m], a1[m])) * s;
+  }
+}
+
+// y [M, N] = (x [M, K] @ q[N, K]^T) * scale[N]
+static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp, float* yp,
+                      int64_t N) {
+  // Output rows in tiles of 64: a tile's weights (64 x K bytes) stay in L1/L2 while every 4-row block of x
+  // passes over them, so the weight is streamed from memory once per call whatever M is.
+  const int64_t TN = 64;
+  at::parallel_for(0, (N + TN - 1) / TN, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * TN, n1 = std::min(N, n0 + TN);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const float* xm = xp + m0 * K;
+        float* ym = yp + m0 * N;
+        switch (std::min<int64_t>(4, M - m0)) {
+          case 4: tile<4>(xm, K, qp, sp, ym, N, n0, n1); break;
+          case 3: tile<3>(xm, K, qp, sp, ym, N, n0, n1); break;
+          case 2: tile<2>(xm, K, qp, sp, ym, N, n0, n1); break;
+          default: tile<1>(xm, K, qp, sp, ym, N, n0, n1); break;
+        }
+      }
+    }
+  });
+}
+
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale) {
+  TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1), "shapes: x [M, K], q [N, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
+              "dtypes: x fp32, q int8, scale fp32");
+  TORCH_CHECK(x.size(1) % 8 == 0, "K must be a multiple of 8");
+  x = x.contiguous(); q = q.contiguous(); scale = scale.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  int8_gemm(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N);
+  return y;
+}
+
+// ---- fp32 small GEMM (1-96 rows: decode, verification, batched decode) -------------------------------------
+// A register tile of MR activation rows x NR weight rows: per 8 inputs, NR weight + MR activation loads feed
+// MR * NR FMAs (4 x 3: 7 loads for 12 FMAs, 12 accumulators + 4 operands = 16 ymm). With PF the next NR weight rows (contiguous after these) are
+// prefetched while this tile computes, so the DRAM stream runs ahead of the arithmetic.
+template <int MR, int NR, bool PF>
+static inline void micro(const float* x, int64_t K, const float* w, float* y, int64_t N) {
+  __m256 a[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) a[m][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(w + r * K + k);
+    if (PF) {  // NR * 32 bytes of the next tile per step: two lines cover NR <= 4
+      const char* p = reinterpret_cast<const char*>(w + NR * K + k * NR);
+      _mm_prefetch(p, _MM_HINT_T0);
+      _mm_prefetch(p + 64, _MM_HINT_T0);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+      for (int r = 0; r < NR; ++r) a[m][r] = _mm256_fmadd_ps(xv, wv[r], a[m][r]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) y[m * N + r] = hsum256(a[m][r]);
+}
+
+// Output rows [n0, n1) for all M activation rows, weight-row tiles outermost: each tile of NR weight rows comes
+// from DRAM once (prefetched during the previous tile's first row block) and is reused from L1 by every row
+// block, while the activations (M x K floats) stay in L2. Measured on the dev box, the model's 30 layers of
+// Linears with cold weights: +15-45% over the row-pass kernel at 12-64 rows (scripts/bench_kernels.py).
+static void gemm_rows(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N, int64_t n0,
+                      int64_t n1) {
+  constexpr int NR = 3;
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) {
+    const float* wn = w + n * K;
+    const bool pf = n + 2 * NR <= N;
+    int64_t m0 = 0;
+    for (; m0 + 4 <= M; m0 += 4) {
+      if (m0 == 0 && pf) micro<4, NR, true>(x, K, wn, y + n, N);
+      else micro<4, NR, false>(x + m0 * K, K, wn, y + m0 * N + n, N);
+    }
+    const bool pf0 = m0 == 0 && pf;  // M < 4: the one row block prefetches the next tile
+    const float* xm = x + m0 * K;
+    float* ym = y + m0 * N + n;
+    switch (M - m0) {
+      case 3: if (pf0) micro<3, NR, true>(xm, K, wn, ym, N); else micro<3, NR, false>(xm, K, wn, ym, N); break;
+      case 2: if (pf0) micro<2, NR, true>(xm, K, wn, ym, N); else micro<2, NR, false>(xm, K, wn, ym, N); break;
+      case 1: if (pf0) micro<1, NR, true>(xm, K, wn, ym, N); else micro<1, NR, false>(xm, K, wn, ym, N); break;
+      default: break;
+    }
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) micro<1, 1, false>(x + m * K, K, w + n * K, y + m * N + n, N);
+}
+
+static void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, float* yp, int64_t N) {
+  // Every M takes the register-tiled GEMM with prefetch. It used to serve M >= 4 only, with a one-pass row
+  // kernel (no prefetch) for 1-3 rows; on the 30 layers' Linears + lm_head with cold weights (an AVX-512/AMX
+  // Xeon, 2 threads) the tiled kernel measured 25.6 vs 33.1 ms at M = 1, 27.7 vs 38.6 at 2, 28.5 vs 44.3 at 3,
+  // so verifying a few draft tokens now costs close to one decode step. One kernel for every M also makes a
+  // row's result independent of how many rows share the call (each output is one FMA chain in k order).
+  const int64_t TN = 48;  // thread chunks of 48 output rows (a multiple of NR)
+  at::parallel_for(0, (N + TN - 1) / TN, 1, [&](int64_t t0, int64_t t1) {
+    gemm_rows(xp, M, K, wp, yp, N, t0 * TN, std::min(N, t1 * TN));
+  });
+}
+
+torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && x.size(1) % 8 == 0, "x [M, K], w [N, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "fp32 only");
+  x = x.contiguous(); w = w.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  f32_gemm(x.data_ptr<float>(), M, K, w.data_ptr<float>(), y.data_ptr<float>(), N);
+  return y;
+}
+
+// ---- INT4 (group-wise, w = q * scale + min with q in [0, 15]) --------------------------------------------
+// Kernel layout (`int4_repack`): per row, every 16 consecutive inputs c0..c15 are 8 bytes, byte i holding c_i in
+// its low nibble and c_{i+8} in its high one, so one 8-byte load widens to both halves with a mask and a shift.
+// The float `min` form covers integer zero points (min = -zero * scale) and GGUF Q4_1 (scale d, min m) alike.
+template <int MB>
+static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64_t gs, const uint8_t* q,
+                  const float* scale, const float* mins, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const __m256i lowmask = _mm256_set1_epi32(0xF);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = q + n * (K / 2);
+    __m256 tot[MB];
+    float mterm[MB];
+    for (int m = 0; m < MB; ++m) { tot[m] = _mm256_setzero_ps(); mterm[m] = 0.f; }
+    for (int64_t g = 0; g < G; ++g) {
+      __m256 a[MB];
+      for (int m = 0; m < MB; ++m) a[m] = _mm256_setzero_ps();
+      for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2)));
+        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, lowmask));
+        __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+        for (int m = 0; m < MB; ++m) {
+          a[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + m * K + k), a[m]);
+          a[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + k + 8), a[m]);
+        }
+      }
+      const __m256 s = _mm256_set1_ps(scale[n * G + g]);
+      const float mn = mins[n * G + g];
+      for (int m = 0; m < MB; ++m) {
+        tot[m] = _mm256_fmadd_ps(s, a[m], tot[m]);
+        mterm[m] += mn * xsum[m * G + g];
+      }
+    }
+    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + mterm[m];
+  }
+}
+
+// y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, g] + min[n, g]), the min term as min * (sum of x over the group)
+static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, const float* sp, const float* mp,
+                      int64_t gs, float* yp, int64_t N) {
+  const int64_t G = K / gs;
+  std::vector<float> xsum(M * G);  // [M, G]
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float acc = 0.f;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) acc += xp[m * K + k];
+      xsum[m * G + g] = acc;
+    }
+  const float* xs = xsum.data();
+  const int64_t TN = 64;
+  at::parallel_for(0, (N + TN - 1) / TN, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * TN, n1 = std::min(N, n0 + TN);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const float* xm = xp + m0 * K;
+        const float* xsm = xs + m0 * G;
+        float* ym = yp + m0 * N;
+        switch (std::min<int64_t>(4, M - m0)) {
+          case 4: tile4<4>(xm, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1); break;
+          case 3: tile4<3>(xm, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1); break;
+          case 2: tile4<2>(xm, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1); break;
+          default: tile4<1>(xm, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1); break;
+        }
+      }
+    }
+  });
+}
+
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor mins,
+                          int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && q.size(1) * 2 == x.size(1), "shapes: x [M, K], q [N, K / 2]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kByte && scale.scalar_type() == at::kFloat &&
+              mins.scalar_type() == at::kFloat, "dtypes: x fp32, q uint8, scale / mins fp32");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0), gs = group_size;
+  TORCH_CHECK(gs % 16 == 0 && K % gs == 0, "group_size must be a multiple of 16 dividing K");
+  const int64_t G = K / gs;
+  TORCH_CHECK(scale.numel() == N * G && mins.numel() == N * G, "scale / mins must be [N, K / group_size]");
+  x = x.contiguous(); q = q.contiguous(); scale = scale.contiguous(); mins = mins.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  int4_gemm(x.data_ptr<float>(), M, K, q.data_ptr<uint8_t>(), scale.data_ptr<float>(), mins.data_ptr<float>(), gs,
+            y.data_ptr<float>(), N);
+  return y;
+}
+
+// ---- paged decode attention (one query token per row, fp32 cache) ------------------------------------------
+// exp, Cephes-style: 2^n * p(r), rel. error ~1e-7; inputs clamped to [-87.3, 88.3] (0 / ~2e38 at the ends)
+static inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(fx, c1));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(fx, c2));
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+  __m256 r2 = _mm256_mul_ps(r, r);
+  y = _mm256_fmadd_ps(y, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i n = _mm256_cvtps_epi32(fx);
+  n = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+// s[t] = scale * dot(q, k_t) for the n tokens of a block (k_t at k + t * ts): four tokens at a time, so four
+// independent FMA chains are in flight and one hadd tree reduces all four sums.
+static inline void block_scores(const float* q, const float* k, int64_t ts, int64_t n, int64_t D, float scale,
+                                float* s) {
+  const int64_t D8 = D / 8 * 8;
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k0 = k + t * ts;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ts + d), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ts + d), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ts + d), a3);
+    }
+    const __m256 hs = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(hs), _mm256_extractf128_ps(hs, 1));  // [t, t+1, t+2, t+3]
+    alignas(16) float tmp[4];
+    _mm_store_ps(tmp, r);
+    for (int64_t u = 0; u < 4; ++u) {
+      const float* ku = k0 + u * ts;
+      for (int64_t d = D8; d < D; ++d) tmp[u] += q[d] * ku[d];
+      s[t + u] = tmp[u] * scale;
+    }
+  }
+  for (; t < n; ++t) {
+    const float* kt = k + t * ts;
+    __m256 a0 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kt + d), a0);
+    float r = hsum256(a0);
+    for (int64_t d = D8; d < D; ++d) r += q[d] * kt[d];
+    s[t] = r * scale;
+  }
+}
+
+// acc[0:D] = acc * corr + sum_t p[t] * v_t over the n tokens of a block (v_t at v + t * ts): the accumulator
+// stays in registers across the block, 32 floats (four chains) at a time.
+static inline void block_accumulate(const float* p, const float* v, int64_t ts, int64_t n, int64_t D, float corr,
+                                    float* acc) {
+  const __m256 cv = _mm256_set1_ps(corr);
+  int64_t d = 0;
+  for (; d + 32 <= D; d += 32) {
+    __m256 c0 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d)), c1 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d + 8));
+    __m256 c2 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d + 16)), c3 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d + 24));
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 w = _mm256_set1_ps(p[t]);
+      const float* vt = v + t * ts + d;
+      c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt), c0);
+      c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 8), c1);
+      c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 16), c2);
+      c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 24), c3);
+    }
+    _mm256_storeu_ps(acc + d, c0); _mm256_storeu_ps(acc + d + 8, c1);
+    _mm256_storeu_ps(acc + d + 16, c2); _mm256_storeu_ps(acc + d + 24, c3);
+  }
+  for (; d + 8 <= D; d += 8) {
+    __m256 c0 = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + d));
+    for (int64_t t = 0; t < n; ++t) c0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * ts + d), c0);
+    _mm256_storeu_ps(acc + d, c0);
+  }
+  for (; d < D; ++d) {
+    float c = acc[d] * corr;
+    for (int64_t t = 0; t < n; ++t) c += p[t] * v[t * ts + d];
+    acc[d] = c;
+  }
+}
+
+// GQA tiles (D % 8 == 0): the NQ query heads that share a kv head go through a block together, so every K/V
+// vector loaded serves NQ FMAs, and the tiles keep 8-12 independent FMA chains in flight (the one-head loops
+// above have 4 chains that each wait on the FMA latency, ~2.5x below the FMA throughput).
+// s[j * ss + t] = scale * dot(q_j, k_t) for the NQ heads j (q_j at q + j * D) and the n tokens t of a block.
+template <int NQ>
+static inline void gqa_scores(const float* q, const float* k, int64_t ts, int64_t n, int64_t D, float scale,
+                              float* s, int64_t ss) {
+  constexpr int TT = NQ <= 2 ? 4 : (NQ == 3 ? 4 : 2);  // tokens per tile: NQ * TT accumulators <= 12
+  int64_t t = 0;
+  for (; t + TT <= n; t += TT) {
+    __m256 a[NQ][TT];
+    for (int j = 0; j < NQ; ++j)
+      for (int u = 0; u < TT; ++u) a[j][u] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      __m256 kv[TT];
+      for (int u = 0; u < TT; ++u) kv[u] = _mm256_loadu_ps(k + (t + u) * ts + d);
+      for (int j = 0; j < NQ; ++j) {
+        const __m256 qv = _mm256_loadu_ps(q + j * D + d);
+        for (int u = 0; u < TT; ++u) a[j][u] = _mm256_fmadd_ps(qv, kv[u], a[j][u]);
+      }
+    }
+    for (int j = 0; j < NQ; ++j)
+      for (int u = 0; u < TT; ++u) s[j * ss + t + u] = hsum256(a[j][u]) * scale;
+  }
+  for (; t < n; ++t) {
+    __m256 a[NQ];
+    for (int j = 0; j < NQ; ++j) a[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 kv = _mm256_loadu_ps(k + t * ts + d);
+      for (int j = 0; j < NQ; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), kv, a[j]);
+    }
+    for (int j = 0; j < NQ; ++j) s[j * ss + t] = hsum256(a[j]) * scale;
+  }
+}
+
+// acc_j = acc_j * corr_j + sum_t p[j * ps + t] * v_t for the NQ heads (acc_j at acc + j * D), 8-12 chains.
+template <int NQ>
+static inline void gqa_accumulate(const float* p, int64_t ps, const float* v, int64_t ts, int64_t n, int64_t D,
+                                  const float* corr, float* acc) {
+  constexpr int DC = NQ <= 3 ? 4 : 2;  // 8-float chunks of D per pass: NQ * DC accumulators <= 12
+  int64_t d = 0;
+  for (; d + 8 * DC <= D; d += 8 * DC) {
+    __m256 c[NQ][DC];
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 cv = _mm256_set1_ps(corr[j]);
+      for (int i = 0; i < DC; ++i) c[j][i] = _mm256_mul_ps(cv, _mm256_loadu_ps(acc + j * D + d + 8 * i));
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      __m256 vv[DC];
+      for (int i = 0; i < DC; ++i) vv[i] = _mm256_loadu_ps(v + t * ts + d + 8 * i);
+      for (int j = 0; j < NQ; ++j) {
+        const __m256 w = _mm256_set1_ps(p[j * ps + t]);
+        for (int i = 0; i < DC; ++i) c[j][i] = _mm256_fmadd_ps(w, vv[i], c[j][i]);
+      }
+    }
+    for (int j = 0; j < NQ; ++j)
+      for (int i = 0; i < DC; ++i) _mm256_storeu_ps(acc + j * D + d + 8 * i, c[j][i]);
+  }
+  for (; d < D; d += 8) {
+    __m256 c[NQ];
+    for (int j = 0; j < NQ; ++j) c[j] = _mm256_mul_ps(_mm256_set1_ps(corr[j]), _mm256_loadu_ps(acc + j * D + d));
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 vv = _mm256_loadu_ps(v + t * ts + d);
+      for (int j = 0; j < NQ; ++j) c[j] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * ps + t]), vv, c[j]);
+    }
+    for (int j = 0; j < NQ; ++j) _mm256_storeu_ps(acc + j * D + d, c[j]);
+  }
+}
+
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 1
+#endif
+// Decode attention over the paged fp32 cache, flash-decoding style (online softmax, no score buffer over the
+// whole context). A task owns one span and a range of kv heads [h0, h1). A span is the query rows of one request
+// in this step: one decode token, or the k + 1 rows of a speculative verification (row r at context length L_r,
+// each row seeing its own causal prefix). The task walks the request's blocks once and, per block, scores and
+// accumulates every row and head of its range, so the block's K and V (all kv heads contiguous in the
+// [blocks, block_size, kv_heads, D] layout) come from DRAM once for all the span's rows: a verify step of 8 rows
+// reads the context once, not 8 times. Spans are split across threads when there are enough of them; otherwise
+// each span is split by kv head so every thread works.
+void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                 torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, double scale,
+                 torch::Tensor span_offsets) {
+  auto bt = block_tables.to(at::kLong).contiguous();
+  auto cl = context_lens.to(at::kLong).contiguous();
+  auto rw = rows.to(at::kLong).contiguous();
+  const int64_t G = bt.size(0), maxnb = bt.size(1), H = q.size(1), D = q.size(2);
+  const int64_t BS = k_cache.size(1), KVH = k_cache.size(2), group = H / KVH;
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "q rows [H, D] must be dense (any row stride)");
+  TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
+  const int64_t QS = q.stride(0);  // q may be a view into the fused qkv output
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* btp = bt.data_ptr<int64_t>();
+  const int64_t* clp = cl.data_ptr<int64_t>();
+  const int64_t* rp = rw.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t TS = KVH * D;  // floats between consecutive tokens of one kv head
+  // spans: rows [so[s], so[s + 1]) of the arrays share one request's blocks (empty: every row is its own span)
+  std::vector<int64_t> so;
+  if (span_offsets.numel() == 0) {
+    so.resize(G + 1);
+    for (int64_t g = 0; g <= G; ++g) so[g] = g;
+  } else {
+    auto o = span_offsets.to(at::kLong).contiguous();
+    so.assign(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel());
+    TORCH_CHECK(so.front() == 0 && so.back() == G, "span offsets must run from 0 to the number of rows");
+  }
+  const int64_t S = static_cast<int64_t>(so.size()) - 1;
+  std::vector<int64_t> longest(S), cost(S);  // per span: the row with the longest context (its table covers all)
+  int64_t maxR = 1;
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK(so[s + 1] > so[s], "empty span");
+    maxR = std::max(maxR, so[s + 1] - so[s]);
+    longest[s] = so[s];
+    cost[s] = 0;
+    for (int64_t g = so[s]; g < so[s + 1]; ++g) {
+      TORCH_CHECK(clp[g] <= maxnb * BS, "context longer than the block table");
+      if (clp[g] > clp[longest[s]]) longest[s] = g;
+      cost[s] += clp[g] / 4;  // extra rows reuse the span's K/V from cache: a fraction of a row's cost
+    }
+    cost[s] += clp[longest[s]] + BS;  // the context read once, + a block's worth of per-span fixed cost
+  }
+  const int64_t splits = S >= 2 * at::get_num_threads() ? 1 : KVH;  // kv-head ranges per span
+  const int64_t HPS = KVH / splits;
+  const int64_t PF = PREFETCH_BLOCKS;
+  // Work per span follows its context length, and decode rows arrive sorted by it: at::parallel_for's equal
+  // contiguous ranges would give one thread every long context. Spans are dealt to threads longest first, each
+  // to the least-loaded thread (LPT), and each thread walks its own list.
+  const int64_t nt = std::min<int64_t>(at::get_num_threads(), S * splits);
+  std::vector<std::vector<int64_t>> lists(std::max<int64_t>(nt, 1));
+  if (splits == 1 && nt > 1) {
+    std::vector<int64_t> order(S), load(nt, 0);
+    for (int64_t s = 0; s < S; ++s) order[s] = s;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+    for (int64_t s : order) {
+      const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
+      lists[t].push_back(s);
+      load[t] += cost[s];
+    }
+  } else {
+    const int64_t per = (S * splits + lists.size() - 1) / lists.size();
+    for (int64_t i = 0; i < S * splits; ++i) lists[i / per].push_back(i);
+  }
+  at::parallel_for(0, lists.size(), 1, [&](int64_t t0, int64_t t1) {
+    const int64_t BSP = (BS + 7) / 8 * 8;
+    std::vector<float> sbuf(H * BSP), mv(maxR * H), lv(maxR * H);
+    std::vector<float> accv(maxR * H * D + 8);
+    for (int64_t t = t0; t < t1; ++t)
+    for (int64_t i : lists[t]) {
+      const int64_t s = i / splits, h0 = (i % splits) * HPS, h1 = h0 + HPS;
+      const int64_t r0 = so[s], R = so[s + 1] - r0, gl = longest[s], Lmax = clp[gl];
+      const int64_t j0 = h0 * group, j1 = h1 * group;  // query heads of this task
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t j = j0; j < j1; ++j) { mv[r * H + j] = -INFINITY; lv[r * H + j] = 0.f; }
+        for (int64_t x = j0 * D; x < j1 * D; ++x) accv[r * H * D + x] = 0.f;
+      }
+      for (int64_t b0 = 0; b0 < Lmax; b0 += BS) {
+        const int64_t blk = btp[gl * maxnb + b0 / BS];
+        const float* kb = kp + blk * BS * TS;
+        const float* vb = vp + blk * BS * TS;
+        // blocks are scattered, so the hardware prefetcher cannot run ahead: prefetch the block PF ahead, its
+        // lines spread over this block's head tiles (one burst of ~400 prefetches stalls on the miss buffers)
+        const char* nk = nullptr;
+        const char* nv = nullptr;
+        if (b0 + PF * BS < Lmax) {
+          const int64_t nblk = btp[gl * maxnb + b0 / BS + PF];
+          nk = reinterpret_cast<const char*>(kp + nblk * BS * TS + h0 * D);
+          nv = reinterpret_cast<const char*>(vp + nblk * BS * TS + h0 * D);
+        }
+        const int64_t lines = (BS * TS * 4 + 63) / 64, per_head = (lines + (h1 - h0) - 1) / (h1 - h0);
+        for (int64_t h = h0; h < h1; ++h) {
+          if (nk) {
+            for (int64_t x = (h - h0) * per_head; x < std::min(lines, (h - h0 + 1) * per_head); ++x) {
+              _mm_prefetch(nk + x * 64, _MM_HINT_T0);
+              _mm_prefetch(nv + x * 64, _MM_HINT_T0);
+            }
+          }
+          const float* kh = kb + h * D;  // token t of kv head h at kh + t * TS
+          const float* vh = vb + h * D;
+          for (int64_t r = 0; r < R; ++r) {
+            const int64_t L = clp[r0 + r];
+            if (b0 >= L) continue;  // this row's causal prefix ends before the block
+            const int64_t n = std::min(BS, L - b0);
+            const float* qrow = qp + rp[r0 + r] * QS;
+            float* m = mv.data() + r * H;
+            float* l = lv.data() + r * H;
+            float* acc = accv.data() + r * H * D;
+            for (int64_t j0q = h * group; j0q < (h + 1) * group; j0q += 4) {  // query heads in tiles of <= 4
+              const int64_t nq = std::min<int64_t>(4, (h + 1) * group - j0q);
+              float* sq = sbuf.data() + j0q * BSP;
+              if (D % 8 == 0) {
+                switch (nq) {
+                  case 4: gqa_scores<4>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                  case 3: gqa_scores<3>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                  case 2: gqa_scores<2>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                  default: gqa_scores<1>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                }
+              } else {
+                for (int64_t j = 0; j < nq; ++j) block_scores(qrow + (j0q + j) * D, kh, TS, n, D, sc, sq + j * BSP);
+              }
+              float corr[4];
+              for (int64_t jj = 0; jj < nq; ++jj) {
+                const int64_t j = j0q + jj;
+                float* sj = sq + jj * BSP;
+                float bm = -INFINITY;
+                for (int64_t u = 0; u < n; ++u) bm = std::max(bm, sj[u]);
+                for (int64_t u = n; u < BSP; ++u) sj[u] = -INFINITY;
+                const float nm = std::max(m[j], bm);
+                corr[jj] = std::exp(m[j] - nm);  // 0 on the first block (m = -inf)
+                m[j] = nm;
+                const __m256 nmv = _mm256_set1_ps(nm);
+                __m256 lsum = _mm256_setzero_ps();
+                for (int64_t u = 0; u < BSP; u += 8) {
+                  __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj + u), nmv));
+                  _mm256_storeu_ps(sj + u, e);
+                  lsum = _mm256_add_ps(lsum, e);
+                }
+                l[j] = l[j] * corr[jj] + hsum256(lsum);
+              }
+              if (D % 8 == 0) {
+                switch (nq) {
+                  case 4: gqa_accumulate<4>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+                  case 3: gqa_accumulate<3>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+                  case 2: gqa_accumulate<2>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+                  default: gqa_accumulate<1>(sq, BSP, vh, TS, n, D, corr, acc + j0q * D); break;
+                }
+              } else {
+                for (int64_t j = 0; j < nq; ++j)
+                  block_accumulate(sq + j * BSP, vh, TS, n, D, corr[j], acc + (j0q + j) * D);
+              }
+            }
+          }
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        float* orow = op + rp[r0 + r] * H * D;
+        const float* acc = accv.data() + r * H * D;
+        const float* l = lv.data() + r * H;
+        for (int64_t j = j0; j < j1; ++j) {
+          const __m256 inv = _mm256_set1_ps(1.f / l[j]);
+          int64_t d = 0;
+          for (; d + 8 <= D; d += 8)
+            _mm256_storeu_ps(orow + j * D + d, _mm256_mul_ps(inv, _mm256_loadu_ps(acc + j * D + d)));
+          for (; d < D; ++d) orow[j * D + d] = acc[j * D + d] / l[j];
+        }
+      }
+    }
+  });
+}
+
+// RMSNorm of fp32 rows, optionally adding `residual` first (vLLM's fused_add_rms_norm): one pass over the row
+// instead of torch's add + pow + mean + rsqrt + mul + mul kernels, which at decode sizes cost more in launch
+// overhead than in arithmetic.
+static void rms_rows(const float* x, float* res, const float* w, float* out, int64_t rows, int64_t H, double eps,
+                     bool add) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * H;
+      float* o = out + r * H;
+      const float* src = xr;
+      if (add) {
+        float* rr = res + r * H;
+        for (int64_t i = 0; i < H; ++i) rr[i] += xr[i];
+        src = rr;
+      }
+      // sum of squares in 4 vector chains: a scalar `ss += x * x` loop is one serial FMA chain (the compiler may
+      // not reorder float adds), ~0.8 us per 576-wide row
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+      int64_t i0 = 0;
+      for (; i0 + 32 <= H; i0 += 32) {
+        const __m256 a = _mm256_loadu_ps(src + i0), b = _mm256_loadu_ps(src + i0 + 8);
+        const __m256 c = _mm256_loadu_ps(src + i0 + 16), d = _mm256_loadu_ps(src + i0 + 24);
+        s0 = _mm256_fmadd_ps(a, a, s0); s1 = _mm256_fmadd_ps(b, b, s1);
+        s2 = _mm256_fmadd_ps(c, c, s2); s3 = _mm256_fmadd_ps(d, d, s3);
+      }
+      for (; i0 + 8 <= H; i0 += 8) { const __m256 a = _mm256_loadu_ps(src + i0); s0 = _mm256_fmadd_ps(a, a, s0); }
+      float ss = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+      for (; i0 < H; ++i0) ss += src[i0] * src[i0];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(H) + static_cast<float>(eps));
+      for (int64_t i = 0; i < H; ++i) o[i] = w[i] * (src[i] * inv);
+    }
+  });
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "fp32 only");
+  x = x.contiguous();
+  auto out = torch::empty_like(x);
+  const int64_t H = x.size(-1);
+  rms_rows(x.data_ptr<float>(), nullptr, w.contiguous().data_ptr<float>(), out.data_ptr<float>(), x.numel() / H, H,
+           eps, false);
+  return out;
+}
+
+// residual += x (in place); returns rms_norm(residual) * w
+torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && residual.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
+              "fp32 only");
+  TORCH_CHECK(residual.is_contiguous() && x.sizes() == residual.sizes(), "residual must be contiguous, shaped as x");
+  x = x.contiguous();
+  auto out = torch::empty_like(x);
+  const int64_t H = x.size(-1);
+  rms_rows(x.data_ptr<float>(), residual.data_ptr<float>(), w.contiguous().data_ptr<float>(), out.data_ptr<float>(),
+           x.numel() / H, H, eps, true);
+  return out;
+}
+
+// ---- small fused elementwise ops -----------------------------------------------------------------------------
+// Why by hand: at decode sizes each torch op costs more in dispatch and OpenMP fork/join than in arithmetic, and a
+// decoder layer issues ~15 of them; these two replace 6 (chunk + silu + mul; mul + roll + addcmul).
+
+// SwiGLU: gu [T, 2I] (gate | up, as the fused gate_up projection writes it) -> silu(gate) * up [T, I]
+static void silu_mul_raw(const float* gp, int64_t T, int64_t I, float* op) {
+  at::parallel_for(0, T, std::max<int64_t>(1, 16384 / std::max<int64_t>(I, 1)), [&](int64_t t0, int64_t t1) {
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* g = gp + t * 2 * I;
+      const float* u = g + I;
+      float* o = op + t * I;
+      int64_t i = 0;
+      for (; i + 8 <= I; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 den = _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv)));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+      }
+      for (; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    }
+  });
+}
+
+torch::Tensor silu_mul(torch::Tensor gu) {
+  TORCH_CHECK(gu.scalar_type() == at::kFloat && gu.dim() == 2 && gu.size(1) % 2 == 0, "fp32 [T, 2I] expected");
+  gu = gu.contiguous();
+  const int64_t T = gu.size(0), I = gu.size(1) / 2;
+  auto out = torch::empty({T, I}, gu.options());
+  silu_mul_raw(gu.data_ptr<float>(), T, I, out.data_ptr<float>());
+  return out;
+}
+
+// RoPE in place on the first `nheads` heads of each row of x [T, >= nheads * D] (row stride x.stride(0)), HF's
+// rotate_half convention with the sign folded into sin: x = x * cos + roll(x, D / 2) * sin_signed, where cos and
+// sin_signed are this step's rows [T, D] (index_select of the tables by position).
+static void rope_raw(float* xp, int64_t T, int64_t rs, const float* cp, const float* sp, int64_t nheads, int64_t D) {
+  const int64_t half = D / 2;
+  at::parallel_for(0, T, std::max<int64_t>(1, 4096 / std::max<int64_t>(nheads * D, 1)), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* c = cp + t * D;
+      const float* sn = sp + t * D;
+      for (int64_t h = 0; h < nheads; ++h) {
+        float* a = xp + t * rs + h * D;  // first half
+        float* b = a + half;             // second half
+        int64_t i = 0;
+        for (; i + 8 <= half; i += 8) {
+          const __m256 av = _mm256_loadu_ps(a + i), bv = _mm256_loadu_ps(b + i);
+          _mm256_storeu_ps(a + i, _mm256_fmadd_ps(bv, _mm256_loadu_ps(sn + i), _mm256_mul_ps(av, _mm256_loadu_ps(c + i))));
+          _mm256_storeu_ps(b + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(sn + half + i),
+                                                  _mm256_mul_ps(bv, _mm256_loadu_ps(c + half + i))));
+        }
+        for (; i < half; ++i) {
+          const float av = a[i], bv = b[i];
+          a[i] = av * c[i] + bv * sn[i];
+          b[i] = bv * c[half + i] + av * sn[half + i];
+        }
+      }
+    }
+  });
+}
+
+void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, int64_t nheads, int64_t D) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
+              sin_signed.scalar_type() == at::kFloat, "fp32 only");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) >= nheads * D && D % 2 == 0, "x [T, >= nheads * D]");
+  cos = cos.contiguous().view({-1, D});
+  sin_signed = sin_signed.contiguous().view({-1, D});
+  TORCH_CHECK(cos.size(0) == x.size(0) && sin_signed.size(0) == x.size(0), "one cos/sin row per token");
+  rope_raw(x.data_ptr<float>(), x.size(0), x.stride(0), cos.data_ptr<float>(), sin_signed.data_ptr<float>(), nheads,
+           D);
+}
+
+// KV cache write: token t's k/v rows [KVH * D] (any row stride, e.g. views into the fused qkv output) into flat
+// slot slots[t] of the [blocks * block_size, KVH * D] caches. One call for K and V instead of two index_copy_
+// ops (each ~35 us of dispatch at decode sizes, twice per layer per step).
+void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slots) {
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
+              k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "fp32 only");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  const int64_t T = k.size(0), W = k.numel() / std::max<int64_t>(T, 1);
+  const int64_t nslots = k_cache.numel() / std::max<int64_t>(W, 1);
+  TORCH_CHECK(v.size(0) == T && v.numel() == k.numel() && slots.numel() == T, "k, v [T, KVH, D], slots [T]");
+  TORCH_CHECK(k.stride(-1) == 1 && v.stride(-1) == 1 && (k.dim() < 3 || k.stride(1) == k.size(2)) &&
+              (v.dim() < 3 || v.stride(1) == v.size(2)), "k/v rows must be dense");
+  auto sl = slots.to(at::kLong).contiguous();
+  const int64_t* sp = sl.data_ptr<int64_t>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const int64_t ks = k.stride(0), vs = v.stride(0);
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < nslots, "slot ", sp[t], " outside the cache (", nslots, " slots)");
+    std::memcpy(kc + sp[t] * W, kp + t * ks, W * sizeof(float));
+    std::memcpy(vc + sp[t] * W, vp + t * vs, W * sizeof(float));
+  }
+}
+
+// ---- the decoder's decode step in one call ---------------------------------------------------------------
+// Why: at batch 1 a step runs ~12 ops per layer (norm, fused qkv, RoPE, KV write, attention, o_proj, norm,
+// gate_up, SwiGLU, down_proj); from Python each one costs dispatch, argument checks and an output allocation on
+// top of its arithmetic, ~1,400 torch ops per step in all. Here the same kernels run back to back on raw pointers
+// into a few buffers allocated once per step, so the step is bound by its weight streaming. It computes exactly
+// what the module-by-module path computes (same kernels, same order): greedy output is unchanged.
+//
+// Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 2 int4 packed
+// [N, K / 2] + scale [N, G] + min [N, G]), three tensor indices into `weights` (-1 unused), the INT4 group size,
+// the bias index (-1: none), out_features. Per layer: input-norm index, post-attention-norm index, then the
+// qkv, o, gate_up and down specs; the last int is the final norm's index.
+constexpr int64_t LIN_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_FIELDS;
+
+static void linear_spec(const std::vector<torch::Tensor>& w, const int64_t* s, const float* x, int64_t M, int64_t K,
+                        float* y) {
+  const int64_t kind = s[0], N = s[6];
+  if (kind == 0) f32_gemm(x, M, K, w[s[1]].data_ptr<float>(), y, N);
+  else if (kind == 1) int8_gemm(x, M, K, w[s[1]].data_ptr<int8_t>(), w[s[2]].data_ptr<float>(), y, N);
+  else int4_gemm(x, M, K, w[s[1]].data_ptr<uint8_t>(), w[s[2]].data_ptr<float>(), w[s[3]].data_ptr<float>(), s[4],
+                 y, N);
+  if (s[5] >= 0) {
+    const float* b = w[s[5]].data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) y[m * N + n] += b[n];
+  }
+}
+
+torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed,
+                            std::vector<torch::Tensor> weights, std::vector<int64_t> spec,
+                            std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
+                            torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
+                            torch::Tensor rows, torch::Tensor spans, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, double eps, double scale) {
+  const int64_t L = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK(static_cast<int64_t>(spec.size()) == L * LAYER_FIELDS + 1, "spec: ", LAYER_FIELDS, " ints per layer + 1");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x fp32 [T, hidden]");
+  const int64_t T = x.size(0), Hd = x.size(1), H = num_heads, KVH = num_kv_heads, D = head_dim;
+  const int64_t QKV = (H + 2 * KVH) * D, I = spec[2 + 2 * LIN_FIELDS + 6] / 2;
+  auto opts = x.options();
+  auto residual = x.clone();
+  auto h = torch::empty({T, Hd}, opts), qkv = torch::empty({T, QKV}, opts), attn = torch::empty({T, H, D}, opts);
+  auto gu = torch::empty({T, 2 * I}, opts), act = torch::empty({T, I}, opts), y = torch::empty({T, Hd}, opts);
+  cos = cos.contiguous(); sin_signed = sin_signed.contiguous();
+  auto sl = slots.to(at::kLong).contiguous();
+  float* rp = residual.data_ptr<float>();
+  float* hp = h.data_ptr<float>();
+  float* qp = qkv.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t* slp = sl.data_ptr<int64_t>();
+  auto q_view = qkv.as_strided({T, H, D}, {QKV, D, 1});
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t* s = spec.data() + l * LAYER_FIELDS;
+    // input norm: layer 0 normalizes the embedding (the residual stream starts as a copy of it); later layers
+    // first add the previous MLP output to the stream (vLLM's fused_add_rms_norm)
+    rms_rows(l == 0 ? x.data_ptr<float>() : yp, l == 0 ? nullptr : rp, weights[s[0]].data_ptr<float>(), hp, T, Hd,
+             eps, l > 0);
+    linear_spec(weights, s + 2, hp, T, Hd, qp);
+    rope_raw(qp, T, QKV, cos.data_ptr<float>(), sin_signed.data_ptr<float>(), H + KVH, D);
+    float* kc = k_caches[l].data_ptr<float>();
+    float* vc = v_caches[l].data_ptr<float>();
+    const int64_t W = KVH * D;
+    for (int64_t t = 0; t < T; ++t) {
+      std::memcpy(kc + slp[t] * W, qp + t * QKV + H * D, W * sizeof(float));
+      std::memcpy(vc + slp[t] * W, qp + t * QKV + (H + KVH) * D, W * sizeof(float));
+    }
+    paged_decode_attention(attn, q_view, k_caches[l], v_caches[l], block_tables, context_lens, rows, scale, spans);
+    linear_spec(weights, s + 2 + LIN_FIELDS, attn.data_ptr<float>(), T, H * D, yp);
+    rms_rows(yp, rp, weights[s[1]].data_ptr<float>(), hp, T, Hd, eps, true);
+    linear_spec(weights, s + 2 + 2 * LIN_FIELDS, hp, T, Hd, gu.data_ptr<float>());
+    silu_mul_raw(gu.data_ptr<float>(), T, I, act.data_ptr<float>());
+    linear_spec(weights, s + 2 + 3 * LIN_FIELDS, act.data_ptr<float>(), T, I, yp);
+  }
+  auto out = torch::empty({T, Hd}, opts);
+  rms_rows(yp, rp, weights[spec.back()].data_ptr<float>(), out.data_ptr<float>(), T, Hd, eps, true);
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("kv_write_", &kv_write_, "k/v rows into flat cache slots");
+  m.def("int8_linear", &int8_linear, "y = (x @ q^T) * scale; x fp32 [M, K], q int8 [N, K], scale fp32 [N]");
+  m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, g] + min[n, g])");
+  m.def("f32_linear", &f32_linear, "y = x @ w^T for a few fp32 rows");
+  m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows");
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged fp32 KV cache");
+  m.def("add_rms_norm_", &add_rms_norm_, "residual += x; return RMSNorm(residual)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [T, 2I] gate_up output");
+  m.def("rope_", &rope_, "RoPE in place on the first nheads heads of each row");
+  m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call");
+}

@@ -1,0 +1,291 @@
+"""accel next to llama.cpp on the same CPU, the same weights and the same prompts, measured in one run.
+
+    .venv/bin/python scripts/bench_peers.py [--repeats 3] [--threads 2] [--pairs fp32,int8,int4,int4km]
+                                            [--sections inprocess,http,throughput] [--json out.json]
+
+Precision pairs (accel scheme / llama.cpp GGUF, all made from the model's shipped Q4_1 GGUF):
+  fp32 / F32    int8 / Q8_0 (every Linear and the lm_head INT8)
+  int4 / Q4_1   (accel int4f g32: the Q4_1 grid exactly)    int4km / Q4_K_M (accel int4 g32 against llama.cpp's k-quant)
+Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares the same minute of the machine):
+  inprocess   batch-1 decode tok/s: accel's Engine (128 tokens after a 4-token prompt, timed from the first token)
+              vs llama-bench tg128 (-p 0 -n 128)
+  http        batch-1 decode over HTTP, one streaming chat request at a time (8 held-out prompts, 128 tokens):
+              `accel serve` vs llama-server, the same client (accel.eval's OpenAI backend), tok/s = 1 / mean TPOT
+  throughput  64 long-tailed requests at once (prompts 16-1024, outputs 16-256 tokens): `accel serve` vs
+              llama-server with 16 slots, output tokens/s
+The machine's streaming bandwidth (a 256 MB copy) gives the weight-bytes roofline of a batch-1 step at INT8.
+
+llama.cpp is built once per machine by scripts/peers/build_llama_cpp.sh ($ACCEL_HOME/peers/llama.cpp); the GGUFs
+are made with its llama-quantize --allow-requantize into $ACCEL_HOME/peers/gguf. Not run in CI (too slow): the
+tests check the parsing and the table with a fake peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# accel precision -> (accel --quant scheme or None for fp32, INT4 group size, llama.cpp GGUF type)
+PAIRS = {"fp32": (None, 32, "F32"), "int8": ("int8", 32, "Q8_0"), "int4": ("int4f", 32, "Q4_1"),
+         "int4km": ("int4", 32, "Q4_K_M")}
+SECTIONS = ("inprocess", "http", "throughput")
+
+
+# ---- results ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    """One (section, pair): accel's and llama.cpp's number per repeat."""
+
+    section: str
+    pair: str
+    unit: str
+    accel: list[float] = field(default_factory=list)
+    peer: list[float] = field(default_factory=list)
+
+    def ratios(self) -> list[float]:
+        return [a / p for a, p in zip(self.accel, self.peer) if p > 0]
+
+
+def spread(values: list[float]) -> str:
+    """median (min-max)."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def ratio_spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def render_table(rows: list[Row], extra: dict | None = None) -> str:
+    """The Markdown table the script prints: per row accel, llama.cpp and the ratio, median (min-max)."""
+    lines = ["| section | accel / llama.cpp | accel | llama.cpp | accel / llama.cpp |", "|---|---|---|---|---|"]
+    for r in rows:
+        peer = PAIRS[r.pair][2]
+        lines.append(f"| {r.section} ({r.unit}) | {r.pair} / {peer} | {spread(r.accel)} | {spread(r.peer)} | "
+                     f"{ratio_spread(r.ratios())} |")
+    for k, v in (extra or {}).items():
+        lines.append(f"\n{k}: {v}")
+    return "\n".join(lines)
+
+
+def parse_llama_bench(stdout: str) -> float:
+    """Generation tok/s from `llama-bench -o json` (the tg test: n_gen > 0, n_prompt == 0)."""
+    runs = json.loads(stdout)
+    tg = [r for r in runs if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
+    if not tg:
+        raise ValueError(f"llama-bench printed no generation test: {stdout[:200]!r}")
+    return float(tg[0]["avg_ts"])
+
+
+# ---- peers and models -------------------------------------------------------------------------------------------
+
+def accel_home() -> Path:
+    from accel.models import accel_home as home
+
+    return home()
+
+
+def llama_bin() -> Path:
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "peers" / "build_llama_cpp.sh")], check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    return Path(out[-1])
+
+
+def make_ggufs(bin_dir: Path, pairs: list[str]) -> dict[str, Path]:
+    """{GGUF type: file}, requantized from the shipped Q4_1 (the Q4_1 pair uses the shipped file itself)."""
+    src = accel_home() / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not src.is_file():
+        raise SystemExit(f"{src} is missing: run `accel models pull smollm2-135m` first")
+    out_dir = accel_home() / "peers" / "gguf"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for pair in pairs:
+        kind = PAIRS[pair][2]
+        dst = src if kind == "Q4_1" else out_dir / f"SmolLM2-135M-Instruct.{kind}.gguf"
+        if not dst.is_file():
+            subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(src), str(dst), kind],
+                           check=True, capture_output=True)
+        files[kind] = dst
+    return files
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
+
+
+def start_accel(model: Path, pair: str, threads: int, port: int) -> subprocess.Popen:
+    scheme, gs, _ = PAIRS[pair]
+    cmd = [str(ROOT / ".venv" / "bin" / "accel"), "serve", str(model), "--port", str(port),
+           "--served-model-name", "m"]
+    if scheme:
+        cmd += ["--quant", scheme, "--quant-group-size", str(gs)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_llama(bin_dir: Path, gguf: Path, threads: int, port: int, slots: int) -> subprocess.Popen:
+    cmd = [str(bin_dir / "llama-server"), "-m", str(gguf), "-t", str(threads), "--host", "127.0.0.1", "--port",
+           str(port), "-np", str(slots), "-c", str(slots * 1536), "--alias", "m"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# ---- measurements -----------------------------------------------------------------------------------------------
+
+def accel_engine(model: Path, pair: str, threads: int):
+    from accel.quant.schemes import uniform_plan
+    from accel.runtime.engine import Engine
+
+    scheme, gs, _ = PAIRS[pair]
+    kw = {"quant_plan": uniform_plan(30, scheme), "quant_group_size": gs} if scheme else {}
+    return Engine.from_pretrained(model, num_threads=threads, max_num_seqs=1, **kw)
+
+
+def accel_decode(engine, n: int = 128) -> float:
+    from accel.runtime.sampling_params import SamplingParams
+
+    out = engine.generate([1, 504, 3458, 314], SamplingParams(max_tokens=n + 1, temperature=0, ignore_eos=True))[0]
+    t = out.metrics.token_times
+    return (len(t) - 1) / (t[-1] - t[0])
+
+
+def llama_decode(bin_dir: Path, gguf: Path, threads: int, n: int = 128) -> float:
+    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(n),
+                          "-r", "3", "-o", "json"], check=True, capture_output=True, text=True).stdout
+    return parse_llama_bench(out)
+
+
+def http_bench(url: str, concurrency: int, workload) -> object:
+    from accel.eval.bench_backends import OpenAIBackend
+    from accel.eval.loadgen import BenchConfig, run_bench
+
+    backend = OpenAIBackend(url, "m", endpoint="chat" if concurrency == 1 else "completions")
+    return run_bench(backend, BenchConfig(workload=workload, concurrency=concurrency, warmup=1), progress=False)
+
+
+def streamed_bytes(model) -> int:
+    """Bytes a batch-1 decode step reads from weights: everything but the embedding table (one row is read) and
+    the RoPE tables."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return sum(t.numel() * t.element_size() for n, t in named if "embed_tokens" not in n and "rope" not in n
+               and not n.endswith(("cos", "sin")))
+
+
+def stream_bandwidth_gbs() -> float:
+    import torch
+
+    src = torch.ones(64 << 20)  # 256 MB
+    dst = torch.empty_like(src)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = max(best, 2 * src.numel() * 4 / (time.perf_counter() - t0) / 1e9)  # read + write
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pairs", default="fp32,int8,int4,int4km")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--json", type=Path, help="write every number here")
+    a = ap.parse_args()
+    pairs = a.pairs.split(",")
+    sections = a.sections.split(",")
+    bad = [p for p in pairs if p not in PAIRS] + [s for s in sections if s not in SECTIONS]
+    if bad:
+        raise SystemExit(f"unknown pairs/sections {bad}; allowed: {list(PAIRS)} / {list(SECTIONS)}")
+    from accel.eval.workload import Workload
+    from accel.models import resolve_model
+
+    model = Path(resolve_model("smollm2-135m", pull_if_missing=True))
+    bin_dir = llama_bin()
+    ggufs = make_ggufs(bin_dir, pairs)
+    rows: list[Row] = []
+    bandwidth = stream_bandwidth_gbs()
+    extra = {"streaming bandwidth": f"{bandwidth:.1f} GB/s (a 256 MB copy, read + write)"}
+
+    if "inprocess" in sections:
+        for pair in pairs:
+            row = Row("batch-1 decode, in-process", pair, "tok/s")
+            engine = accel_engine(model, pair, a.threads)
+            accel_decode(engine, 16)  # warm up (kernels, caches)
+            for _ in range(a.repeats):
+                row.accel.append(accel_decode(engine))
+                row.peer.append(llama_decode(bin_dir, ggufs[PAIRS[pair][2]], a.threads))
+            rows.append(row)
+            print(render_table([row]).splitlines()[-1], flush=True)
+            if pair == "int8":
+                gb = streamed_bytes(engine.model) / 1e9
+                roofline = bandwidth / gb
+                extra["int8 roofline"] = (f"{gb * 1e3:.0f} MB of weights per token at {bandwidth:.1f} GB/s = "
+                                          f"{roofline:.0f} tok/s; accel reaches "
+                                          f"{statistics.median(row.accel) / roofline:.0%} of it")
+            del engine
+
+    work = {"http": (1, Workload(num_requests=8, prompt_tokens=(32, 256), output_tokens=(128, 128), seed=1)),
+            "throughput": (64, Workload(num_requests=64, prompt_tokens=(16, 1024), output_tokens=(16, 256), seed=2))}
+    for section in ("http", "throughput"):
+        if section not in sections:
+            continue
+        concurrency, workload = work[section]
+        for pair in pairs:
+            row = Row("batch-1 decode, HTTP" if section == "http" else "64 requests, HTTP", pair, "tok/s")
+            for _ in range(a.repeats):
+                for who in ("accel", "peer"):
+                    port = free_port()
+                    proc = (start_accel(model, pair, a.threads, port) if who == "accel" else
+                            start_llama(bin_dir, ggufs[PAIRS[pair][2]], a.threads, port, 1 if concurrency == 1 else 16))
+                    try:
+                        wait_ready(f"http://127.0.0.1:{port}", proc)
+                        res = http_bench(f"http://127.0.0.1:{port}", concurrency, workload)
+                    finally:
+                        proc.terminate()
+                        proc.wait(30)
+                    value = 1000.0 / res.tpot_ms.mean if section == "http" else res.output_throughput
+                    (row.accel if who == "accel" else row.peer).append(value)
+            rows.append(row)
+            print(render_table([row]).splitlines()[-1], flush=True)
+
+    print()
+    print(f"{a.repeats} repeats, {a.threads} threads, {os.uname().machine}; median (min-max)")
+    print(render_table(rows, extra))
+    if a.json:
+        a.json.write_text(json.dumps({"rows": [r.__dict__ for r in rows], **extra}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()

@@ -1,0 +1,37 @@
+"""scripts/bench_peers.py's parsing and table, with a fake peer (the real run builds llama.cpp: not in CI)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("bench_peers", Path(__file__).parents[1] / "scripts" / "bench_peers.py")
+bench_peers = importlib.util.module_from_spec(_spec)
+sys.modules["bench_peers"] = bench_peers  # its dataclasses look their module up there
+_spec.loader.exec_module(bench_peers)
+
+# what `llama-bench -o json -p 0 -n 128` prints (fields trimmed to the ones read, plus a few neighbours)
+LLAMA_BENCH = json.dumps([{"build_commit": "abc", "model_type": "llama ?B Q8_0", "n_threads": 2, "n_prompt": 0,
+                           "n_gen": 128, "avg_ns": 927000000, "avg_ts": 138.12, "stddev_ts": 1.5}])
+
+
+def test_llama_bench_json_gives_the_generation_rate():
+    assert bench_peers.parse_llama_bench(LLAMA_BENCH) == pytest.approx(138.12)
+    pp_only = json.dumps([{"n_prompt": 512, "n_gen": 0, "avg_ts": 900.0}])
+    with pytest.raises(ValueError, match="no generation test"):
+        bench_peers.parse_llama_bench(pp_only)
+
+
+def test_the_table_shows_each_side_and_the_ratio_of_the_same_repeat():
+    row = bench_peers.Row("batch-1 decode, in-process", "int8", "tok/s", accel=[150.0, 140.0, 160.0],
+                          peer=[100.0, 140.0, 80.0])
+    assert row.ratios() == pytest.approx([1.5, 1.0, 2.0])
+    table = bench_peers.render_table([row], {"streaming bandwidth": "30.0 GB/s"})
+    line = table.splitlines()[2]
+    assert "int8 / Q8_0" in line and "150.0 (140.0-160.0)" in line and "100.0 (80.0-140.0)" in line
+    assert "1.50x (1.00-2.00)" in line and "streaming bandwidth: 30.0 GB/s" in table
+    assert bench_peers.spread([]) == "-" and bench_peers.ratio_spread([]) == "-"
