@@ -45,12 +45,32 @@ def _module():
         source = SOURCE.read_text()
         # the name carries the source's hash: processes built from different sources never share a build folder
         name = "accel_cpu_kernels_" + hashlib.sha256(source.encode()).hexdigest()[:12]
+        _remove_stale_lock(name)
         return load_inline(name=name, cpp_sources=[source], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels
         log.warning("accel CPU kernels unavailable (%s: %s); using torch's kernels", type(e).__name__, e)
         return None
+
+
+STALE_LOCK_S = 600  # a build takes ~1 minute; a lock this old was left by a process killed while building
+
+
+def _remove_stale_lock(name: str) -> None:
+    """torch waits forever on the build folder's lock file; one left by a killed build would hang every later
+    process, so a lock older than STALE_LOCK_S is removed."""
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink()
+            log.warning("removed a stale build lock %s", lock)
+    except FileNotFoundError:
+        pass
 
 
 def available() -> bool:
@@ -126,3 +146,48 @@ def decode_layers(x: Tensor, cos: Tensor, sin_signed: Tensor, weights: list[Tens
     """Every decoder layer of a decode step in one call -> final hidden [T, hidden] (see the C++ comment)."""
     return _module().decode_layers(x, cos, sin_signed, weights, spec, k_caches, v_caches, slots, block_tables,
                                    context_lens, rows, spans, num_heads, num_kv_heads, head_dim, eps, scale)
+
+
+HUGE_PAGE_MIN_BYTES = 1 << 20  # smaller tensors span a handful of pages: nothing to gain
+
+
+def huge_page_copy(t: Tensor) -> Tensor:
+    """A copy of `t` in memory advised for 2 MB pages (see the C++ comment); `t` itself where that does not apply."""
+    if t.device.type != "cpu" or t.numel() * t.element_size() < HUGE_PAGE_MIN_BYTES or not available():
+        return t
+    return _module().huge_page_copy(t)
+
+
+def move_to_huge_pages(model: torch.nn.Module) -> int:
+    """Every large CPU parameter and buffer of `model` (and PackedLinear weights) into 2 MB pages, in place; tensors
+    that share storage (a tied lm_head) stay shared. Returns the bytes moved."""
+    moved: dict[int, Tensor] = {}
+
+    def move(t: Tensor) -> Tensor:
+        if t.device.type != "cpu" or t.numel() * t.element_size() < HUGE_PAGE_MIN_BYTES:
+            return t
+        key = t.data_ptr()
+        if key not in moved:
+            moved[key] = huge_page_copy(t)
+        return moved[key] if moved[key].shape == t.shape else t
+
+    with torch.no_grad():
+        for mod in model.modules():
+            for name, p in list(mod.named_parameters(recurse=False)):
+                p.data = move(p.data)
+            for name, b in list(mod.named_buffers(recurse=False)):
+                if b is not None:
+                    setattr(mod, name, move(b))
+            if isinstance(getattr(mod, "packed", None), Tensor) and not getattr(mod.packed, "is_mkldnn", False):
+                mod.packed = move(mod.packed)
+    return sum(t.numel() * t.element_size() for t in moved.values())
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """torch.zeros, in 2 MB pages for a large CPU tensor (a KV cache: attention streams it every step)."""
+    nbytes = torch.empty(0, dtype=dtype).element_size()
+    for v in shape:
+        nbytes *= v
+    if torch.device(device).type != "cpu" or nbytes < HUGE_PAGE_MIN_BYTES or not available():
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return _module().huge_page_zeros(list(shape), torch.empty(0, dtype=dtype))

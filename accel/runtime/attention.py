@@ -70,8 +70,8 @@ class PagedKVCache:
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype) -> None:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = cpu_kernels.zeros(shape, dtype, device)
+        self.v = cpu_kernels.zeros(shape, dtype, device)
         self.quantized = dtype == torch.int8
         self.compute_dtype = compute_dtype
         # fp32 CPU cache: accel's kv_write_ (one call, no index_copy_ dispatch) when the kernels are built

@@ -148,8 +148,10 @@ class Engine:
             preemption_mode=config.preemption_mode),
             self.kv)
         self.runner = ModelRunner(model, RunnerConfig(config.block_size, num_blocks, config.kv_cache_dtype))
-        if config.kv_cache_dtype == "auto" and hasattr(model, "enable_native_decode"):
-            model.enable_native_decode()  # decode steps in one native call where every layer fits it
+        if hasattr(model, "prepare_cpu_decode"):
+            model.prepare_cpu_decode()  # 2 MB pages; decode steps in one native call where every layer fits it
+            if config.kv_cache_dtype != "auto":
+                model.native_decode = None  # the native step reads an fp32 cache
         self.eos_token_id = _eos_id(model.config, tokenizer)
         self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()

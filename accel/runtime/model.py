@@ -212,8 +212,18 @@ class CausalLM(nn.Module):
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
         self.sin_signed = signed_sin(self.sin)
 
-    def enable_native_decode(self) -> bool:
-        """Run decode steps through one native call when every layer fits it (NativeDecode); True if it does."""
+    def prepare_cpu_decode(self) -> bool:
+        """For the CPU: build the kernels' weight layouts now, move the weights into 2 MB pages, and run decode
+        steps through one native call when every layer fits it (NativeDecode). True if the native call is on."""
+        from accel.quant.kernels import Int4WeightOnlyLinear
+
+        self.native_decode = None
+        if next(self.parameters()).device.type != "cpu" or not cpu_kernels.available():
+            return False
+        for m in self.modules():
+            if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0:
+                m.avx2_operands()  # built lazily otherwise, after the move
+        cpu_kernels.move_to_huge_pages(self)
         self.native_decode = NativeDecode.for_model(self)
         return self.native_decode is not None
 

@@ -109,9 +109,9 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
                                                           draft_min_first_confidence)
     name = served_model_name or (model if not Path(model).exists() else Path(model).name)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
-    engine = load_engine(path, **engine_kwargs)  # plain HF folders and accel exports (compressed-tensors)
-    async_engine = AsyncEngine(engine, AdmissionPolicy(max_queue=max_queue,
-                                                       kv_pressure_threshold=kv_pressure_threshold))
+    # plain HF folders and accel exports (compressed-tensors), built on the thread that will step them
+    async_engine = AsyncEngine.launch(lambda: load_engine(path, **engine_kwargs),
+                                      AdmissionPolicy(max_queue=max_queue, kv_pressure_threshold=kv_pressure_threshold))
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the server is reachable from other machines%s", host,
                     "" if api_key else " and has NO API key (pass --api-key)")

@@ -23,7 +23,9 @@ def _run(engine: Engine, prompts, params) -> list[list[int]]:
 def test_native_decode_is_identical_to_the_modules(tiny_llama_dir, scheme):
     path, _ = tiny_llama_dir
     kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
-    engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, **kw)
+    # no prefix cache: the second run must compute what the first did (INT4 prefill and decode kernels differ in
+    # their activation rounding, so a cached prompt would change the numbers)
+    engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, enable_prefix_caching=False, **kw)
     native = engine.model.native_decode
     assert native is not None
     prompts = mixed_prompts(5, seed=11, lo=3, hi=30)
