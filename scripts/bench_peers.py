@@ -13,6 +13,8 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
               `accel serve` vs llama-server, the same client (accel.eval's OpenAI backend), tok/s = 1 / mean TPOT
   throughput  64 long-tailed requests at once (prompts 16-1024, outputs 16-256 tokens): `accel serve` vs
               llama-server with 16 slots, output tokens/s
+  Both HTTP sections also run the same client and workload against accel's engine in this process: the
+  `accel serve / in-process` rows are the server's own cost.
 The machine's streaming bandwidth (a 256 MB copy) gives the weight-bytes roofline of a batch-1 step at INT8.
 
 llama.cpp is built once per machine by scripts/peers/build_llama_cpp.sh ($ACCEL_HOME/peers/llama.cpp); the GGUFs
@@ -51,6 +53,7 @@ class Row:
     unit: str
     accel: list[float] = field(default_factory=list)
     peer: list[float] = field(default_factory=list)
+    peer_name: str | None = None  # None: the pair's llama.cpp GGUF
 
     def ratios(self) -> list[float]:
         return [a / p for a, p in zip(self.accel, self.peer) if p > 0]
@@ -73,7 +76,7 @@ def render_table(rows: list[Row], extra: dict | None = None) -> str:
     """The Markdown table the script prints: per row accel, llama.cpp and the ratio, median (min-max)."""
     lines = ["| section | accel / llama.cpp | accel | llama.cpp | accel / llama.cpp |", "|---|---|---|---|---|"]
     for r in rows:
-        peer = PAIRS[r.pair][2]
+        peer = r.peer_name or PAIRS[r.pair][2]
         lines.append(f"| {r.section} ({r.unit}) | {r.pair} / {peer} | {spread(r.accel)} | {spread(r.peer)} | "
                      f"{ratio_spread(r.ratios())} |")
     for k, v in (extra or {}).items():
@@ -162,13 +165,13 @@ def start_llama(bin_dir: Path, gguf: Path, threads: int, port: int, slots: int) 
 
 # ---- measurements -----------------------------------------------------------------------------------------------
 
-def accel_engine(model: Path, pair: str, threads: int):
+def accel_engine(model: Path, pair: str, threads: int, max_num_seqs: int = 1):
     from accel.quant.schemes import uniform_plan
     from accel.runtime.engine import Engine
 
     scheme, gs, _ = PAIRS[pair]
     kw = {"quant_plan": uniform_plan(30, scheme), "quant_group_size": gs} if scheme else {}
-    return Engine.from_pretrained(model, num_threads=threads, max_num_seqs=1, **kw)
+    return Engine.from_pretrained(model, num_threads=threads, max_num_seqs=max_num_seqs, **kw)
 
 
 def accel_decode(engine, n: int = 128) -> float:
@@ -191,6 +194,48 @@ def http_bench(url: str, concurrency: int, workload) -> object:
 
     backend = OpenAIBackend(url, "m", endpoint="chat" if concurrency == 1 else "completions")
     return run_bench(backend, BenchConfig(workload=workload, concurrency=concurrency, warmup=1), progress=False)
+
+
+def in_process_bench(engine, concurrency: int, workload) -> object:
+    """The HTTP sections' client and workload against accel's engine in this process (its chat prompts rendered
+    by the same chat template the server applies)."""
+    from accel.eval.bench_backends import InProcessBackend
+    from accel.eval.loadgen import BenchConfig, run_bench
+
+    backend = InProcessBackend(engine)
+    if concurrency == 1:  # the HTTP section sends chat requests: template them as the server does
+        backend = _ChatTemplated(backend)
+    return run_bench(backend, BenchConfig(workload=workload, concurrency=concurrency, warmup=1), progress=False)
+
+
+class _ChatTemplated:
+    """An in-process backend whose prompts go through the tokenizer's chat template, as `accel serve` applies it."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name, self.tokenizer, self.vocab_size = inner.name, inner.tokenizer, inner.vocab_size
+
+    def describe(self):
+        return self.inner.describe()
+
+    async def start(self):
+        await self.inner.start()
+
+    async def close(self):
+        await self.inner.close()
+
+    def stream(self, request):
+        import dataclasses
+
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": request.prompt}], tokenize=False,
+                                                  add_generation_prompt=True)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return self.inner.stream(dataclasses.replace(request, prompt=text, prompt_token_ids=ids))
+
+
+def rate(section: str, res) -> float:
+    """Batch-1 decode tok/s (1 / mean time per output token) or output tokens/s of the whole run."""
+    return 1000.0 / res.tpot_ms.mean if section == "http" else res.output_throughput
 
 
 def streamed_bytes(model) -> int:
@@ -262,8 +307,13 @@ def main() -> None:
             continue
         concurrency, workload = work[section]
         for pair in pairs:
-            row = Row("batch-1 decode, HTTP" if section == "http" else "64 requests, HTTP", pair, "tok/s")
+            label = "batch-1 decode, HTTP" if section == "http" else "64 requests, HTTP"
+            row = Row(label, pair, "tok/s")
+            # the server's own cost: the same client and workload against accel in this process
+            cost = Row(f"{label}: accel serve / in-process", pair, "tok/s", peer_name="accel in-process")
+            engine = accel_engine(model, pair, a.threads, max_num_seqs=64)
             for _ in range(a.repeats):
+                cost.peer.append(rate(section, in_process_bench(engine, concurrency, workload)))
                 for who in ("accel", "peer"):
                     port = free_port()
                     proc = (start_accel(model, pair, a.threads, port) if who == "accel" else
@@ -274,10 +324,11 @@ def main() -> None:
                     finally:
                         proc.terminate()
                         proc.wait(30)
-                    value = 1000.0 / res.tpot_ms.mean if section == "http" else res.output_throughput
-                    (row.accel if who == "accel" else row.peer).append(value)
-            rows.append(row)
-            print(render_table([row]).splitlines()[-1], flush=True)
+                    (row.accel if who == "accel" else row.peer).append(rate(section, res))
+                cost.accel.append(row.accel[-1])
+            del engine
+            rows += [row, cost]
+            print("\n".join(render_table([row, cost]).splitlines()[-2:]), flush=True)
 
     print()
     print(f"{a.repeats} repeats, {a.threads} threads, {os.uname().machine}; median (min-max)")

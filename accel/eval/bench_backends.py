@@ -8,17 +8,15 @@ kind without knowing the transport.
   /v1/completions or /v1/chat/completions with httpx. Sends `max_tokens` and `ignore_eos` (vLLM and llama.cpp
   both honour it) so outputs are the asked length; counts output tokens from the usage block when the server
   sends one (`stream_options.include_usage`), else from the streamed chunks.
-- `InProcessBackend`: accel's own runtime engine, driven by one thread that owns the engine (the engine is not
-  thread-safe): it takes new requests from an inbox, calls `step()`, and hands each output to the waiting
-  coroutine through the event loop. Queue time is exact (the engine's own timestamps).
+- `InProcessBackend`: accel's own runtime engine, stepped by a task on the event loop (the thread that built it),
+  each step's outputs handed to the waiting coroutines. Queue time is exact (the engine's own timestamps).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import queue
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -185,11 +183,17 @@ class OpenAIBackend:
 
 
 class InProcessBackend:
-    """accel's runtime engine in this process (`accel.runtime.engine.Engine`), greedy, ignore_eos."""
+    """accel's runtime engine in this process (`accel.runtime.engine.Engine`), greedy, ignore_eos.
+
+    The engine steps on the event loop's own thread, one step between the coroutines' turns, not on a thread of its
+    own: torch's OpenMP pool belongs to the thread that first runs parallel work (the one that built the engine),
+    and a second pool in the process makes every step's parallel regions wait on futex wake-ups (see
+    `AsyncEngine.launch`): a batch-1 step measured 30-40% slower on another thread.
+    """
 
     name = "in-process"
 
-    def __init__(self, engine, idle_poll_s: float = 0.01, reset_prefix_cache: bool = True) -> None:
+    def __init__(self, engine, reset_prefix_cache: bool = True) -> None:
         self.engine = engine
         # a repeated run (a sweep point, a repeatability check) sends the same prompts again: without a reset
         # their prefills would hit the prefix cache of the previous run and the runs would not be comparable
@@ -197,11 +201,9 @@ class InProcessBackend:
         self.tokenizer = getattr(engine, "tokenizer", None)
         # without a tokenizer the workload sends random token ids from the model's vocabulary
         self.vocab_size = None if self.tokenizer is not None else engine.model.config.vocab_size
-        self.idle_poll_s = idle_poll_s
-        self._inbox: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._subs: dict[str, asyncio.Queue] = {}
+        self._task: asyncio.Task | None = None
+        self._work: asyncio.Event | None = None
         self._next = 0
 
     def describe(self) -> dict[str, Any]:
@@ -215,25 +217,36 @@ class InProcessBackend:
                 getattr(getattr(getattr(self.engine, "kv", None), "pool", None), "reset_prefix_cache", None)
             if reset is not None:
                 reset()  # no request is in flight between runs, so no block is in use
-        self._loop = asyncio.get_running_loop()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="accel-bench-engine", daemon=True)
-        self._thread.start()
+        self._work = asyncio.Event()
+        self._task = asyncio.ensure_future(self._steps())
 
     async def close(self) -> None:
-        self._stop.set()
-        self._inbox.put(None)
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-            self._thread = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for rid in list(self._subs):
+            self.engine.abort(rid)
+        self._subs.clear()
 
     async def stream(self, request: BenchRequest) -> AsyncIterator[Chunk]:
-        if self._thread is None:
+        if self._task is None:
             raise RuntimeError("InProcessBackend.start() must be awaited before stream()")
+        from accel.runtime.sampling_params import SamplingParams
+
         q: asyncio.Queue = asyncio.Queue()
         self._next += 1
         rid = f"{request.request_id}#{self._next}"  # unique even when a workload is replayed
-        self._inbox.put(("add", rid, request, q))
+        prompt = list(request.prompt_token_ids) if request.prompt_token_ids is not None else request.prompt
+        try:
+            params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
+            self.engine.add_request(prompt, params, request_id=rid)
+        except Exception as e:  # noqa: BLE001 - a refused request is counted, not raised to the benchmark
+            kind = "rejected" if type(e).__name__ == "QueueFullError" else f"engine:{type(e).__name__}"
+            raise BenchError(kind, str(e)) from None
+        self._subs[rid] = q
+        self._work.set()
         finished = False
         try:
             while True:
@@ -245,68 +258,36 @@ class InProcessBackend:
                 if finished:
                     return
         finally:
-            if not finished:
-                self._inbox.put(("abort", rid, None, None))
+            if not finished and self._subs.pop(rid, None) is not None:
+                self.engine.abort(rid)
 
-    # ---- the engine thread -----------------------------------------------------------------------------
-    def _post(self, q: asyncio.Queue, item) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(q.put_nowait, item)
-
-    def _run(self) -> None:
-        from accel.runtime.sampling_params import SamplingParams
-
-        subs: dict[str, asyncio.Queue] = {}
+    async def _steps(self) -> None:
         eng = self.engine
-        while not self._stop.is_set():
-            self._drain(subs, SamplingParams, block=not eng.has_unfinished())
+        while True:
             if not eng.has_unfinished():
+                self._work.clear()
+                await self._work.wait()
                 continue
             try:
-                outs = eng.step()
-            except Exception as e:  # a broken engine fails every request in flight, not the benchmark
-                for rid, q in subs.items():
+                outs = eng.step()  # blocks the loop for one step; the coroutines consume its outputs after
+            except Exception as e:  # noqa: BLE001 - a broken engine fails every request in flight, not the benchmark
+                for rid, q in self._subs.items():
                     eng.abort(rid)
-                    self._post(q, BenchError(f"engine:{type(e).__name__}", str(e)))
-                subs.clear()
+                    q.put_nowait(BenchError(f"engine:{type(e).__name__}", str(e)))
+                self._subs.clear()
                 continue
             t = clock()
             for o in outs:
-                q = subs.get(o.request_id)
+                q = self._subs.get(o.request_id)
                 if q is None:
                     continue
                 qt = o.metrics.queue_time if o.finished else None
-                self._post(q, Chunk(t=t, text=o.text_delta, num_tokens=len(o.new_token_ids),
-                                    prompt_tokens=len(o.prompt_token_ids), completion_tokens=len(o.token_ids),
-                                    queue_time=qt, finished=o.finished))
+                q.put_nowait(Chunk(t=t, text=o.text_delta, num_tokens=len(o.new_token_ids),
+                                   prompt_tokens=len(o.prompt_token_ids), completion_tokens=len(o.token_ids),
+                                   queue_time=qt, finished=o.finished))
                 if o.finished:
-                    del subs[o.request_id]
-        for rid in list(subs):
-            eng.abort(rid)
-
-    def _drain(self, subs: dict[str, asyncio.Queue], sampling_params_cls, block: bool) -> None:
-        while True:
-            try:
-                item = self._inbox.get(timeout=self.idle_poll_s) if block else self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            block = False
-            if item is None:
-                return
-            op, rid, req, q = item
-            if op == "abort":
-                if subs.pop(rid, None) is not None:
-                    self.engine.abort(rid)
-                continue
-            prompt = list(req.prompt_token_ids) if req.prompt_token_ids is not None else req.prompt
-            try:
-                params = sampling_params_cls(max_tokens=req.max_tokens, temperature=0.0, ignore_eos=True)
-                self.engine.add_request(prompt, params, request_id=rid)
-            except Exception as e:
-                kind = "rejected" if type(e).__name__ == "QueueFullError" else f"engine:{type(e).__name__}"
-                self._post(q, BenchError(kind, str(e)))
-                continue
-            subs[rid] = q
+                    del self._subs[o.request_id]
+            await asyncio.sleep(0)  # the consumers' turn
 
 
 def _public_fields(obj) -> dict[str, Any] | None:

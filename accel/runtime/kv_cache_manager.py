@@ -42,8 +42,9 @@ class KVCacheManager:
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
 
     def num_held_blocks(self) -> int:
-        """Blocks referenced by any request (0 once every request has finished or been aborted)."""
-        return sum(1 for b in self.pool.blocks if b.ref_cnt > 0)
+        """Blocks referenced by any request (0 once every request has finished or been aborted): the pool's used
+        blocks, since a block is in its free queue exactly when no request references it."""
+        return self.pool.num_used_blocks
 
     def _block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[BlockHash]:
         """Chained hashes of the first `num_full_blocks` blocks of seq's verified tokens (memoised)."""
