@@ -50,9 +50,11 @@ SCHEMES = ("int8", "int4", "int4f", "fp16", "bf16", "fp32")
 INT4_SCHEMES = ("int4", "int4f")  # int4f: float (not integer) zero point per group, see quantize_int4_groupwise
 FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-# Rows of x at which the CPU switches from the int-pack kernels to dequantize + fp32 GEMM (see module docstring);
-# measured crossover on the dev box: int8 between 32 and 64 rows, int4 between 128 and 256.
-INT8_DEQUANT_MIN_ROWS = 64
+# Rows of x at which the CPU switches from the native kernels to dequantize + fp32 GEMM (see module docstring).
+# INT8 (8 rows per weight pass): native faster at every M up to the 512-token prefill budget (SmolLM2 shapes, 2
+# threads: gate_up M=128 3.2 vs 5.4 ms, M=512 10.0 vs 12.5; down_proj M=512 a tie), so only larger batches
+# dequantize. INT4: native faster up to ~128 rows, dequantize + GEMM above.
+INT8_DEQUANT_MIN_ROWS = 1024
 INT4_DEQUANT_MIN_ROWS = 128
 # Output rows dequantized at once on the GEMM path: bounds the transient fp32 weight to 8192 * in * 4 bytes.
 _DEQUANT_CHUNK_ROWS = 8192

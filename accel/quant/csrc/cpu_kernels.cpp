@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -18,6 +19,26 @@ static inline float hsum256(__m256 v) {
 }
 
 constexpr int64_t PF_ROWS = 8;  // weight rows the int8 / int4 row kernels prefetch ahead
+
+// fn(c) for c in [0, n), the chunks handed out one at a time from a shared counter (as ggml's mul_mat does) rather
+// than split evenly up front. Where the server's event loop or a client shares the cores, a preempted thread then
+// delays only the chunk it holds while the others take the rest; with even splits the whole step waited at the
+// region's end for the preempted thread's slice (batch-1 decode over HTTP ran ~20% below the same engine
+// in-process on 2 cores).
+template <typename F>
+static void parallel_chunks(int64_t n, const F& fn) {
+  const int64_t nt = std::min<int64_t>(at::get_num_threads(), n);
+  if (nt <= 1 || at::in_parallel_region()) {
+    for (int64_t c = 0; c < n; ++c) fn(c);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, nt, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n;
+         c = next.fetch_add(1, std::memory_order_relaxed))
+      fn(c);
+  });
+}
 
 // ---- INT8 weights x 16-bit activations ------------------------------------------------------------------------
 // Widening every int8 weight to fp32 (load, sign-extend, convert, FMA: ~4 uops per 8 weights) made the INT8 GEMV
@@ -40,25 +61,28 @@ static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, boo
   r.KB = (K + 31) / 32;
   r.q.resize(M * K);
   r.scale.resize(M * r.KB);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < r.KB; ++b) {
-      const int64_t k0 = b * 32, n = std::min<int64_t>(32, K - k0);
-      const float* xb = x + m * K + k0;
-      float amax = 0.f;
-      for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const float sc = amax > 0.f ? amax / XQ_MAX : 1.f, inv = 1.f / sc;
-      r.scale[m * r.KB + b] = sc;
-      int16_t* q = r.q.data() + m * K + k0;
-      for (int64_t i = 0; i < n; ++i) {
-        // INT4 nibble order of a full block: c0..7, c16..23, c8..15, c24..31
-        const int64_t src = (permute && n == 32) ? (i < 8 ? i : i < 16 ? i + 8 : i < 24 ? i - 8 : i) : i;
-        q[i] = static_cast<int16_t>(std::lrint(xb[src] * inv));
+  // rows in parallel only for prefill-sized M: at decode a parallel region costs more than the rows
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t b = 0; b < r.KB; ++b) {
+        const int64_t k0 = b * 32, n = std::min<int64_t>(32, K - k0);
+        const float* xb = x + m * K + k0;
+        float amax = 0.f;
+        for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        const float sc = amax > 0.f ? amax / XQ_MAX : 1.f, inv = 1.f / sc;
+        r.scale[m * r.KB + b] = sc;
+        int16_t* q = r.q.data() + m * K + k0;
+        for (int64_t i = 0; i < n; ++i) {
+          // INT4 nibble order of a full block: c0..7, c16..23, c8..15, c24..31
+          const int64_t src = (permute && n == 32) ? (i < 8 ? i : i < 16 ? i + 8 : i < 24 ? i - 8 : i) : i;
+          q[i] = static_cast<int16_t>(std::lrint(xb[src] * inv));
+        }
       }
-    }
+  });
   return r;
 }
 
-// MB activation rows (1..4) against output rows [n0, n1): y[m, n] = scale[n] * sum_b xs[m, b] * dot_b(xq[m], q[n]).
+// MB activation rows (1..4 or 8) against output rows [n0, n1): y[m, n] = scale[n] * sum_b xs[m, b] * dot_b(xq[m], q[n]).
 // Defined twice by this macro: with vpmaddwd + vpaddd (AVX2), and inside a `target` region with vpdpwssd (the
 // VNNI instruction may only appear in code compiled for it; the runtime check picks the version).
 #define ACCEL_DEFINE_TILE_I16(NAME, DOT)                                                                         \
@@ -108,24 +132,29 @@ static const bool HAS_VNNI = __builtin_cpu_supports("avx512vnni") && __builtin_c
 static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp, float* yp,
                       int64_t N) {
   const QuantBlocks xr = quantize_blocks_i16(xp, M, K, false);
-  // Output rows in tiles of 64: a tile's weights (64 x K bytes) stay in L1/L2 while every 4-row block of x
-  // passes over them, so the weight is streamed from memory once per call whatever M is.
-  const int64_t TN = 64;
-  at::parallel_for(0, (N + TN - 1) / TN, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
+  // Output rows in tiles of up to 64: a tile's weights (TN x K bytes, <= 32 KB so they stay in L1) are reused by
+  // every 4-row block of x, so the weight is streamed from memory once per call whatever M is.
+  const int64_t TN = std::clamp<int64_t>(32768 / K / 8 * 8, 8, 64);
+  parallel_chunks((N + TN - 1) / TN, [&](int64_t t) {
+    {
       const int64_t n0 = t * TN, n1 = std::min(N, n0 + TN);
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      // 8 activation rows per pass over the tile when there are that many (prefill): the widened weights are
+      // shared by more rows, so the pass is closer to compute-bound
+      for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
+        mb = M - m0 >= 8 ? 8 : std::min<int64_t>(4, M - m0);
         const int16_t* xm = xr.q.data() + m0 * K;
         const float* xs = xr.scale.data() + m0 * xr.KB;
         float* ym = yp + m0 * N;
 #define ACCEL_TILE_I16(F, R) F<R>(xm, xs, xr.KB, K, qp, sp, ym, N, n0, n1)
         if (HAS_VNNI) {
-          switch (std::min<int64_t>(4, M - m0)) {
+          switch (mb) {
+            case 8: ACCEL_TILE_I16(tile_i16_vnni, 8); break;
             case 4: ACCEL_TILE_I16(tile_i16_vnni, 4); break; case 3: ACCEL_TILE_I16(tile_i16_vnni, 3); break;
             case 2: ACCEL_TILE_I16(tile_i16_vnni, 2); break; default: ACCEL_TILE_I16(tile_i16_vnni, 1);
           }
         } else {
-          switch (std::min<int64_t>(4, M - m0)) {
+          switch (mb) {
+            case 8: ACCEL_TILE_I16(tile_i16, 8); break;
             case 4: ACCEL_TILE_I16(tile_i16, 4); break; case 3: ACCEL_TILE_I16(tile_i16, 3); break;
             case 2: ACCEL_TILE_I16(tile_i16, 2); break; default: ACCEL_TILE_I16(tile_i16, 1);
           }
@@ -211,9 +240,8 @@ static void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, flo
   // so verifying a few draft tokens now costs close to one decode step. One kernel for every M also makes a
   // row's result independent of how many rows share the call (each output is one FMA chain in k order).
   const int64_t TN = 48;  // thread chunks of 48 output rows (a multiple of NR)
-  at::parallel_for(0, (N + TN - 1) / TN, 1, [&](int64_t t0, int64_t t1) {
-    gemm_rows(xp, M, K, wp, yp, N, t0 * TN, std::min(N, t1 * TN));
-  });
+  parallel_chunks((N + TN - 1) / TN,
+                  [&](int64_t t) { gemm_rows(xp, M, K, wp, yp, N, t * TN, std::min(N, (t + 1) * TN)); });
 }
 
 torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
@@ -323,9 +351,9 @@ static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, 
   const float* xs = xsum.data();
   const bool blocks = gs % 32 == 0;  // the integer path needs whole blocks of 32 per group
   const QuantBlocks xr = blocks ? quantize_blocks_i16(xp, M, K, true) : QuantBlocks{};
-  const int64_t TN = 64;
-  at::parallel_for(0, (N + TN - 1) / TN, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
+  const int64_t TN = std::clamp<int64_t>(65536 / K / 8 * 8, 8, 64);  // a tile's K / 2-byte rows stay in L1
+  parallel_chunks((N + TN - 1) / TN, [&](int64_t t) {
+    {
       const int64_t n0 = t * TN, n1 = std::min(N, n0 + TN);
       for (int64_t m0 = 0; m0 < M; m0 += 4) {
         const float* xsm = xs + m0 * G;
