@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from accel.eval import from_hf, render_table, run_eval
 from accel.eval.metrics import position_stats
 
-MODEL = "/root/.cache/accel/models/smollm2-135m"
+MODEL = "smollm2-135m"  # resolved through the model zoo ($ACCEL_HOME)
 
 
 def fake_quant_int8_(model: torch.nn.Module) -> int:
@@ -71,8 +71,11 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    tok = AutoTokenizer.from_pretrained(args.model)
-    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    from accel.models import resolve_model
+
+    model = resolve_model(args.model, pull_if_missing=True)
+    tok = AutoTokenizer.from_pretrained(model)
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     variant = copy.deepcopy(base)
     n = fake_quant_int8_(variant)
     print(f"fake-quantized {n} Linear layers to int8 per channel; torch threads {torch.get_num_threads()}")

@@ -51,7 +51,6 @@ from accel.quant.kernels import (
     quantize_int8_per_channel,
 )
 
-DEFAULT_WEIGHTS = Path("/root/.cache/accel/models/smollm2-135m/model.safetensors")
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -178,7 +177,7 @@ def quant_errors(sd: dict[str, torch.Tensor]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
+    ap.add_argument("--weights", type=Path, help="a model.safetensors (default: smollm2-135m from the model zoo)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 256])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -191,6 +190,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"cpu capability {torch.backends.cpu.get_cpu_capability()}")
+    if args.weights is None:
+        from accel.models import resolve_model
+
+        args.weights = resolve_model("smollm2-135m", pull_if_missing=True) / "model.safetensors"
     sd = load_file(str(args.weights))
     if not args.skip_shapes:
         bench_shapes(sd, args.rows, args.reps, args.group_size)

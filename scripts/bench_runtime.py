@@ -35,12 +35,9 @@ from accel.runtime.sampling_params import SamplingParams
 
 
 def resolve(model: str) -> str:
-    try:
-        from accel.models import resolve_model
+    from accel.models import resolve_model
 
-        return str(resolve_model(model))
-    except Exception:  # noqa: BLE001 - fall back to the known local path
-        return "/root/.cache/accel/models/smollm2-135m" if model == "smollm2-135m" else model
+    return str(resolve_model(model, pull_if_missing=True))
 
 
 def long_tailed_workload(n: int, seed: int, max_prompt: int = 1024, max_out: int = 256,

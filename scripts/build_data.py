@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKENIZER_JSON = Path("/root/.cache/accel/models/smollm2-135m/tokenizer.json")
 DOMAINS = ("chat", "code", "math", "prose", "structured", "multilingual")
 TASKS = ("arithmetic", "json_extraction", "multiple_choice", "formatting", "factual")
 # Bucket upper bounds in tokens (the last bucket is open-ended); the same as CalibrationConfig's default.
@@ -2007,8 +2006,13 @@ def _split(items, part):
 class TokenCounter:
     """Counts SmolLM2 tokens (no special tokens) with the `tokenizers` library; cached per text."""
 
-    def __init__(self, path: Path = TOKENIZER_JSON):
+    def __init__(self, path: Path | None = None):
         from tokenizers import Tokenizer
+
+        if path is None:
+            from accel.models import resolve_model
+
+            path = resolve_model("smollm2-135m", pull_if_missing=True) / "tokenizer.json"
 
         if not path.exists():
             raise FileNotFoundError(f"tokenizer not found at {path}; the SmolLM2 folder is needed to count tokens")

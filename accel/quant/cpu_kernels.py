@@ -1,17 +1,17 @@
-"""Hand-written AVX2 CPU kernels, compiled on first use: INT8 and INT4 weight-only linears at decode sizes, and RMSNorm
-with the residual add fused in (the runtime's fp32 CPU path).
+"""Hand-written CPU kernels (csrc/cpu_kernels.cpp), compiled on first use: fp32 / INT8 / INT4 linears, RMSNorm with
+the residual add fused, SwiGLU, RoPE, KV writes, paged decode attention, and the decoder's whole decode step in
+one call (`decode_layers`).
 
-Why hand-written: at batch 1-16 a quantized linear is memory-bound, so its speed is how fast it streams the
-int8 weight. torch's `_weight_int8pack_mm` (bf16 activations) reaches only ~2x the speed of an fp32 oneDNN
-GEMV for 4x fewer bytes on the dev box (AMD EPYC, AVX2, no AVX-512), and nothing else in torch does
-int8-weight x fp32-activation. This kernel widens 8 int8 weights to fp32 per instruction and FMAs them with
-fp32 activations (exact: no activation rounding, unlike the bf16 cast of the int8pack path), tiling up to 4
-activation rows so each weight load serves all of them, and splits output rows across threads with
-at::parallel_for (the same OpenMP pool torch uses).
+Why hand-written: at batch 1-16 a linear is memory-bound, so its speed is how fast it streams the weight, and
+torch has no int8- or int4-weight x fp32-activation kernel that does (its `_weight_int8pack_mm` casts activations
+to bf16 and reached ~2x an fp32 GEMV for 4x fewer bytes). The INT8 / INT4 kernels round the activations to 16-bit
+integers per block of 32 (error <= 1.5e-5 of the block's largest value; greedy output stays equal to
+transformers') and multiply-add in int32 (vpmaddwd, or vpdpwssd where AVX512-VNNI exists, chosen at run time).
+Work is split into chunks of output rows that threads take from a shared counter, on torch's OpenMP pool.
 
-Compiled with torch.utils.cpp_extension.load_inline into the torch extensions cache (~40 s once per
-machine/torch version); `available()` is False where there is no compiler, no AVX2/FMA, or the build fails,
-and callers then use the torch kernels.
+Compiled with torch.utils.cpp_extension.load_inline into the torch extensions cache (~40 s once per machine and
+source); `available()` is False where there is no compiler, no AVX2/FMA, or the build fails, and callers then use
+the torch kernels.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _module():
         name = "accel_cpu_kernels_" + hashlib.sha256(source.encode()).hexdigest()[:12]
         _remove_stale_lock(name)
         return load_inline(name=name, cpp_sources=[source], functions=None,
-                           extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                           extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels
         log.warning("accel CPU kernels unavailable (%s: %s); using torch's kernels", type(e).__name__, e)
@@ -86,9 +86,10 @@ def int4_repack(q: Tensor) -> Tensor:
     return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
-def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, mins: Tensor, group_size: int) -> Tensor:
-    """x [M, K] fp32 against w[n, k] = q * scale[n, g] + mins[n, g] (q from `int4_repack`) -> [M, N] fp32."""
-    return _module().int4_linear(x, packed, scale, mins, group_size)
+def int4_linear(x: Tensor, packed: Tensor, scale_min: Tensor, group_size: int) -> Tensor:
+    """x [M, K] fp32 against w[n, k] = q * scale_min[n, g, 0] + scale_min[n, g, 1] (q from `int4_repack`;
+    scale_min fp32 or fp16) -> [M, N] fp32."""
+    return _module().int4_linear(x, packed, scale_min, group_size)
 
 
 def paged_decode_attention(out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,

@@ -301,7 +301,7 @@ class Int4WeightOnlyLinear(nn.Module):
         self.register_buffer("_cpu_packed", None, persistent=False)
         self.register_buffer("_cpu_scales_zeros", None, persistent=False)
         self.register_buffer("_avx2_packed", None, persistent=False)  # accel's AVX2 kernel layout
-        self.register_buffer("_avx2_mins", None, persistent=False)
+        self.register_buffer("_avx2_scale_min", None, persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 64, float_zero: bool = False, **kwargs) -> Self:
@@ -364,17 +364,23 @@ class Int4WeightOnlyLinear(nn.Module):
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def avx2_operands(self) -> tuple[Tensor, Tensor, Tensor]:
-        """(packed weight, scales, mins) in the layout of accel's AVX2 kernel (built once): w = q * scale + min."""
+    def avx2_operands(self) -> tuple[Tensor, Tensor]:
+        """(packed weight, scale_min [out, G, 2]) in the layout of accel's kernel (built once): w = q * scale + min.
+
+        scale_min is fp16 where that holds every value exactly (a GGUF grid's fp16 d and m), else fp32: the kernel
+        streams it with the weights, and at group 32 fp32 pairs add half the weight bytes again.
+        """
         if self._avx2_packed is None:
             self._avx2_packed = cpu_kernels.int4_repack(unpack_int4(self.qweight))
-            self._avx2_mins = (-self.zeros.float() * self.scales.float()).contiguous()
-        return self._avx2_packed, self.scales, self._avx2_mins
+            sm = torch.stack([self.scales.float(), -self.zeros.float() * self.scales.float()], dim=-1).contiguous()
+            half = sm.half()
+            self._avx2_scale_min = half if torch.equal(half.float(), sm) else sm
+        return self._avx2_packed, self._avx2_scale_min
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
-            packed, scales, mins = self.avx2_operands()
-            return cpu_kernels.int4_linear(x2, packed, scales, mins, self.group_size)
+            packed, scale_min = self.avx2_operands()
+            return cpu_kernels.int4_linear(x2, packed, scale_min, self.group_size)
         if kernel == "int4pack":
             if self._cpu_packed is None:
                 self._prepare_cpu()
@@ -391,11 +397,11 @@ class Int4WeightOnlyLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # A device move invalidates the kernel-layout cache (its layout is device specific).
-        self._cpu_packed = self._cpu_scales_zeros = self._avx2_packed = self._avx2_mins = None
+        self._cpu_packed = self._cpu_scales_zeros = self._avx2_packed = self._avx2_scale_min = None
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
-        self._cpu_packed = self._cpu_scales_zeros = self._avx2_packed = self._avx2_mins = None
+        self._cpu_packed = self._cpu_scales_zeros = self._avx2_packed = self._avx2_scale_min = None
         super()._load_from_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -319,8 +319,8 @@ def _native_linear(m: nn.Module | None, add) -> list[int] | None:
     if isinstance(m, Int8WeightOnlyLinear) and m.in_features % 8 == 0:
         return [1, add(m.qweight), add(m.scales.float()), -1, 0, b, m.out_features]
     if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0:
-        packed, scales, mins = m.avx2_operands()
-        return [2, add(packed), add(scales), add(mins), m.group_size, b, m.out_features]
+        packed, scale_min = m.avx2_operands()
+        return [2, add(packed), add(scale_min), -1, m.group_size, b, m.out_features]
     return None
 
 

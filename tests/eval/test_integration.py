@@ -6,20 +6,19 @@ from pathlib import Path
 import pytest
 import torch
 
-MODEL = Path("/root/.cache/accel/models/smollm2-135m")
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.skipif(not MODEL.exists() or not (REPO / "eval/text").exists(), reason="needs the real model and eval/")
-def test_smollm2_vs_int8_fake_quant_on_real_data():
+@pytest.mark.skipif(not (REPO / "eval/text").exists(), reason="needs eval/")
+def test_smollm2_vs_int8_fake_quant_on_real_data(real_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from accel.eval import from_hf, run_eval
 
-    tok = AutoTokenizer.from_pretrained(MODEL)
-    base = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(real_model_path)
+    base = AutoModelForCausalLM.from_pretrained(real_model_path, dtype=torch.float32)
     variant = copy.deepcopy(base)
     for name, mod in variant.named_modules():
         if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}":

@@ -313,8 +313,13 @@ def test_avx2_int4_kernel_matches_reference_and_float_mins(m, group_size):
     qs = (q.double().view(out_f, -1, group_size) * scale.double()[..., None]).view(out_f, in_f)
     mn = mins.double().repeat_interleave(group_size, dim=1)  # [out, in]
     ref = xr @ qs.T + x.double() @ mn.T
-    y = cpu_kernels.int4_linear(x, cpu_kernels.int4_repack(q), scale, mins, group_size)
+    packed = cpu_kernels.int4_repack(q)
+    y = cpu_kernels.int4_linear(x, packed, torch.stack([scale, mins], dim=-1), group_size)
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    # fp16 scale/min pairs (a GGUF grid's d and m) give exactly what the same values in fp32 give
+    sm16 = torch.stack([scale, mins], dim=-1).half()
+    assert torch.equal(cpu_kernels.int4_linear(x, packed, sm16, group_size),
+                       cpu_kernels.int4_linear(x, packed, sm16.float(), group_size))
     exact = x.double() @ w.view(out_f, in_f).T
     assert _rel_err(y, exact.float()) < 5e-4  # an outlier costs its own block of 32 only
     if group_size in (32, 64):  # the module's integer zero points take the same kernel

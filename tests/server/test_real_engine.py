@@ -14,18 +14,17 @@ from accel.runtime.sampling_params import SamplingParams
 from tests.conftest import make_tiny_llama
 from tests.server.conftest import serve_in_thread, wait_until
 
-SMOL = "/root/.cache/accel/models/smollm2-135m"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
+def tiny_dir(tmp_path_factory, real_model_path):
     """A tiny random Llama (hidden 64) with SmolLM2's 49152-token vocabulary, tokenizer and chat template."""
     d = tmp_path_factory.mktemp("tiny-smol")
     make_tiny_llama(vocab_size=49152, bos_token_id=1, eos_token_id=2, max_position_embeddings=256).save_pretrained(d)
     for f in TOKENIZER_FILES:
-        shutil.copy(f"{SMOL}/{f}", d)
+        shutil.copy(real_model_path / f, d)
     return d
 
 

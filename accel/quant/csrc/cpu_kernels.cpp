@@ -258,9 +258,14 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
 // Kernel layout (`int4_repack`): per row, every 16 consecutive inputs c0..c15 are 8 bytes, byte i holding c_i in
 // its low nibble and c_{i+8} in its high one, so one 8-byte load widens to both halves with a mask and a shift.
 // The float `min` form covers integer zero points (min = -zero * scale) and GGUF Q4_1 (scale d, min m) alike.
-template <int MB>
+// Scales and mins are interleaved per group, sm[n, g] = (scale, min), in fp32 or, where that is exact (a GGUF
+// grid's fp16 d and m), fp16 (uint16 bits): at group 32 the fp32 pair is half as many bytes again as the weights.
+static inline float f32_of(float v) { return v; }
+static inline float f32_of(uint16_t h) { return _cvtsh_ss(h); }
+
+template <int MB, typename S>
 static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64_t gs, const uint8_t* q,
-                  const float* scale, const float* mins, float* y, int64_t N, int64_t n0, int64_t n1) {
+                  const S* sm, float* y, int64_t N, int64_t n0, int64_t n1) {
   const __m256i lowmask = _mm256_set1_epi32(0xF);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = q + n * (K / 2);
@@ -279,8 +284,8 @@ static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64
           a[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + k + 8), a[m]);
         }
       }
-      const __m256 s = _mm256_set1_ps(scale[n * G + g]);
-      const float mn = mins[n * G + g];
+      const __m256 s = _mm256_set1_ps(f32_of(sm[2 * (n * G + g)]));
+      const float mn = f32_of(sm[2 * (n * G + g) + 1]);
       for (int m = 0; m < MB; ++m) {
         tot[m] = _mm256_fmadd_ps(s, a[m], tot[m]);
         mterm[m] += mn * xsum[m * G + g];
@@ -300,10 +305,9 @@ static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64
 // tokens away from transformers' on 2-4 of 6 prompts; 16 bits keep them equal. The nibble layout puts inputs c0..7,
 // c16..23 in the low nibbles of 16 bytes and c8..15, c24..31 in the high ones: the activations are stored so.
 #define ACCEL_DEFINE_TILE4W(NAME, DOT)                                                                           \
-template <int MB>                                                                                              \
+template <int MB, typename S>                                                                                  \
 static void NAME(const int16_t* xq, const float* xs, int64_t KB, const float* xsum, int64_t K, int64_t G,        \
-                 int64_t gs, const uint8_t* q, const float* scale, const float* mins, float* y, int64_t N,      \
-                 int64_t n0, int64_t n1) {                                                                     \
+                 int64_t gs, const uint8_t* q, const S* sm, float* y, int64_t N, int64_t n0, int64_t n1) {      \
   const __m256i mask = _mm256_set1_epi16(0x0F);                                                               \
   for (int64_t n = n0; n < n1; ++n) {                                                                          \
     const uint8_t* row = q + n * (K / 2);                                                                      \
@@ -312,7 +316,7 @@ static void NAME(const int16_t* xq, const float* xs, int64_t KB, const float* xs
     float mterm[MB];                                                                                           \
     for (int m = 0; m < MB; ++m) { tot[m] = _mm256_setzero_ps(); mterm[m] = 0.f; }                             \
     for (int64_t g = 0; g < G; ++g) {                                                                          \
-      const float ws = scale[n * G + g];                                                                       \
+      const float ws = f32_of(sm[2 * (n * G + g)]);                                                            \
       for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {                                                    \
         if (ahead && (k & 127) == 0) _mm_prefetch(ahead + k / 2, _MM_HINT_T0);                                 \
         /* bytes zero-extended to int16 lanes: the low nibble is lane & 15, the high one lane >> 4 */          \
@@ -325,7 +329,7 @@ static void NAME(const int16_t* xq, const float* xs, int64_t KB, const float* xs
           tot[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(ws * xs[m * KB + k / 32]), tot[m]);   \
         }                                                                                                      \
       }                                                                                                        \
-      const float mn = mins[n * G + g];                                                                        \
+      const float mn = f32_of(sm[2 * (n * G + g) + 1]);                                                        \
       for (int m = 0; m < MB; ++m) mterm[m] += mn * xsum[m * G + g];                                           \
     }                                                                                                          \
     for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + mterm[m];                                    \
@@ -338,8 +342,9 @@ ACCEL_DEFINE_TILE4W(tile4w, ACCEL_DOT_MADD)
 ACCEL_DEFINE_TILE4W(tile4w_vnni, ACCEL_DOT_VNNI)
 #pragma GCC pop_options
 
-static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, const float* sp, const float* mp,
-                      int64_t gs, float* yp, int64_t N) {
+template <typename S>
+static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, const S* smp, int64_t gs, float* yp,
+                      int64_t N) {
   const int64_t G = K / gs;
   std::vector<float> xsum(M * G);  // [M, G]
   for (int64_t m = 0; m < M; ++m)
@@ -362,7 +367,7 @@ static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, 
         if (blocks) {
           const int16_t* xq = xr.q.data() + m0 * K;
           const float* xrs = xr.scale.data() + m0 * xr.KB;
-#define ACCEL_TILE4W(F, R) F<R>(xq, xrs, xr.KB, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1)
+#define ACCEL_TILE4W(F, R) F<R, S>(xq, xrs, xr.KB, xsm, K, G, gs, qp, smp, ym, N, n0, n1)
           if (HAS_VNNI) {
             switch (mb) { case 4: ACCEL_TILE4W(tile4w_vnni, 4); break; case 3: ACCEL_TILE4W(tile4w_vnni, 3); break;
                           case 2: ACCEL_TILE4W(tile4w_vnni, 2); break; default: ACCEL_TILE4W(tile4w_vnni, 1); }
@@ -375,29 +380,37 @@ static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, 
         }
         const float* xm = xp + m0 * K;
         switch (mb) {
-          case 4: tile4<4>(xm, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1); break;
-          case 3: tile4<3>(xm, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1); break;
-          case 2: tile4<2>(xm, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1); break;
-          default: tile4<1>(xm, xsm, K, G, gs, qp, sp, mp, ym, N, n0, n1); break;
+          case 4: tile4<4, S>(xm, xsm, K, G, gs, qp, smp, ym, N, n0, n1); break;
+          case 3: tile4<3, S>(xm, xsm, K, G, gs, qp, smp, ym, N, n0, n1); break;
+          case 2: tile4<2, S>(xm, xsm, K, G, gs, qp, smp, ym, N, n0, n1); break;
+          default: tile4<1, S>(xm, xsm, K, G, gs, qp, smp, ym, N, n0, n1); break;
         }
       }
     }
   });
 }
 
-torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor mins,
-                          int64_t group_size) {
+// the INT4 GEMM on a scale/min tensor of either dtype
+static void int4_gemm_t(const float* x, int64_t M, int64_t K, const uint8_t* q, const torch::Tensor& sm, int64_t gs,
+                        float* y, int64_t N) {
+  if (sm.scalar_type() == at::kHalf)
+    int4_gemm(x, M, K, q, reinterpret_cast<const uint16_t*>(sm.data_ptr<at::Half>()), gs, y, N);
+  else
+    int4_gemm(x, M, K, q, sm.data_ptr<float>(), gs, y, N);
+}
+
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale_min, int64_t group_size) {
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && q.size(1) * 2 == x.size(1), "shapes: x [M, K], q [N, K / 2]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kByte && scale.scalar_type() == at::kFloat &&
-              mins.scalar_type() == at::kFloat, "dtypes: x fp32, q uint8, scale / mins fp32");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kByte &&
+              (scale_min.scalar_type() == at::kFloat || scale_min.scalar_type() == at::kHalf),
+              "dtypes: x fp32, q uint8, scale_min fp32 or fp16");
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0), gs = group_size;
   TORCH_CHECK(gs % 16 == 0 && K % gs == 0, "group_size must be a multiple of 16 dividing K");
   const int64_t G = K / gs;
-  TORCH_CHECK(scale.numel() == N * G && mins.numel() == N * G, "scale / mins must be [N, K / group_size]");
-  x = x.contiguous(); q = q.contiguous(); scale = scale.contiguous(); mins = mins.contiguous();
+  TORCH_CHECK(scale_min.numel() == N * G * 2, "scale_min must be [N, K / group_size, 2]");
+  x = x.contiguous(); q = q.contiguous(); scale_min = scale_min.contiguous();
   auto y = torch::empty({M, N}, x.options());
-  int4_gemm(x.data_ptr<float>(), M, K, q.data_ptr<uint8_t>(), scale.data_ptr<float>(), mins.data_ptr<float>(), gs,
-            y.data_ptr<float>(), N);
+  int4_gemm_t(x.data_ptr<float>(), M, K, q.data_ptr<uint8_t>(), scale_min, gs, y.data_ptr<float>(), N);
   return y;
 }
 
@@ -907,7 +920,7 @@ void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, to
 // what the module-by-module path computes (same kernels, same order): greedy output is unchanged.
 //
 // Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 2 int4 packed
-// [N, K / 2] + scale [N, G] + min [N, G]), three tensor indices into `weights` (-1 unused), the INT4 group size,
+// [N, K / 2] + scale_min [N, G, 2] fp32 / fp16), three tensor indices into `weights` (-1 unused), the INT4 group size,
 // the bias index (-1: none), out_features. Per layer: input-norm index, post-attention-norm index, then the
 // qkv, o, gate_up and down specs; the last int is the final norm's index.
 constexpr int64_t LIN_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_FIELDS;
@@ -917,8 +930,7 @@ static void linear_spec(const std::vector<torch::Tensor>& w, const int64_t* s, c
   const int64_t kind = s[0], N = s[6];
   if (kind == 0) f32_gemm(x, M, K, w[s[1]].data_ptr<float>(), y, N);
   else if (kind == 1) int8_gemm(x, M, K, w[s[1]].data_ptr<int8_t>(), w[s[2]].data_ptr<float>(), y, N);
-  else int4_gemm(x, M, K, w[s[1]].data_ptr<uint8_t>(), w[s[2]].data_ptr<float>(), w[s[3]].data_ptr<float>(), s[4],
-                 y, N);
+  else int4_gemm_t(x, M, K, w[s[1]].data_ptr<uint8_t>(), w[s[2]], s[4], y, N);
   if (s[5] >= 0) {
     const float* b = w[s[5]].data_ptr<float>();
     for (int64_t m = 0; m < M; ++m)
@@ -1011,7 +1023,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("huge_page_zeros", &huge_page_zeros, "zeros in memory advised for 2 MB pages");
   m.def("kv_write_", &kv_write_, "k/v rows into flat cache slots");
   m.def("int8_linear", &int8_linear, "y = (x @ q^T) * scale; x fp32 [M, K], q int8 [N, K], scale fp32 [N]", py::call_guard<py::gil_scoped_release>());
-  m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, g] + min[n, g])", py::call_guard<py::gil_scoped_release>());
+  m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * sm[n, g, 0] + sm[n, g, 1])", py::call_guard<py::gil_scoped_release>());
   m.def("f32_linear", &f32_linear, "y = x @ w^T for a few fp32 rows", py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged fp32 KV cache", py::call_guard<py::gil_scoped_release>());
