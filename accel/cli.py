@@ -133,6 +133,7 @@ def _run_pipeline(recipe, force: list[str], until: str | None = None, override_g
     from accel.pipeline import GateFailed, optimize as run_optimize
     from accel.pipeline_ui import EXIT_GATES, StageProgress, headline_table
     from accel.recipe import RecipeError
+    from accel.runlog import LOG_NAME
 
     if override_gates:
         recipe.gates.override = True
@@ -141,7 +142,8 @@ def _run_pipeline(recipe, force: list[str], until: str | None = None, override_g
     code = 0
     try:
         with terminate_as_interrupt():
-            run_optimize(recipe, on_event=ui, force=tuple(force), until=until, progress=sys.stderr.isatty())
+            run_optimize(recipe, on_event=ui, force=tuple(force), until=until, progress=sys.stderr.isatty(),
+                         run_log=True)
     except RecipeError as e:  # the recipe does not fit the disk: nothing ran
         _fail(str(e))
     except ValueError as e:
@@ -159,7 +161,7 @@ def _run_pipeline(recipe, force: list[str], until: str | None = None, override_g
     table = headline_table(recipe.run_dir())
     if table is not None:
         console.print(table)
-    for name in ("report.html", "checkpoint"):
+    for name in ("report.html", "checkpoint", LOG_NAME):
         if (recipe.run_dir() / name).exists():
             console.print(f"{name}: {recipe.run_dir() / name}")
     if code:

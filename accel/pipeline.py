@@ -10,6 +10,7 @@ reused stages finds what it needs. The evaluation (quality, speed, speculation a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 from accel.fsutil import atomic_write_text
 from accel.preflight import preflight
 from accel.recipe import Recipe, RecipeError, dump_recipe
+from accel.runlog import LOG_NAME, third_party_to
 from accel.stages import Stage, StageContext, StageRecord, run_stages
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -392,13 +394,15 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
 
 
 def optimize(recipe: Recipe, *, on_event: Callable | None = None, force: tuple[str, ...] = (),
-             until: str | None = None, progress: bool = False) -> dict[str, StageRecord]:
+             until: str | None = None, progress: bool = False, run_log: bool = False) -> dict[str, StageRecord]:
     """Run the recipe's pipeline in `recipe.run_dir()`; returns the stage records.
 
     force: stage names to rerun even when reusable (their dependants rerun only if their outputs change).
     until: stop after this stage (`accel quantize` stops after quantize). Raises GateFailed from the export stage
     when a gate failed and the recipe does not override it; every stage before it stays finished. Raises
     RecipeError before any work when the recipe does not fit the disk or the machine (accel.preflight).
+    run_log: other libraries' output (log lines, warnings, progress bars) goes to `runs/<name>/log.txt` while the
+    stages run, not to the terminal (`accel.runlog`).
     """
     stages = build_stages(recipe, until)
     bad = sorted(set(force) - {s.name for s in stages})
@@ -410,7 +414,8 @@ def optimize(recipe: Recipe, *, on_event: Callable | None = None, force: tuple[s
     run_dir = recipe.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "recipe.yaml", dump_recipe(recipe))
-    return run_stages(stages, recipe, run_dir, state={"progress": progress}, on_event=on_event, force=force)
+    with third_party_to(run_dir / LOG_NAME) if run_log else contextlib.nullcontext():
+        return run_stages(stages, recipe, run_dir, state={"progress": progress}, on_event=on_event, force=force)
 
 
 def clean(recipe: Recipe) -> None:

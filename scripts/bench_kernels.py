@@ -14,7 +14,7 @@ Paths: fp32 = nn.Linear fp32; bf16 = F.linear in bf16; int8_pack = aten._weight_
 int8_deq = dequantize to fp32 + sgemm; int4_pack = aten._weight_int4pack_mm_for_cpu (bf16); int4_deq likewise;
 int8 / int4 = the module's own choice (what the runtime gets).
 
-Measured on the dev box (2-core AVX2, heavily shared: load 10-16, so only the ratios mean anything;
+Measured on a 2-core AVX2 machine (heavily shared: load 10-16, so only the ratios mean anything;
 `--threads 1 --rows 1 8 32 [256] --reps 10..20`):
 
   whole-model Linears, speed-up vs fp32     M=1    M=8    M=32

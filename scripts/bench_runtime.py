@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark the embedded runtime against transformers, in ONE run, same model, same prompts; prints ratios.
 
-Workloads (issue 3, item 8):
+Workloads:
   offline   64 requests, long-tailed prompt lengths 16-1024 (about 5% long), outputs 16-256, all at once:
             (a) transformers `generate` in padded static batches, (b) transformers continuous batching,
             (c) our runtime. Output tokens/s over the whole run (prefill included). Also the KV pool usage

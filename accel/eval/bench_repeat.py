@@ -1,6 +1,6 @@
 """Repeatability of a load test: run the same bench N times on one backend and report the throughput spread.
 
-The target (issue 6): two identical runs at a fixed concurrency agree within 5% on output throughput.
+The target: two identical runs at a fixed concurrency agree within 5% on output throughput.
 
     python -m accel.eval.bench_repeat --model smollm2-135m --concurrency 4 --num-requests 24 --runs 2
 

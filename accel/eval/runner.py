@@ -20,6 +20,7 @@ from accel.eval.metrics import PositionStats, TextMetrics, concat_stats, positio
 from accel.eval.protocol import DEFAULT_WINDOW, EvalProtocol, Window, make_windows, tokenize_domain
 from accel.eval.result import EvalResult, TaskMetrics, TaskRecord, TaskScores
 from accel.eval.scoring import accuracy_stderr, score_reply
+from accel.runlog import terminal
 
 DEFAULT_MAX_NEW_TOKENS = 64
 # Defaults sized so baseline + one variant of SmolLM2-135M fit the 5-minute budget on 2 CPU cores
@@ -87,7 +88,7 @@ def evaluate_text(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     per_model: list[dict[str, list[PositionStats]]] = [{d: [] for d in windows_by_domain} for _ in models]
     total = sum(len(ws) for ws in windows_by_domain.values())
-    with tqdm(total=total, desc="text windows", unit="win", disable=not progress) as bar:
+    with tqdm(total=total, desc="text windows", unit="win", disable=not progress, file=terminal()) as bar:
         for domain, windows in windows_by_domain.items():
             bar.set_postfix_str(domain)
             for batch in _batches(windows, batch_size):
@@ -123,7 +124,7 @@ def generate_replies(
 ) -> dict[str, list[str]]:
     """Greedy replies per task, in example order; `budgets[task]` is its max_new_tokens."""
     out = {}
-    for task, examples in tqdm(tasks.items(), desc="tasks", unit="task", disable=not progress):
+    for task, examples in tqdm(tasks.items(), desc="tasks", unit="task", disable=not progress, file=terminal()):
         replies = generate_fn([e.prompt for e in examples], budgets[task])
         if len(replies) != len(examples):
             raise ValueError(f"generate_fn returned {len(replies)} replies for {len(examples)} prompts of {task!r}")

@@ -328,12 +328,14 @@ def check_and_fallback(
         raise ValueError(f"step must be >= 1, got {step}")
     from tqdm.auto import tqdm
 
+    from accel.runlog import terminal
+
     cands = _ordered(sensitivity.candidates)
     in_features = in_features or {n: plan.group_size for n in plan.schemes}
     schemes = dict(plan.schemes)
     promoted: list[str] = []
     ref = _reference(model, holdout_batches)
-    bar = tqdm(desc="fallback check", disable=not progress, leave=False)
+    bar = tqdm(desc="fallback check", disable=not progress, leave=False, file=terminal())
     q = joint_quality(model, {**schemes, "lm_head": plan.lm_head}, plan.group_size, holdout_batches, ref)
     rounds = 0
     units = plan.unit_map()

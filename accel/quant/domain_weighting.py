@@ -1,6 +1,6 @@
 """Damage-weighted calibration rows for GPTQ: keep every domain near its share, give the rest to the most damaged.
 
-Why (our own idea, not a library feature): GPTQ minimises the layer-output error weighted by the calibration
+Why (no library does this): GPTQ minimises the layer-output error weighted by the calibration
 activations, so the domain mix of the rows decides whose outputs it protects. On SmolLM2-135M the multilingual text
 loses 2-3x more (KL) than any other domain at the same plan. A stratified draw knows each row's domain, so before the
 oneshot we measure, on a few calibration rows per domain, the KL of the plan's RTN fake-quantization (the damage GPTQ

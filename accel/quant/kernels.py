@@ -15,7 +15,7 @@ first; group zero points packed the same way along the *output* dim) and int8 ch
 int8 `weight` with `weight_scale` [out, 1]. `int4_from_compressed_tensors` converts: ours = theirs + 8.
 
 Kernels, chosen per device and per number of rows M of the activation (`kernel_for`; measured with
-scripts/bench_kernels.py on the 2-core AVX2 CPU of the dev box, numbers in that script's docstring):
+scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstring):
 
   "avx2"                    CPU, fp32 activations, M < dequant_min_rows, when accel's own AVX2 kernels compiled
                             (accel/quant/cpu_kernels.py): int8 2-3x faster than int8pack at M = 1-32, and exact
@@ -412,7 +412,7 @@ class Int4WeightOnlyLinear(nn.Module):
 class PackedLinear(nn.Module):
     """An fp32 nn.Linear whose weight is reordered once into oneDNN's blocked layout (CPU inference only).
 
-    Why: on the dev box (AMD EPYC, AVX2) torch's default fp32 GEMM (MKL) runs these skinny shapes at 15-45
+    Why: on a 2-core AMD EPYC (AVX2) torch's default fp32 GEMM (MKL) runs these skinny shapes at 15-45
     GFLOPS; oneDNN with a pre-reordered weight reaches 40-90 GFLOPS at 16-64 rows and is ~2x faster on the
     49152 x 576 lm_head (scripts/bench_kernels.py). The reordered weight is opaque, so this module is built by
     `pack_float_linears` for the runtime only and has no state_dict of its own besides the bias.

@@ -220,6 +220,8 @@ def test_cli_optimize_reports_failed_gate_with_exit_1(first_run, small_eval, tmp
     r = CliRunner().invoke(app, ["optimize", str(f)])
     assert r.exit_code == 1, r.output
     assert "gates failed" in r.output and "min_speedup" in r.output
+    log = parse_recipe(data).run_dir() / "log.txt"  # other libraries' output, kept out of the terminal
+    assert log.exists() and "log.txt:" in r.output
     r = CliRunner().invoke(app, ["optimize", str(f), "--override-gates"])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["export", "run", str(parse_recipe(data).run_dir())])
