@@ -93,6 +93,9 @@ def main() -> None:
     ap.add_argument("--sets", default="input-grounded,open-ended")
     ap.add_argument("--methods", default="off,ngram,draft")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--quant", choices=["int8", "int4", "int4f"], default=None,
+                    help="the target's Linears and lm_head quantized on load (RTN), as `accel serve --quant`")
+    ap.add_argument("--quant-group-size", type=int, default=32, help="INT4 group size for --quant int4 / int4f")
     ap.add_argument("--draft-quant", choices=["int8", "int4"], default=None,
                     help="quantize the draft's decoder Linears (draft_quant_scheme)")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens (k_max)")
@@ -130,6 +133,11 @@ def main() -> None:
     target_path = resolve_model(args.target)
     tok = AutoTokenizer.from_pretrained(str(target_path))
     model = load_model(target_path, torch.float32, torch.device("cpu"))
+    if args.quant:
+        from accel.quant.kernels import apply_plan
+        from accel.quant.schemes import uniform_plan
+
+        apply_plan(model, uniform_plan(model.config.num_hidden_layers, args.quant), group_size=args.quant_group_size)
     fuse_projections(model)
     try:
         from accel.quant.kernels import pack_float_linears
