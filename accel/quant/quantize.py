@@ -22,6 +22,8 @@ llm-compressor unties it first (the embedding table stays 16-bit), so every load
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,6 +111,16 @@ class OneshotResult:
     method: str
 
 
+def _llmcompressor_logs_to_stderr() -> None:
+    """llm-compressor's log lines are diagnostics, but its loguru sink is the sys.stdout of its import: send them to
+    whatever sys.stderr is when they are written (the run log during `accel optimize`, see accel.runlog)."""
+    from loguru import logger
+
+    logger.remove()
+    logger.add(lambda message: sys.stderr.write(message), level="INFO",
+               format="{time:YYYY-MM-DDTHH:mm:ss} | {function} | {level} - {message}")
+
+
 def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tensor], method: str = "gptq",
                      dampening: float = 0.01, processor=None) -> OneshotResult:
     """Run llm-compressor's oneshot on CPU with our calibration token batches; the model is modified in place.
@@ -116,8 +128,9 @@ def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tenso
     The model must have been loaded from a folder (llm-compressor re-reads `config.name_or_path`). `processor` is
     the tokenizer (llm-compressor requires one when a dataset is passed; it is not used to tokenize here).
     """
-    from llmcompressor import oneshot
-
+    with contextlib.redirect_stdout(sys.stderr):  # its import logs through a sink on the sys.stdout of that moment
+        from llmcompressor import oneshot
+    _llmcompressor_logs_to_stderr()
     if not Path(str(model.config.name_or_path)).is_dir():
         raise ValueError(f"oneshot needs a model loaded from a local folder; config.name_or_path is "
                          f"{model.config.name_or_path!r}")
