@@ -56,6 +56,9 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 # dequantize. INT4: native faster up to ~128 rows, dequantize + GEMM above.
 INT8_DEQUANT_MIN_ROWS = 1024
 INT4_DEQUANT_MIN_ROWS = 128
+# fp16 scale / min pairs where they differ from the fp32 ones by at most this fraction of the group's range: fp32
+# rounding noise (a Q4_1 release's int4f layers deviate ~4e-8), far below the activations' 16-bit rounding
+FP16_GRID_TOLERANCE = 2.0**-20
 # Output rows dequantized at once on the GEMM path: bounds the transient fp32 weight to 8192 * in * 4 bytes.
 _DEQUANT_CHUNK_ROWS = 8192
 
@@ -367,14 +370,17 @@ class Int4WeightOnlyLinear(nn.Module):
     def avx2_operands(self) -> tuple[Tensor, Tensor]:
         """(packed weight, scale_min [out, G, 2]) in the layout of accel's kernel (built once): w = q * scale + min.
 
-        scale_min is fp16 where that holds every value exactly (a GGUF grid's fp16 d and m), else fp32: the kernel
-        streams it with the weights, and at group 32 fp32 pairs add half the weight bytes again.
+        scale_min is fp16 where that holds every value to fp32 rounding noise (a GGUF grid's fp16 d and m, as the
+        int4f weights of a Q4_1 release are), else fp32: the kernel streams it with the weights, and at group 32
+        fp32 pairs add half the weight bytes again.
         """
         if self._avx2_packed is None:
             self._avx2_packed = cpu_kernels.int4_repack(unpack_int4(self.qweight))
             sm = torch.stack([self.scales.float(), -self.zeros.float() * self.scales.float()], dim=-1).contiguous()
             half = sm.half()
-            self._avx2_scale_min = half if torch.equal(half.float(), sm) else sm
+            span = sm[..., :1].abs() * 15 + sm[..., 1:].abs()  # the group's weight range
+            on_fp16_grid = bool(((half.float() - sm).abs() <= span * FP16_GRID_TOLERANCE).all())
+            self._avx2_scale_min = half if on_fp16_grid else sm
         return self._avx2_packed, self._avx2_scale_min
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:

@@ -296,6 +296,23 @@ def test_kernel_choice_by_rows_and_device(cls, pack):
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+def test_int4f_scales_on_an_fp16_grid_stream_as_fp16_and_others_as_fp32():
+    from accel.quant.kernels import Int4WeightOnlyLinear
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (64, 128), generator=g)
+    d = (torch.rand(64, 4, generator=g) * 0.01 + 1e-3).half().float()  # a Q4_1 release: fp16 d and m
+    m = (-torch.rand(64, 4, generator=g) * 15 * d).half().float()  # zero points inside [0, 15]
+    zeros = (-m / d).clamp(0, 15)  # the int4f form, as the quantizer stores it (fp32: -zeros * scale is m up to rounding)
+    grid = Int4WeightOnlyLinear.from_quantized(q, d, zeros, 32)
+    assert grid.avx2_operands()[1].dtype == torch.float16
+    off_grid = Int4WeightOnlyLinear.from_quantized(q, d * 1.0001, zeros, 32)
+    assert off_grid.avx2_operands()[1].dtype == torch.float32
+    x = torch.randn(3, 128, generator=g)
+    assert _rel_err(grid(x), x @ grid.dequantized().T) < 5e-4
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
 @pytest.mark.parametrize("group_size", [16, 32, 64])
 def test_avx2_int4_kernel_matches_reference_and_float_mins(m, group_size):
