@@ -6,10 +6,9 @@ from accel.calibration.record import read_draw, write_draw
 from accel.calibration.sampler import (CalibrationDraw, DrawnSample, StratumReport, random_draw, stratified_draw,
                                        tokenize)
 from accel.calibration.sources import BUILTIN_DIR, TextSample, load_samples
-from accel.calibration.stage import run_calibration
 
 __all__ = [
     "BUILTIN_DIR", "CalibrationDraw", "DrawnSample", "OverlapIndex", "StratumReport", "TextSample", "allocate",
     "bucket_index", "bucket_labels", "find_overlaps", "largest_remainder", "load_samples", "random_draw",
-    "read_draw", "run_calibration", "stratified_draw", "to_batches", "to_padded_batches", "tokenize", "write_draw",
+    "read_draw", "stratified_draw", "to_batches", "to_padded_batches", "tokenize", "write_draw",
 ]

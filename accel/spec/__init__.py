@@ -11,7 +11,7 @@ _EXPORTS = {
     "speculation_enabled": "adaptive", "propose_ngram": "ngram", "DraftModelProposer": "proposer",
     "NgramProposer": "proposer", "ProposalRequest": "proposer", "Proposals": "proposer", "Proposer": "proposer",
     "PagedDraftProposer": "paged_draft", "SpecConfig": "config", "VerifyResult": "rejection",
-    "greedy_verify": "rejection", "rejection_sample": "rejection", "SpecDecodeAggregator": "stats",
+    "greedy_verify": "rejection", "rejection_sample": "rejection",
     "SpecDecodeStats": "stats", "expected_tokens_per_step": "stats", "leviathan_speedup": "stats",
     "TokenizerMismatchError": "tokenizer_check", "check_tokenizers_match": "tokenizer_check",
 }

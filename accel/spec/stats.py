@@ -86,29 +86,6 @@ class SpecDecodeStats:
                    num_accepted_tokens_per_pos=[int(x) for x in data.get("num_accepted_tokens_per_pos", [])])
 
 
-@dataclass
-class SpecDecodeAggregator:
-    """Stats per request, per calibration domain and global, fed one verification step at a time."""
-
-    per_request: dict[str, SpecDecodeStats] = field(default_factory=dict)
-    per_domain: dict[str, SpecDecodeStats] = field(default_factory=dict)
-    total: SpecDecodeStats = field(default_factory=SpecDecodeStats)
-
-    def observe(self, request_id: str, num_draft_tokens: int, num_accepted_tokens: int,
-                domain: str | None = None) -> None:
-        """Count one verification step of `request_id` (and of its domain when given)."""
-        targets = [self.per_request.setdefault(request_id, SpecDecodeStats()), self.total]
-        if domain is not None:
-            targets.append(self.per_domain.setdefault(domain, SpecDecodeStats()))
-        for stats in targets:
-            stats.observe(num_draft_tokens, num_accepted_tokens)
-
-    def to_dict(self) -> dict:
-        return {"total": self.total.to_dict(),
-                "per_domain": {d: s.to_dict() for d, s in sorted(self.per_domain.items())},
-                "per_request": {r: s.to_dict() for r, s in self.per_request.items()}}
-
-
 def _check_alpha_gamma(alpha: float, gamma: int) -> None:
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha} is invalid; allowed: an acceptance rate in [0, 1]")

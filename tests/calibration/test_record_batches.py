@@ -62,16 +62,15 @@ def test_batch_argument_errors(kw, message):
         list(to_batches([_unit("a", [1])], **kw))
 
 
-def test_run_calibration_stage(tmp_path, tok):
-    from accel.calibration import run_calibration
+def test_a_drawn_set_is_recorded_and_read_back(tmp_path, tok):
+    from accel.calibration import load_samples, random_draw, stratified_draw, write_draw
 
     src = tmp_path / "data.jsonl"
     src.write_text("".join(json.dumps({"id": f"s{i}", "text": " ".join(["w"] * (10 + i)), "domain": "x"}) + "\n"
                            for i in range(12)), encoding="utf-8")
     cfg = CalibrationConfig(source=str(src), num_samples=4, min_tokens=5, holdout_fraction=0.25)
-    draw = run_calibration(cfg, tok, tmp_path / "run")
+    draw = stratified_draw(load_samples(cfg), tok, cfg)
+    write_draw(draw, tmp_path / "run")
     assert (len(draw.train), len(draw.holdout)) == (4, 1)
     assert read_draw(tmp_path / "run").method == "stratified"
-    assert run_calibration(cfg, tok, method="random").method == "random"
-    with pytest.raises(ValueError, match="method must be 'stratified' or 'random', got 'best'"):
-        run_calibration(cfg, tok, method="best")
+    assert random_draw(load_samples(cfg), tok, cfg).method == "random"

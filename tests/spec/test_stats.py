@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from accel.spec.stats import (
-    SpecDecodeAggregator,
     SpecDecodeStats,
     expected_tokens_per_step,
     leviathan_speedup,
@@ -54,20 +53,6 @@ def test_to_dict_round_trip():
 def test_observe_rejects_bad_counts(drafted, accepted):
     with pytest.raises(ValueError, match="num_accepted_tokens"):
         SpecDecodeStats().observe(drafted, accepted)
-
-
-def test_aggregator_per_request_domain_total():
-    agg = SpecDecodeAggregator()
-    agg.observe("r1", 4, 4, domain="code")
-    agg.observe("r1", 4, 1, domain="code")
-    agg.observe("r2", 4, 0, domain="chat")
-    agg.observe("r3", 2, 2)
-    assert agg.per_request["r1"].num_accepted_tokens == 5
-    assert agg.per_domain["code"].acceptance_rate == pytest.approx(5 / 8)
-    assert agg.per_domain["chat"].acceptance_rate == 0.0
-    assert agg.total.num_draft_tokens == 14 and agg.total.num_accepted_tokens == 7
-    assert agg.total == agg.per_request["r1"] + agg.per_request["r2"] + agg.per_request["r3"]
-    assert list(agg.to_dict()["per_domain"]) == ["chat", "code"]
 
 
 def test_expected_tokens_per_step_hand_numbers():
