@@ -30,8 +30,8 @@ def test_the_table_shows_each_side_and_the_ratio_of_the_same_repeat():
     row = bench_peers.Row("batch-1 decode, in-process", "int8", "tok/s", accel=[150.0, 140.0, 160.0],
                           peer=[100.0, 140.0, 80.0])
     assert row.ratios() == pytest.approx([1.5, 1.0, 2.0])
-    table = bench_peers.render_table([row], {"streaming bandwidth": "30.0 GB/s"})
+    table = bench_peers.render_table([row], {"read bandwidth": "30.0 GB/s"})
     line = table.splitlines()[2]
     assert "int8 / Q8_0" in line and "150.0 (140.0-160.0)" in line and "100.0 (80.0-140.0)" in line
-    assert "1.50x (1.00-2.00)" in line and "streaming bandwidth: 30.0 GB/s" in table
+    assert "1.50x (1.00-2.00)" in line and "read bandwidth: 30.0 GB/s" in table
     assert bench_peers.spread([]) == "-" and bench_peers.ratio_spread([]) == "-"

@@ -25,6 +25,20 @@ constexpr int64_t PF_ROWS = 8;  // weight rows the int8 / int4 row kernels prefe
 // delays only the chunk it holds while the others take the rest; with even splits the whole step waited at the
 // region's end for the preempted thread's slice (batch-1 decode over HTTP ran ~20% below the same engine
 // in-process on 2 cores).
+// Output rows per chunk of a GEMM with `tile`-row L1 tiles. At decode sizes (M <= 8) a call is a weight stream,
+// and a thread that streams 16-32 KB and then jumps to the next free chunk restarts the hardware prefetcher each
+// time: the read stream ran at ~25 GB/s in 16 KB chunks and ~33 in 128-256 KB ones (2 cores, 134 MB of INT8
+// weights). So decode chunks hold ~STREAM_CHUNK bytes, in a multiple of the thread count so the threads finish
+// together; larger M computes enough per byte that one tile per chunk balances best.
+constexpr int64_t STREAM_CHUNK = 192 << 10;
+static int64_t chunk_rows(int64_t M, int64_t N, int64_t row_bytes, int64_t tile) {
+  if (M > 8) return tile;
+  const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t per_thread = std::max<int64_t>(1, (N * row_bytes + nt * STREAM_CHUNK / 2) / (nt * STREAM_CHUNK));
+  const int64_t rows = (N + nt * per_thread - 1) / (nt * per_thread);
+  return (rows + 23) / 24 * 24;  // whole register tiles of the fp32 (3) and integer (8) kernels
+}
+
 template <typename F>
 static void parallel_chunks(int64_t n, const F& fn) {
   const int64_t nt = std::min<int64_t>(at::get_num_threads(), n);
@@ -134,10 +148,10 @@ static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, c
   const QuantBlocks xr = quantize_blocks_i16(xp, M, K, false);
   // Output rows in tiles of up to 64: a tile's weights (TN x K bytes, <= 32 KB so they stay in L1) are reused by
   // every 4-row block of x, so the weight is streamed from memory once per call whatever M is.
-  const int64_t TN = std::clamp<int64_t>(32768 / K / 8 * 8, 8, 64);
-  parallel_chunks((N + TN - 1) / TN, [&](int64_t t) {
-    {
-      const int64_t n0 = t * TN, n1 = std::min(N, n0 + TN);
+  const int64_t TN = std::clamp<int64_t>(32768 / K / 8 * 8, 8, 64), CR = chunk_rows(M, N, K, TN);
+  parallel_chunks((N + CR - 1) / CR, [&](int64_t c) {
+    for (int64_t n0 = c * CR, ce = std::min(N, n0 + CR); n0 < ce; n0 += TN) {
+      const int64_t n1 = std::min(ce, n0 + TN);
       // 8 activation rows per pass over the tile when there are that many (prefill): the widened weights are
       // shared by more rows, so the pass is closer to compute-bound
       for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
@@ -239,9 +253,9 @@ static void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, flo
   // Xeon, 2 threads) the tiled kernel measured 25.6 vs 33.1 ms at M = 1, 27.7 vs 38.6 at 2, 28.5 vs 44.3 at 3,
   // so verifying a few draft tokens now costs close to one decode step. One kernel for every M also makes a
   // row's result independent of how many rows share the call (each output is one FMA chain in k order).
-  const int64_t TN = 48;  // thread chunks of 48 output rows (a multiple of NR)
-  parallel_chunks((N + TN - 1) / TN,
-                  [&](int64_t t) { gemm_rows(xp, M, K, wp, yp, N, t * TN, std::min(N, (t + 1) * TN)); });
+  const int64_t CR = chunk_rows(M, N, K * 4, 48);  // larger M: chunks of 48 output rows (a multiple of NR)
+  parallel_chunks((N + CR - 1) / CR,
+                  [&](int64_t c) { gemm_rows(xp, M, K, wp, yp, N, c * CR, std::min(N, (c + 1) * CR)); });
 }
 
 torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
@@ -304,35 +318,98 @@ static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64
 // activations to int8 per block (llama.cpp's Q8) would halve the uops again, but it moved the real model's greedy
 // tokens away from transformers' on 2-4 of 6 prompts; 16 bits keep them equal. The nibble layout puts inputs c0..7,
 // c16..23 in the low nibbles of 16 bytes and c8..15, c24..31 in the high ones: the activations are stored so.
+// A row's group scales and mins are deinterleaved 8 groups at a time first, its min term is one vector dot
+// product, and each block's scale x activation-scale product is stored, so the block loop is only loads, nibble
+// splits, multiply-adds and one FMA from a broadcast load: the per-group scalar work (fp16 converts, scalar
+// multiplies, broadcasts) had been ~half the loop's uops and held the kernel at ~12 GB/s per thread.
+static inline void load_pairs8(const float* p, __m256& s, __m256& m) {
+  const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+  s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+  m = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+static inline void load_pairs8(const uint16_t* p, __m256& s, __m256& m) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256 a = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+  m = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+
+// sc[g], mn[g] for a row's G groups from its interleaved (scale, min) pairs
+template <typename S>
+static inline void row_scales(const S* sm, int64_t G, float* sc, float* mn) {
+  int64_t g = 0;
+  for (; g + 8 <= G; g += 8) {
+    __m256 s, m;
+    load_pairs8(sm + 2 * g, s, m);
+    _mm256_storeu_ps(sc + g, s);
+    _mm256_storeu_ps(mn + g, m);
+  }
+  for (; g < G; ++g) { sc[g] = f32_of(sm[2 * g]); mn[g] = f32_of(sm[2 * g + 1]); }
+}
+
+static inline float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float r = hsum256(acc);
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+// one block of 32 INT4 weights (16 bytes at row + b * 16) against MB activation rows, into accumulators T
+#define ACCEL_INT4_BLOCK(DOT, b, T)                                                                              \
+  {                                                                                                            \
+    const int64_t k = (b) * 32;                                                                                \
+    /* bytes zero-extended to int16 lanes: the low nibble is lane & 15, the high one lane >> 4 */              \
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));     \
+    const __m256i wa = _mm256_and_si256(v, mask), wb = _mm256_srli_epi16(v, 4);                                \
+    for (int m = 0; m < MB; ++m) {                                                                             \
+      __m256i a = DOT(_mm256_setzero_si256(), wa, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + k)));  \
+      a = DOT(a, wb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + k + 16)));               \
+      T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_broadcast_ss(wsx + m * KB + (b)), T[m]);            \
+    }                                                                                                          \
+  }
+
 #define ACCEL_DEFINE_TILE4W(NAME, DOT)                                                                           \
 template <int MB, typename S>                                                                                  \
 static void NAME(const int16_t* xq, const float* xs, int64_t KB, const float* xsum, int64_t K, int64_t G,        \
                  int64_t gs, const uint8_t* q, const S* sm, float* y, int64_t N, int64_t n0, int64_t n1) {      \
   const __m256i mask = _mm256_set1_epi16(0x0F);                                                               \
+  const int64_t bpg = gs / 32;  /* blocks of 32 per group */                                                   \
+  std::vector<float> buf(2 * G + MB * KB);                                                                     \
+  float* sc = buf.data();                                                                                      \
+  float* mn = sc + G;                                                                                          \
+  float* wsx = mn + G;  /* [MB, KB]: group scale x block activation scale */                                  \
   for (int64_t n = n0; n < n1; ++n) {                                                                          \
     const uint8_t* row = q + n * (K / 2);                                                                      \
     const char* ahead = n + PF_ROWS < N ? reinterpret_cast<const char*>(row + PF_ROWS * (K / 2)) : nullptr;    \
-    __m256 tot[MB];                                                                                            \
-    float mterm[MB];                                                                                           \
-    for (int m = 0; m < MB; ++m) { tot[m] = _mm256_setzero_ps(); mterm[m] = 0.f; }                             \
-    for (int64_t g = 0; g < G; ++g) {                                                                          \
-      const float ws = f32_of(sm[2 * (n * G + g)]);                                                            \
-      for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {                                                    \
-        if (ahead && (k & 127) == 0) _mm_prefetch(ahead + k / 2, _MM_HINT_T0);                                 \
-        /* bytes zero-extended to int16 lanes: the low nibble is lane & 15, the high one lane >> 4 */          \
-        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));  \
-        const __m256i wa = _mm256_and_si256(v, mask), wb = _mm256_srli_epi16(v, 4);                            \
-        for (int m = 0; m < MB; ++m) {                                                                         \
-          __m256i a = DOT(_mm256_setzero_si256(), wa,                                                         \
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + k)));              \
-          a = DOT(a, wb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + k + 16)));           \
-          tot[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(ws * xs[m * KB + k / 32]), tot[m]);   \
-        }                                                                                                      \
+    row_scales(sm + 2 * n * G, G, sc, mn);                                                                     \
+    for (int m = 0; m < MB; ++m) {                                                                             \
+      float* w = wsx + m * KB;                                                                                 \
+      const float* x = xs + m * KB;                                                                            \
+      if (bpg == 1) {                                                                                          \
+        int64_t b = 0;                                                                                         \
+        for (; b + 8 <= KB; b += 8)                                                                            \
+          _mm256_storeu_ps(w + b, _mm256_mul_ps(_mm256_loadu_ps(sc + b), _mm256_loadu_ps(x + b)));             \
+        for (; b < KB; ++b) w[b] = sc[b] * x[b];                                                               \
+      } else {                                                                                                 \
+        for (int64_t g = 0, b = 0; g < G; ++g)                                                                 \
+          for (int64_t j = 0; j < bpg; ++j, ++b) w[b] = sc[g] * x[b];                                          \
       }                                                                                                        \
-      const float mn = f32_of(sm[2 * (n * G + g) + 1]);                                                        \
-      for (int m = 0; m < MB; ++m) mterm[m] += mn * xsum[m * G + g];                                           \
     }                                                                                                          \
-    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + mterm[m];                                    \
+    /* two accumulators per row (even and odd blocks): one FMA chain waits on the FMA latency every block */   \
+    __m256 t0[MB], t1[MB];                                                                                     \
+    for (int m = 0; m < MB; ++m) { t0[m] = _mm256_setzero_ps(); t1[m] = _mm256_setzero_ps(); }                 \
+    int64_t b = 0;                                                                                             \
+    for (; b + 2 <= KB; b += 2) {                                                                              \
+      if (ahead && (b & 3) == 0) _mm_prefetch(ahead + b * 16, _MM_HINT_T0);                                    \
+      ACCEL_INT4_BLOCK(DOT, b, t0)                                                                             \
+      ACCEL_INT4_BLOCK(DOT, b + 1, t1)                                                                         \
+    }                                                                                                          \
+    if (b < KB) { ACCEL_INT4_BLOCK(DOT, b, t0) }                                                               \
+    for (int m = 0; m < MB; ++m) t0[m] = _mm256_add_ps(t0[m], t1[m]);                                          \
+    __m256* tot = t0;                                                                                          \
+    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + dot_f32(mn, xsum + m * G, G);               \
   }                                                                                                            \
 }
 
@@ -357,9 +434,10 @@ static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, 
   const bool blocks = gs % 32 == 0;  // the integer path needs whole blocks of 32 per group
   const QuantBlocks xr = blocks ? quantize_blocks_i16(xp, M, K, true) : QuantBlocks{};
   const int64_t TN = std::clamp<int64_t>(65536 / K / 8 * 8, 8, 64);  // a tile's K / 2-byte rows stay in L1
-  parallel_chunks((N + TN - 1) / TN, [&](int64_t t) {
-    {
-      const int64_t n0 = t * TN, n1 = std::min(N, n0 + TN);
+  const int64_t CR = chunk_rows(M, N, K / 2 + G * 2 * static_cast<int64_t>(sizeof(S)), TN);
+  parallel_chunks((N + CR - 1) / CR, [&](int64_t c) {
+    for (int64_t n0 = c * CR, ce = std::min(N, n0 + CR); n0 < ce; n0 += TN) {
+      const int64_t n1 = std::min(ce, n0 + TN);
       for (int64_t m0 = 0; m0 < M; m0 += 4) {
         const float* xsm = xs + m0 * G;
         float* ym = yp + m0 * N;
