@@ -81,16 +81,37 @@ static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, boo
       for (int64_t b = 0; b < r.KB; ++b) {
         const int64_t k0 = b * 32, n = std::min<int64_t>(32, K - k0);
         const float* xb = x + m * K + k0;
+        int16_t* q = r.q.data() + m * K + k0;
+        if (n == 32) {  // vectorized: called for every Linear of a decode step, where the scalar loop cost ~2 us
+          __m256 v[4];
+          __m256 amax = _mm256_setzero_ps();
+          const __m256 sign = _mm256_set1_ps(-0.f);
+          for (int i = 0; i < 4; ++i) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+          }
+          __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+          h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_max_ss(h, _mm_movehdup_ps(h));
+          const float mx = _mm_cvtss_f32(h);
+          const float sc = mx > 0.f ? mx / XQ_MAX : 1.f;
+          r.scale[m * r.KB + b] = sc;
+          const __m256 inv = _mm256_set1_ps(1.f / sc);
+          __m256i qi[4];  // cvtps rounds to nearest even, as lrint does in the default rounding mode
+          for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+          // INT4 nibble order of a block: c0..7, c16..23, c8..15, c24..31
+          const int a0 = 0, a1 = permute ? 2 : 1, a2 = permute ? 1 : 2, a3 = 3;
+          const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[a0], qi[a1]), 0xD8);
+          const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[a2], qi[a3]), 0xD8);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), lo);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), hi);
+          continue;
+        }
         float amax = 0.f;
         for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xb[i]));
         const float sc = amax > 0.f ? amax / XQ_MAX : 1.f, inv = 1.f / sc;
         r.scale[m * r.KB + b] = sc;
-        int16_t* q = r.q.data() + m * K + k0;
-        for (int64_t i = 0; i < n; ++i) {
-          // INT4 nibble order of a full block: c0..7, c16..23, c8..15, c24..31
-          const int64_t src = (permute && n == 32) ? (i < 8 ? i : i < 16 ? i + 8 : i < 24 ? i - 8 : i) : i;
-          q[i] = static_cast<int16_t>(std::lrint(xb[src] * inv));
-        }
+        for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int16_t>(std::lrint(xb[i] * inv));
       }
   });
   return r;
