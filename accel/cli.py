@@ -194,8 +194,6 @@ def serve(
     draft: Annotated[Optional[str], typer.Option(help="Speculative decoding: a draft model folder sharing the "
                                                       "tokenizer, or 'ngram' for prompt lookup.")] = None,
     num_speculative_tokens: Annotated[int, typer.Option(min=1, max=16, help="Draft tokens per step.")] = 4,
-    draft_min_confidence: Annotated[Optional[float], typer.Option(
-        help="A draft model's chain stops after a token it gave less than this probability (0 < p < 1).")] = None,
     draft_min_path_confidence: Annotated[Optional[float], typer.Option(
         help="A draft model proposes a token only while the product of its probabilities along the chain is at "
              "least this (0 < p < 1; EAGLE-2's path score).")] = None,
@@ -226,7 +224,7 @@ def serve(
     try:
         run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                    draft=draft, num_speculative_tokens=num_speculative_tokens,
-                   draft_min_confidence=draft_min_confidence, draft_min_path_confidence=draft_min_path_confidence,
+                   draft_min_path_confidence=draft_min_path_confidence,
                    draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first,
                    max_queue=max_queue, max_num_seqs=max_num_seqs, skip_verify=skip_verify,
                    kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device, **quant_kwargs)

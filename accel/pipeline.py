@@ -166,8 +166,8 @@ def stage_draft(ctx: StageContext) -> dict:
     info: dict[str, Any] = {"method": s.method, "num_speculative_tokens": s.num_speculative_tokens}
     (ctx.out_dir / "draft").mkdir()
     if s.method == "ngram":
-        info["ngram"] = s.ngram.model_dump()
-    elif s.method == "draft_model":
+        info["ngram"] = {"min_n": s.ngram_min_n, "max_n": s.ngram_max_n}
+    elif s.method == "draft":
         from accel.models import resolve_model
         from accel.spec.tokenizer_check import check_tokenizers_match
 

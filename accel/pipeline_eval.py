@@ -115,9 +115,9 @@ def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path
     s = recipe.speculation
     samples = load_samples(root / "eval" / "text")
     if s.method == "ngram":
-        proposer = NgramProposer(s.ngram.min_n, s.ngram.max_n)
+        proposer = NgramProposer(s.ngram_min_n, s.ngram_max_n)
         prompts = input_grounded_prompts(samples, SPEC_EVAL_PROMPTS)
-    elif s.method in ("draft_model", "distilled") and draft_dir is not None:
+    elif s.method in ("draft", "distilled") and draft_dir is not None:
         from accel.spec.eagle import is_eagle_draft
 
         prompts = build_prompts(samples, SPEC_EVAL_PROMPTS, seed=0)
@@ -139,11 +139,11 @@ def engine_acceptance(recipe, target_dir: Path, draft_dir: Path, prompts: list[l
     with the cost ratio the engine measured and Leviathan's predicted speedup at batch 1."""
     from accel.export.load import load_engine
     from accel.runtime.sampling_params import SamplingParams
-    from accel.spec.config import SpecConfig
+    from accel.spec.config import SpeculativeConfig
     from accel.spec.stats import leviathan_speedup
 
     k = recipe.speculation.num_speculative_tokens
-    spec = SpecConfig(method="draft", draft_model=str(draft_dir), num_speculative_tokens=k, adaptive=False,
+    spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir), num_speculative_tokens=k, adaptive=False,
                       disable_above_batch_size=None, max_step_rows=None)
     engine = load_engine(target_dir, **engine_kwargs(recipe), speculative=spec)
     # prompts cut like the offline path's (the last 384 tokens) and to what the model's length leaves for the reply

@@ -32,7 +32,7 @@ def preflight(recipe: Recipe, project_root: Path | None = None) -> list[str]:
     if recipe.quantization.enabled and model_dir is not None:
         problems += _check_linear_shapes(recipe, model_dir)
     s = recipe.speculation
-    if s.method == "draft_model" and s.draft_model:
+    if s.method == "draft" and s.draft_model:
         _, p = _check_model(s.draft_model, "speculation.draft_model")
         problems += [p] if p else []
     if s.method == "distilled" and s.distill.init_from is not None:

@@ -163,17 +163,6 @@ class QuantizationConfig(Strict):
         return v
 
 
-class NgramConfig(Strict):
-    min_n: Annotated[int, Field(ge=1, le=8)] = 2
-    max_n: Annotated[int, Field(ge=1, le=8)] = 4
-
-    @model_validator(mode="after")
-    def _order(self) -> NgramConfig:
-        if self.min_n > self.max_n:
-            raise ValueError(f"ngram.min_n ({self.min_n}) must be <= ngram.max_n ({self.max_n})")
-        return self
-
-
 DISTILL_DEFAULTS = {"eagle": {"num_prompts": 1200, "learning_rate": 1e-3},
                     "layers": {"num_prompts": 256, "learning_rate": 5e-4}}
 # eagle: prompts queued per budget minute beyond the default's 30 minutes. The 30-minute run replies to ~920 of its
@@ -232,43 +221,35 @@ class DistillConfig(Strict):
 
 
 class SpeculationConfig(Strict):
-    method: Literal["none", "ngram", "draft_model", "distilled"] = "none"
+    """The recipe's `speculation:` section: accel.spec.config.SpeculativeConfig's fields under the same names (see
+    there), with method "distilled" (a draft trained from the target in this run, `distill`) and "none"."""
+
+    method: Literal["none", "ngram", "draft", "distilled"] = "none"
     num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 4
+    ngram_min_n: Annotated[int, Field(ge=1, le=8)] = 2
+    ngram_max_n: Annotated[int, Field(ge=1, le=8)] = 4
     draft_model: str | None = None
-    """Path or registry name of a draft sharing the target's tokenizer (method draft_model)."""
+    """Path or registry name of a draft sharing the target's tokenizer (method draft)."""
     draft_quantization: Scheme | None = None
-    ngram: NgramConfig = NgramConfig()
-    distill: DistillConfig = DistillConfig()
     adaptive: bool = True
-    """Adapt the speculation length per request from its recent acceptance."""
     disable_above_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
-    """No speculation while this many requests run; "auto": 5 for n-gram and for a draft model (CPU measurements in
-    accel.spec.config.DISABLE_ABOVE_BATCH_SIZE); on a GPU, where verification is nearly free, 32 or more."""
-    draft_min_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    """A draft model's chain stops after a token it is less sure of than this (see SpecConfig)."""
-    draft_min_path_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    """A draft model proposes a token only while the product of its top probabilities along the chain stays at
-    or above this (EAGLE-2's path score; see SpecConfig)."""
-    draft_min_first_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    """The gate for a chain's first token only; later tokens still need draft_min_path_confidence (None: that
-    one; see SpecConfig)."""
-    draft_ngram_first: bool = False
-    """A draft model's requests try prompt lookup (speculation.ngram) first; the draft model drafts only those it
-    finds nothing for (see SpecConfig)."""
-    draft_context_window: Annotated[int, Field(ge=1)] | None = 128
-    """An EAGLE draft's first draft for a request catches up on only this many latest positions (None: all)."""
-    # decode rows + draft tokens per step at most (None: no cap); see SpecConfig.max_step_rows
     max_step_rows: Annotated[int, Field(ge=2)] | None = 16
+    draft_min_path_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    draft_min_first_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    draft_ngram_first: bool = False
+    distill: DistillConfig = DistillConfig()
 
     @model_validator(mode="after")
-    def _draft_needed(self) -> SpeculationConfig:
-        if self.method == "draft_model" and not self.draft_model:
-            raise ValueError("speculation.method 'draft_model' needs speculation.draft_model (a path or model name)")
-        if self.method != "draft_model" and self.draft_model:
-            raise ValueError(f"speculation.draft_model is set but method is {self.method!r}; use 'draft_model'")
-        if self.draft_ngram_first and self.method not in ("draft_model", "distilled"):
+    def _consistent(self) -> SpeculationConfig:
+        if self.ngram_min_n > self.ngram_max_n:
+            raise ValueError(f"ngram_min_n ({self.ngram_min_n}) must be <= ngram_max_n ({self.ngram_max_n})")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculation.method 'draft' needs speculation.draft_model (a path or model name)")
+        if self.method != "draft" and self.draft_model:
+            raise ValueError(f"speculation.draft_model is set but method is {self.method!r}; use 'draft'")
+        if self.draft_ngram_first and self.method not in ("draft", "distilled"):
             raise ValueError(f"speculation.draft_ngram_first needs a draft model to fall back to; method is "
-                             f"{self.method!r} (allowed with it: draft_model, distilled)")
+                             f"{self.method!r} (allowed with it: draft, distilled)")
         return self
 
 

@@ -27,6 +27,7 @@ drift then hits every method alike (a paired design), which is what a batch-16 r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -91,25 +92,25 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8, help="prompts per set at batch 1 (batch 16 uses 16)")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--sets", default="input-grounded,open-ended")
-    ap.add_argument("--methods", default="off,ngram,draft")
+    ap.add_argument("--methods", default="off,ngram,draft",
+                    help="off, off2 (A/A control), ngram, draft, draftb (the --draft-b folder); a method may set "
+                         "SpeculativeConfig fields of its own: draft:draft_min_path_confidence=0.35+draft_quantization=int8")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--quant", choices=["int8", "int4", "int4f"], default=None,
                     help="the target's Linears and lm_head quantized on load (RTN), as `accel serve --quant`")
     ap.add_argument("--quant-group-size", type=int, default=32, help="INT4 group size for --quant int4 / int4f")
-    ap.add_argument("--draft-quant", choices=["int8", "int4"], default=None,
-                    help="quantize the draft's decoder Linears (draft_quant_scheme)")
-    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens (k_max)")
-    ap.add_argument("--no-adaptive", action="store_true")
-    ap.add_argument("--ngram-min-n", type=int, default=2, help="shortest suffix prompt lookup matches")
-    ap.add_argument("--ngram-max-n", type=int, default=4, help="longest suffix prompt lookup matches")
-    ap.add_argument("--disable-above", default="auto",
-                    help="disable_above_batch_size: an integer, 0 (never off) or auto (per method)")
-    ap.add_argument("--min-confidence", type=float, default=None,
-                    help="draft_min_confidence: a draft chain stops after a token below this probability")
-    ap.add_argument("--min-path-confidence", type=float, default=None,
-                    help="draft_min_path_confidence: a draft proposes a token only while the product of its "
-                         "probabilities along the chain stays >= this")
-    ap.add_argument("--max-step-rows", type=int, default=16, help="max_step_rows: decode rows + drafts (0: no cap)")
+    # speculation settings: SpeculativeConfig's fields under the same names (defaults for every method; a method
+    # may override them, see `method_config`)
+    ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--no-adaptive", action="store_true", help="adaptive false: always num_speculative_tokens")
+    ap.add_argument("--ngram-min-n", type=int, default=2)
+    ap.add_argument("--ngram-max-n", type=int, default=4)
+    ap.add_argument("--disable-above-batch-size", default="auto", help="an integer, none or auto (per method)")
+    ap.add_argument("--draft-quantization", choices=["int8", "int4"], default=None)
+    ap.add_argument("--draft-min-path-confidence", type=float, default=None)
+    ap.add_argument("--draft-min-first-confidence", type=float, default=None)
+    ap.add_argument("--draft-ngram-first", action="store_true")
+    ap.add_argument("--max-step-rows", default="16", help="an integer or none")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every method this many times, interleaved; report the median speedup and its range")
     ap.add_argument("--interleave-steps", action="store_true",
@@ -126,7 +127,6 @@ def main() -> None:
     from accel.runtime.engine import Engine, EngineConfig
     from accel.runtime.model import fuse_projections, load_model
     from accel.runtime.sampling_params import SamplingParams
-    from accel.spec.config import SpecConfig
     from accel.spec.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.spec.stats import leviathan_speedup
 
@@ -156,32 +156,29 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, stop_token_ids=eos)
     warm_params = SamplingParams(max_tokens=16, temperature=0, stop_token_ids=eos)
     def draft_of(method: str) -> str | None:
-        return args.draft_b if method.split("+")[0] == "draftb" else args.draft
+        return args.draft_b if method.split(":")[0] == "draftb" else args.draft
 
     methods = [m for m in args.methods.split(",") if not m.startswith("draft") or draft_of(m)]
+    defaults = {"num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,
+                "ngram_min_n": args.ngram_min_n, "ngram_max_n": args.ngram_max_n,
+                "disable_above_batch_size": parse_value(args.disable_above_batch_size),
+                "max_step_rows": parse_value(args.max_step_rows), "draft_quantization": args.draft_quantization,
+                "draft_min_path_confidence": args.draft_min_path_confidence,
+                "draft_min_first_confidence": args.draft_min_first_confidence,
+                "draft_ngram_first": args.draft_ngram_first}
+    if not methods or methods[0] != "off":
+        ap.error(f"--methods {args.methods!r}: must start with off")
     try:
-        gates = {m: draft_variant(m, args.min_confidence, args.min_path_confidence, args.draft_quant)
-                 for m in methods if m.startswith("draft")}
+        specs = {m: method_config(m, defaults, draft_of(m)) for m in methods}
     except ValueError as e:
         ap.error(str(e))
-    if methods[0] != "off" or any(m not in ("off", "off2", "ngram") and m not in gates for m in methods):
-        ap.error(f"--methods {args.methods!r}: must start with off, then any of off2 (A/A control), ngram, draft "
-                 "(draft+conf0.5, draft+path0.3, draft+first0.2: a draft model with that gate)")
     results = []
     for batch in [int(b) for b in args.batches.split(",")]:
         for set_name in args.sets.split(","):
             prompts = sets[set_name][: args.prompts if batch == 1 else batch]
             engines, proposers = {}, {}
             for method in methods:
-                spec = None
-                if method not in ("off", "off2"):
-                    spec = SpecConfig(method="ngram" if method == "ngram" else "draft", draft_model=draft_of(method),
-                                      **gates.get(method, {}),
-                                      num_speculative_tokens=args.k, adaptive=not args.no_adaptive,
-                                      ngram_min_n=args.ngram_min_n, ngram_max_n=args.ngram_max_n,
-                                      disable_above_batch_size=(args.disable_above if args.disable_above == "auto"
-                                                                else int(args.disable_above) or None),
-                                      max_step_rows=args.max_step_rows or None)
+                spec = specs[method]
                 config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,
                                       max_num_batched_tokens=2048)
                 engines[method] = Engine(model, config, tok)  # builds its proposer (an EAGLE draft needs the runner)
@@ -227,7 +224,7 @@ def main() -> None:
                         st = engine.stats().spec_decode
                         row.update(st.to_dict())
                         per_source = engine.stats().spec_decode_per_source
-                        if per_source:  # draft+ngram: lookup and model drafts counted apart
+                        if per_source:  # draft_ngram_first: lookup and model drafts counted apart
                             row["per_source"] = {k: v.to_dict() for k, v in sorted(per_source.items())}
                         alpha = st.acceptance_rate
                         gamma = st.num_draft_tokens / st.num_drafts if st.num_drafts else 0.0
@@ -253,41 +250,46 @@ def main() -> None:
             engines = proposers = None
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"k": args.k, "max_new_tokens": args.max_new_tokens, "adaptive": not args.no_adaptive,
+            json.dump({"num_speculative_tokens": args.num_speculative_tokens, "max_new_tokens": args.max_new_tokens, "adaptive": not args.no_adaptive,
                        "results": results}, f, indent=1)
 
 
-def draft_variant(method: str, min_confidence: float | None, min_path_confidence: float | None,
-                  quant: str | None) -> dict:
-    """A draft method -> its SpecConfig gate / quantization fields. "draft": the command line's
-    (draft_min_confidence, draft_min_path_confidence, draft_quant_scheme). "draft+ngram+conf0.5+path0.3+first0.2+int8":
-    those as named (unnamed gates None, no quantization unless named; "ngram": prompt lookup first,
-    `draft_ngram_first`; "firstX": `draft_min_first_confidence`), so one run compares variants side by side."""
-    parts = method.split("+")
-    if parts[0] not in ("draft", "draftb"):  # draftb: the same variants of the --draft-b folder
-        raise ValueError(f"method {method!r} is invalid; allowed: draft, draft+confX, draft+pathX, draft+firstX, "
-                         "draft+int8, draft+ngram (draftb+...: the same with --draft-b)")
-    out = {"draft_min_confidence": min_confidence, "draft_min_path_confidence": min_path_confidence,
-           "draft_min_first_confidence": None, "draft_quant_scheme": quant, "draft_ngram_first": False}
-    if len(parts) == 1:
-        return out
-    out.update(draft_min_confidence=None, draft_min_path_confidence=None, draft_quant_scheme=None)
-    gates = {"conf": "draft_min_confidence", "path": "draft_min_path_confidence",
-             "first": "draft_min_first_confidence"}
-    for p in parts[1:]:
-        if p in ("int8", "int4"):
-            out["draft_quant_scheme"] = p
-            continue
-        if p == "ngram":
-            out["draft_ngram_first"] = True
-            continue
-        key = next((k for k in gates if p.startswith(k)), None)
+def parse_value(text: str):
+    """A command-line value: none, true / false, an integer, a number, or the text itself."""
+    low = text.lower()
+    if low in ("none", "true", "false"):
+        return {"none": None, "true": True, "false": False}[low]
+    for kind in (int, float):
         try:
-            out[gates[key]] = float(p[len(key):])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"method {method!r}: {p!r} is invalid; allowed: confX, pathX, firstX (X a number), "
-                             "int8, int4, ngram") from None
-    return out
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def method_config(method: str, defaults: dict, draft: str | None):
+    """A --methods entry -> its SpeculativeConfig (None for off / off2). "draft:draft_min_path_confidence=0.35+
+    draft_quantization=int8": the draft model with those fields set over the command line's (`defaults`); the
+    draft-model fields do not apply to ngram."""
+    from accel.spec.config import SpeculativeConfig
+
+    base, _, rest = method.partition(":")
+    if base in ("off", "off2") and not rest:
+        return None
+    if base not in ("ngram", "draft", "draftb"):
+        raise ValueError(f"method {method!r} is invalid; allowed: off, off2, ngram, draft, draftb, each of the last "
+                         "three optionally followed by :field=value+field=value")
+    fields = {f.name for f in dataclasses.fields(SpeculativeConfig)} - {"method", "draft_model"}
+    kw = {k: v for k, v in defaults.items() if base != "ngram" or not k.startswith("draft_")}
+    for item in filter(None, rest.split("+")):
+        key, eq, value = item.partition("=")
+        if key not in fields or not eq:
+            raise ValueError(f"method {method!r}: {item!r} is invalid; allowed: field=value with a field of "
+                             f"SpeculativeConfig: {', '.join(sorted(fields))}")
+        kw[key] = parse_value(value)
+    if base == "ngram":
+        return SpeculativeConfig(method="ngram", **kw)
+    return SpeculativeConfig(method="draft", draft_model=draft, **kw)
 
 
 class _Timed:

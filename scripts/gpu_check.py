@@ -73,7 +73,7 @@ from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear, appl
 from accel.runtime.engine import Engine, EngineConfig  # noqa: E402
 from accel.runtime.model import fuse_projections, load_model  # noqa: E402
 from accel.runtime.sampling_params import SamplingParams  # noqa: E402
-from accel.spec.config import SpecConfig  # noqa: E402
+from accel.spec.config import SpeculativeConfig  # noqa: E402
 from accel.spec.eagle import save_eagle_draft  # noqa: E402
 from accel.spec.eagle_train import EagleTrainer  # noqa: E402
 from accel.spec.paged_draft import PagedDraftProposer  # noqa: E402
@@ -385,7 +385,7 @@ def check_quant(out: Outcome, fx: Fixtures, scheme: str) -> None:
         out.require(y.dtype == dtype and rel < tol, f"{name} module output: rel err {rel:.2e} >= {tol}")
 
 
-def spec_config(fx: Fixtures, method: str) -> SpecConfig:
+def spec_config(fx: Fixtures, method: str) -> SpeculativeConfig:
     """Fixed draft length, never switched off: these checks are about exactness, not the adaptive policy.
 
     ngram looks up single tokens too (min_n 1): a random model's output rarely repeats a longer n-gram of its
@@ -393,11 +393,11 @@ def spec_config(fx: Fixtures, method: str) -> SpecConfig:
     accepted runs and rejections both (the float self-draft accepts everything, the random drafts ~nothing)."""
     kw = dict(adaptive=False, disable_above_batch_size=None, max_step_rows=None)
     if method == "ngram":
-        return SpecConfig(method="ngram", ngram_min_n=1, ngram_max_n=3, **kw)
+        return SpeculativeConfig(method="ngram", ngram_min_n=1, ngram_max_n=3, **kw)
     draft = {"draft": fx.draft_dir, "self_draft": fx.target_dir, "self_draft_int8": fx.target_dir,
              "eagle": fx.eagle_dir}[method]
     scheme = "int8" if method == "self_draft_int8" else None
-    return SpecConfig(method="draft", draft_model=str(draft), draft_quant_scheme=scheme, **kw)
+    return SpeculativeConfig(method="draft", draft_model=str(draft), draft_quantization=scheme, **kw)
 
 
 SPEC_BATCHES = ("one_batch", "preempt_recompute", "preempt_swap")

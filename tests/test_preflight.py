@@ -48,7 +48,7 @@ def _cases(tmp_path):
         ({"quantization": {"candidates": ["int8", "fp16"], "overrides": {"q_proj": "fp16"},
                            "budget": {"target_avg_bits": 8.2}}},
          ["quantization.budget.target_avg_bits", "8.2", "unreachable", "cheapest plan averages"]),
-        ({"speculation": {"method": "draft_model", "draft_model": str(tmp_path / "no-draft")}},
+        ({"speculation": {"method": "draft", "draft_model": str(tmp_path / "no-draft")}},
          ["speculation.draft_model", "no-draft", "not found"]),
         ({"speculation": {"method": "distilled", "distill": {"init_from": str(tmp_path / "not_eagle")}}},
          ["speculation.distill.init_from", "not_eagle", "accel_draft.json and model.safetensors"]),

@@ -20,7 +20,7 @@ from accel.runtime.model_runner import KV_CACHE_DTYPES, ModelRunner, RunnerConfi
 from accel.runtime.sampling_params import SamplingParams
 from accel.runtime.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from accel.runtime.sequence import FinishReason, RequestMetrics, Sequence, SpecDecodeCounters
-from accel.spec.config import SpecConfig
+from accel.spec.config import SpeculativeConfig
 from accel.spec.stats import SpecDecodeStats
 
 __all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullError", "stream_generate"]
@@ -54,7 +54,7 @@ class EngineConfig:
     quant_group_size: int = 64
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     fuse_projections: bool = True  # fuse unquantized q/k/v and gate/up Linears after the quant plan is applied
-    speculative: SpecConfig | None = None  # speculative decoding (n-gram lookup or a draft model); None: off
+    speculative: SpeculativeConfig | None = None  # speculative decoding (n-gram lookup or a draft model); None: off
     pack_linears: bool = True  # CPU fp32: run float Linears through oneDNN with pre-reordered weights (faster)
 
     def __post_init__(self) -> None:
@@ -159,7 +159,7 @@ class Engine:
         if config.speculative is not None or proposer is not None:
             from accel.spec.engine_spec import SpecDecoder
 
-            self.spec = SpecDecoder(config.speculative or SpecConfig(), self, proposer)
+            self.spec = SpecDecoder(config.speculative or SpeculativeConfig(), self, proposer)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs) -> Engine:

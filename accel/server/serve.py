@@ -55,29 +55,19 @@ def make_server(async_engine: AsyncEngine, model_name: str, host: str = "127.0.0
     return _DrainingServer(config, async_engine, drain_timeout_s)
 
 
-def speculative_config(draft: str, num_speculative_tokens: int = 4, draft_min_confidence: float | None = None,
-                       draft_min_path_confidence: float | None = None, draft_ngram_first: bool = False,
-                       draft_min_first_confidence: float | None = None):
-    """`--draft` -> SpecConfig: "ngram" is prompt lookup, anything else a draft model (registry name or folder);
-    `draft_min_confidence` ends a draft model's chain after a token below it, `draft_min_path_confidence` before
-    the first position whose path score is below it (`draft_min_first_confidence`: the first token's own gate),
-    `draft_ngram_first` tries prompt lookup before the draft model (all refused for n-gram)."""
-    from accel.spec.config import SpecConfig
+def speculative_config(draft: str, num_speculative_tokens: int = 4, draft_min_path_confidence: float | None = None,
+                       draft_min_first_confidence: float | None = None, draft_ngram_first: bool = False):
+    """`--draft` -> SpeculativeConfig: "ngram" is prompt lookup, anything else a draft model (registry name or
+    folder); the other arguments are SpeculativeConfig's fields of the same names (the confidence gates and
+    draft_ngram_first need a draft model: refused for n-gram)."""
+    from accel.spec.config import SpeculativeConfig
 
+    gates = dict(draft_min_path_confidence=draft_min_path_confidence,
+                 draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first)
     if draft == "ngram":
-        for name, value in (("draft_min_confidence", draft_min_confidence),
-                            ("draft_min_path_confidence", draft_min_path_confidence),
-                            ("draft_min_first_confidence", draft_min_first_confidence)):
-            if value is not None:
-                raise ValueError(f"{name}={value} needs a draft model; n-gram lookup has no confidence (allowed "
-                                 "with --draft ngram: unset)")
-        if draft_ngram_first:
-            raise ValueError("draft_ngram_first needs a draft model to fall back to (allowed with --draft ngram: "
-                             "unset)")
-        return SpecConfig(method="ngram", num_speculative_tokens=num_speculative_tokens)
-    return SpecConfig(method="draft", draft_model=str(_resolve(draft)), num_speculative_tokens=num_speculative_tokens,
-                      draft_min_confidence=draft_min_confidence, draft_min_path_confidence=draft_min_path_confidence,
-                      draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first)
+        return SpeculativeConfig(method="ngram", num_speculative_tokens=num_speculative_tokens, **gates)
+    return SpeculativeConfig(method="draft", draft_model=str(_resolve(draft)),
+                             num_speculative_tokens=num_speculative_tokens, **gates)
 
 
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -85,8 +75,8 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                draft: str | None = None, num_speculative_tokens: int = 4,
-               draft_min_confidence: float | None = None, draft_min_path_confidence: float | None = None,
-               draft_ngram_first: bool = False, draft_min_first_confidence: float | None = None,
+               draft_min_path_confidence: float | None = None, draft_min_first_confidence: float | None = None,
+               draft_ngram_first: bool = False,
                served_model_name: str | None = None, max_queue: int = 256,
                kv_pressure_threshold: float = 0.95, drain_timeout_s: float = 30.0, log_level: str = "info",
                skip_verify: bool = False, **engine_kwargs) -> None:
@@ -104,9 +94,8 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
     if not skip_verify:
         verify_before_serving(path)
     if draft is not None:
-        engine_kwargs["speculative"] = speculative_config(draft, num_speculative_tokens, draft_min_confidence,
-                                                          draft_min_path_confidence, draft_ngram_first,
-                                                          draft_min_first_confidence)
+        engine_kwargs["speculative"] = speculative_config(draft, num_speculative_tokens, draft_min_path_confidence,
+                                                          draft_min_first_confidence, draft_ngram_first)
     name = served_model_name or (model if not Path(model).exists() else Path(model).name)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
     # plain HF folders and accel exports (compressed-tensors), built on the thread that will step them

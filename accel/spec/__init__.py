@@ -10,7 +10,7 @@ _EXPORTS = {
     "AdaptiveConfig": "adaptive", "AdaptiveSpeculation": "adaptive", "best_speculation_length": "adaptive",
     "speculation_enabled": "adaptive", "propose_ngram": "ngram", "DraftModelProposer": "proposer",
     "NgramProposer": "proposer", "ProposalRequest": "proposer", "Proposals": "proposer", "Proposer": "proposer",
-    "PagedDraftProposer": "paged_draft", "SpecConfig": "config", "VerifyResult": "rejection",
+    "PagedDraftProposer": "paged_draft", "SpeculativeConfig": "config", "VerifyResult": "rejection",
     "greedy_verify": "rejection", "rejection_sample": "rejection",
     "SpecDecodeStats": "stats", "expected_tokens_per_step": "stats", "leviathan_speedup": "stats",
     "TokenizerMismatchError": "tokenizer_check", "check_tokenizers_match": "tokenizer_check",

@@ -5,7 +5,7 @@ Two decisions, both pure:
     [0, k_max] that maximises Leviathan's expected tokens per unit cost (`stats.leviathan_speedup`); k = 0
     when even one draft token would not pay for itself. A request at k = 0 drafts one token every
     `probe_interval` steps so that a change in its text (e.g. it starts quoting its prompt) is noticed.
-  * per batch: no speculation at all once `disable_at_batch_size` requests run together; a large batch
+  * per batch: no speculation at all once `disable_above_batch_size` requests run together; a large batch
     already fills the hardware and verification of draft tokens would only cost throughput.
 
 Estimating alpha: with i.i.d. acceptance, a step that drafted k and accepted a tokens contributes a
@@ -28,16 +28,16 @@ from accel.spec.stats import leviathan_speedup
 class AdaptiveConfig:
     """Knobs of adaptive speculation (the recipe's `speculation` section maps onto them).
 
-    k_max                  upper bound on draft tokens per step (recipe: num_speculative_tokens).
+    k_max                  upper bound on draft tokens per step (SpeculativeConfig.num_speculative_tokens).
     cost_ratio             cost of one draft token relative to one target decode step, verification of the
                            extra token included (measure it: ~0 for n-gram lookup on a GPU, more on a CPU).
-    disable_at_batch_size  switch speculation off when this many requests run at once (None: never).
+    disable_above_batch_size  switch speculation off when this many requests run at once (None: never).
     adaptive               False: always k_max (below the batch cutoff).
     """
 
     k_max: int = 4
     cost_ratio: float = 0.1
-    disable_at_batch_size: int | None = 16
+    disable_above_batch_size: int | None = 16
     adaptive: bool = True
     decay: float = 0.9
     prior_alpha: float = 0.5
@@ -49,7 +49,7 @@ class AdaptiveConfig:
         checks = [
             ("k_max", self.k_max >= 0, "an integer >= 0"),
             ("cost_ratio", self.cost_ratio >= 0, ">= 0"),
-            ("disable_at_batch_size", self.disable_at_batch_size is None or self.disable_at_batch_size >= 1,
+            ("disable_above_batch_size", self.disable_above_batch_size is None or self.disable_above_batch_size >= 1,
              "None or an integer >= 1"),
             ("decay", 0.0 < self.decay <= 1.0, "in (0, 1]"),
             ("prior_alpha", 0.0 <= self.prior_alpha <= 1.0, "in [0, 1]"),
@@ -72,9 +72,9 @@ def best_speculation_length(alpha: float, cost_ratio: float, k_max: int, min_spe
     return best_k
 
 
-def speculation_enabled(batch_size: int, disable_at_batch_size: int | None) -> bool:
+def speculation_enabled(batch_size: int, disable_above_batch_size: int | None) -> bool:
     """False once `batch_size` running requests reach the cutoff (None: always enabled)."""
-    return disable_at_batch_size is None or batch_size < disable_at_batch_size
+    return disable_above_batch_size is None or batch_size < disable_above_batch_size
 
 
 MAX_PROBE_BACKOFF = 16
@@ -167,7 +167,7 @@ class AdaptiveSpeculation:
 
     def _length(self, request_id: str, batch_size: int, explore_budget: list[int]) -> int:
         cfg = self.config
-        if not speculation_enabled(batch_size, cfg.disable_at_batch_size):
+        if not speculation_enabled(batch_size, cfg.disable_above_batch_size):
             return 0
         if not cfg.adaptive:
             return cfg.k_max

@@ -1,11 +1,12 @@
 """What the runtime needs to speculate: the proposer, the draft length and the adaptive knobs.
 
-`EngineConfig.speculative` holds one `SpecConfig` (None: no speculation). The recipe's `speculation:` section
-maps onto it with `from_recipe` (method none | ngram | draft_model | distilled).
+`EngineConfig.speculative` holds one `SpeculativeConfig` (None: no speculation). The recipe's `speculation:` section
+maps onto it with `from_recipe` (method none | ngram | draft | distilled, the last a draft trained in the run).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from accel.spec.adaptive import AdaptiveConfig
@@ -23,52 +24,49 @@ SPEC_METHODS = ("ngram", "draft")
 DISABLE_ABOVE_BATCH_SIZE = {"ngram": 5, "draft": 5}
 
 
-@dataclass
-class SpecConfig:
-    """Speculative decoding inside the engine.
+# Adaptive internals, fixed (not configuration):
+# - a request whose adaptive length fell to 0 still drafts every PROBE_INTERVAL steps (backing off while probes
+#   accept nothing), so a change in its text (it starts quoting its prompt) is noticed;
+# - an EAGLE draft's first draft for a request catches up on only its latest positions (eagle.DEFAULT_CONTEXT_WINDOW);
+# - the draft's cost relative to a target step is always measured while the engine runs (`adaptive.CostMeter`),
+#   starting from a prior of 0.01 for n-gram lookup and 0.25 for a draft model.
+PROBE_INTERVAL = 8
 
-    method                    "ngram" (prompt lookup) or "draft" (a small model sharing the tokenizer).
-    num_speculative_tokens    draft tokens per step at most (k_max).
-    ngram_min_n, ngram_max_n  suffix lengths tried by prompt lookup (longest first).
-    draft_model               HF folder of the draft (method "draft"); its tokenizer must match the target's.
-    draft_quant_scheme        quantize the draft's decoder Linears ("int8" | "int4"; None: as stored).
-    adaptive                  per-request draft length from recent acceptance (False: always k_max).
-    cost_ratio                cost of one draft token relative to one target decode step, verification of the
-                              extra position included; the adaptive rule picks k with Leviathan's formula.
-                              None: measured while the engine runs (`adaptive.CostMeter`: time proposing per
-                              draft forward + the fitted extra target time per verified row), starting from
-                              0.06 for n-gram and 0.3 for a draft model; a number fixes it.
-    disable_above_batch_size  no speculation at all while at least this many requests run (None: never off;
-                              "auto": DISABLE_ABOVE_BATCH_SIZE of the method, 5 on CPU for n-gram and
-                              for a draft model; see there).
-    draft_min_confidence      a draft model stops a request's chain after a token it gave less than this
-                              probability (the token itself is still proposed: its forward is paid and its
-                              verification costs one row); None: chains run to k. EAGLE-2's observation: a
-                              feature draft's confidence tracks its acceptance.
-    draft_min_path_confidence a draft model proposes a token only while the product of its top probabilities
-                              along the chain (that position's included) stays >= this; the chain ends before
-                              the first position below it (EAGLE-2's path score: a calibrated draft's chance
-                              that the whole path so far is accepted). Unlike draft_min_confidence, an unlikely
-                              token is not verified at all (on a CPU each verified row costs ~5% of a batch-1
-                              step) and a request whose draft is unsure of even its first token drafts nothing
-                              this step. None: off.
-    draft_min_first_confidence  the gate for a chain's first token only (its top probability); later tokens
-                              still need the path score >= draft_min_path_confidence, and a chain whose path
-                              is already below that stops without another draft forward. Why: the first extra
-                              row is the cheapest token a draft gets verified (its forward was paid to learn
-                              that the draft is unsure), so it pays from a lower probability than a chain's
-                              continuation, which costs a draft forward more. None: draft_min_path_confidence.
-    draft_ngram_first         a draft model's requests try prompt lookup (ngram_min_n..ngram_max_n) first; the
-                              draft model drafts only those it finds nothing for (`NgramFirstProposer`). Prompt
-                              lookup is free and copies long spans; the model covers the rest.
-    draft_context_window      an EAGLE draft's first draft for a request catches up on only this many of its
-                              latest positions (None: the whole context); see EagleProposer.
-    max_step_rows             decode rows + draft tokens one step may carry (None: no cap). Drafts go to the
-                              requests with the best recent acceptance until the step holds this many rows: on
-                              CPU a step costs about the same up to ~16 rows (streaming the weights dominates)
-                              and grows with every row beyond (compute-bound), so drafts past the cap cost more
-                              than they return at batch 4-15 (measured: n-gram at batch 16 fell to 0.85x of no
-                              speculation without the cap).
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding inside the engine. The recipe's `speculation:` section, `accel serve` and
+    scripts/bench_spec.py use these names.
+
+        speculation:
+          method: draft                  # ngram | draft
+          draft_model: runs/default/draft
+          num_speculative_tokens: 6
+          draft_min_path_confidence: 0.3
+          draft_ngram_first: true
+
+    method                      "ngram" (prompt lookup) or "draft" (a small model sharing the tokenizer).
+    num_speculative_tokens      draft tokens per step at most (k_max).
+    ngram_min_n, ngram_max_n    suffix lengths tried by prompt lookup (longest first).
+    draft_model                 HF folder of the draft (method "draft"); its tokenizer must match the target's.
+    draft_quantization          quantize the draft's decoder Linears ("int8" | "int4"; None: as stored).
+    adaptive                    per-request draft length from recent acceptance and the measured draft cost
+                                (Leviathan's formula); False: always k_max.
+    disable_above_batch_size    no speculation while at least this many requests run (None: never off; "auto":
+                                DISABLE_ABOVE_BATCH_SIZE of the method).
+    max_step_rows               decode rows + draft tokens one step may carry (None: no cap). Drafts go to the
+                                requests with the best recent acceptance until the step holds this many rows: on
+                                CPU a step costs about the same up to ~16 rows (streaming the weights dominates)
+                                and grows with every row beyond (compute-bound); n-gram at batch 16 fell to 0.85x
+                                of no speculation without the cap.
+    draft_min_path_confidence   a draft model proposes a token only while the product of its top probabilities
+                                along the chain stays >= this (EAGLE-2's path score); a request whose draft is
+                                unsure of its first token drafts nothing this step (on a CPU each verified row
+                                costs ~5% of a batch-1 step). None: off.
+    draft_min_first_confidence  the gate for a chain's first token only (None: draft_min_path_confidence): the first
+                                extra row is the cheapest token a draft gets verified.
+    draft_ngram_first           a draft model's requests try prompt lookup first; the model drafts only those it
+                                finds nothing for (prompt lookup is free and copies long spans).
     """
 
     method: str = "ngram"
@@ -76,17 +74,13 @@ class SpecConfig:
     ngram_min_n: int = 2
     ngram_max_n: int = 4
     draft_model: str | None = None
-    draft_quant_scheme: str | None = None
+    draft_quantization: str | None = None
     adaptive: bool = True
-    cost_ratio: float | None = None
     disable_above_batch_size: int | str | None = "auto"  # DISABLE_ABOVE_BATCH_SIZE[method]
     max_step_rows: int | None = 16
-    probe_interval: int = 8
-    draft_min_confidence: float | None = None
     draft_min_path_confidence: float | None = None
     draft_min_first_confidence: float | None = None
     draft_ngram_first: bool = False
-    draft_context_window: int | None = 128
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -98,28 +92,18 @@ class SpecConfig:
                              "allowed: 1 <= ngram_min_n <= ngram_max_n")
         if self.method == "draft" and not self.draft_model:
             raise ValueError("speculative method 'draft' needs draft_model (an HF folder sharing the tokenizer)")
-        if self.draft_quant_scheme not in (None, "int8", "int4"):
-            raise ValueError(f"draft_quant_scheme={self.draft_quant_scheme!r} is invalid; allowed: None, int8, int4")
-        if self.cost_ratio is not None and self.cost_ratio < 0:
-            raise ValueError(f"cost_ratio={self.cost_ratio} is invalid; allowed: None or >= 0")
-        if self.draft_min_confidence is not None and not 0.0 < self.draft_min_confidence < 1.0:
-            raise ValueError(f"draft_min_confidence={self.draft_min_confidence} is invalid; allowed: None or in (0, 1)")
-        if self.draft_min_path_confidence is not None and not 0.0 < self.draft_min_path_confidence < 1.0:
-            raise ValueError(f"draft_min_path_confidence={self.draft_min_path_confidence} is invalid; "
-                             "allowed: None or in (0, 1)")
-        if self.draft_min_first_confidence is not None and not 0.0 < self.draft_min_first_confidence < 1.0:
-            raise ValueError(f"draft_min_first_confidence={self.draft_min_first_confidence} is invalid; "
-                             "allowed: None or in (0, 1)")
-        if self.method == "ngram" and (self.draft_min_confidence is not None
-                                       or self.draft_min_path_confidence is not None
-                                       or self.draft_min_first_confidence is not None):
-            raise ValueError("draft_min_confidence / draft_min_path_confidence / draft_min_first_confidence need a "
-                             "draft model; n-gram lookup has no confidence (allowed with method 'ngram': None)")
+        if self.draft_quantization not in (None, "int8", "int4"):
+            raise ValueError(f"draft_quantization={self.draft_quantization!r} is invalid; allowed: None, int8, int4")
+        for name in ("draft_min_path_confidence", "draft_min_first_confidence"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 < value < 1.0:
+                raise ValueError(f"{name}={value} is invalid; allowed: None or in (0, 1)")
+            if value is not None and self.method == "ngram":
+                raise ValueError(f"{name}={value} needs a draft model; n-gram lookup has no confidence (allowed "
+                                 "with method 'ngram': None)")
         if self.method == "ngram" and self.draft_ngram_first:
             raise ValueError("draft_ngram_first=True needs a draft model to fall back to; with method 'ngram' "
                              "prompt lookup is all there is (allowed: False)")
-        if self.draft_context_window is not None and self.draft_context_window < 1:
-            raise ValueError(f"draft_context_window={self.draft_context_window} is invalid; allowed: None or >= 1")
         if self.max_step_rows is not None and self.max_step_rows < 2:
             raise ValueError(f"max_step_rows={self.max_step_rows} is invalid; allowed: None or >= 2")
         if self.disable_above_batch_size == "auto":
@@ -134,34 +118,25 @@ class SpecConfig:
         return 0.01 if self.method == "ngram" else 0.25
 
     def adaptive_config(self) -> AdaptiveConfig:
-        # the configured ratio, or (measured later by the engine's CostMeter) the draft's prior + verification
-        ratio = self.cost_ratio if self.cost_ratio is not None else self.default_cost_ratio() + 0.05
-        return AdaptiveConfig(k_max=self.num_speculative_tokens, cost_ratio=ratio,
-                              disable_at_batch_size=self.disable_above_batch_size, adaptive=self.adaptive,
-                              probe_interval=self.probe_interval)
+        # the draft's prior + verification, until the engine's CostMeter has measured it
+        return AdaptiveConfig(k_max=self.num_speculative_tokens, cost_ratio=self.default_cost_ratio() + 0.05,
+                              disable_above_batch_size=self.disable_above_batch_size, adaptive=self.adaptive,
+                              probe_interval=PROBE_INTERVAL)
 
     @classmethod
-    def from_recipe(cls, speculation, draft_dir: str | None = None) -> SpecConfig | None:
-        """The recipe's `speculation` section -> SpecConfig (None for method "none").
-
-        draft_dir: where the draft lives for "distilled" (the run folder's draft/), and overrides
-        `draft_model` for "draft_model" when the pipeline resolved it to a local folder."""
+    def from_recipe(cls, speculation, draft_dir: str | None = None) -> SpeculativeConfig | None:
+        """The recipe's `speculation` section (the same field names) -> SpeculativeConfig (None for method
+        "none"). draft_dir: where the draft lives for "distilled" (the run folder's draft/), and overrides
+        `draft_model` for "draft" when the pipeline resolved it to a local folder."""
         if speculation.method == "none":
             return None
-        common = dict(num_speculative_tokens=speculation.num_speculative_tokens, adaptive=speculation.adaptive,
-                      disable_above_batch_size=speculation.disable_above_batch_size,
-                      max_step_rows=speculation.max_step_rows)
+        fields = {f.name: getattr(speculation, f.name) for f in dataclasses.fields(cls)}
         if speculation.method == "ngram":
-            return cls(method="ngram", ngram_min_n=speculation.ngram.min_n, ngram_max_n=speculation.ngram.max_n,
-                       **common)
+            return cls(**fields)
         draft = draft_dir or speculation.draft_model
         if draft is None:
             raise ValueError(f"speculation.method {speculation.method!r} needs a draft folder; none was produced")
-        scheme = speculation.draft_quantization if speculation.method == "draft_model" else None
-        return cls(method="draft", draft_model=str(draft), draft_min_confidence=speculation.draft_min_confidence,
-                   draft_min_path_confidence=speculation.draft_min_path_confidence,
-                   draft_min_first_confidence=speculation.draft_min_first_confidence,
-                   draft_ngram_first=speculation.draft_ngram_first, ngram_min_n=speculation.ngram.min_n,
-                   ngram_max_n=speculation.ngram.max_n,
-                   draft_context_window=speculation.draft_context_window,
-                   draft_quant_scheme=scheme if scheme in ("int8", "int4") else None, **common)
+        # a distilled draft is trained in this run and served as trained
+        quant = speculation.draft_quantization if speculation.method == "draft" else None
+        return cls(**{**fields, "method": "draft", "draft_model": str(draft),
+                      "draft_quantization": quant if quant in ("int8", "int4") else None})

@@ -258,14 +258,14 @@ class EagleProposer(PagedDraftProposer):
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
             hidden = self.model(ids, pos, meta, self.runner.kv_caches, features=torch.cat(feats))  # [T, H]
             last = hidden[torch.tensor([row for _, row in rows], device=hidden.device)]  # [B, H]
-            tokens, q, conf, top = self._pick(last, [requests[i] for i, _ in active],
+            tokens, q, top = self._pick(last, [requests[i] for i, _ in active],
                                               [drafts[i] for i, _ in active])
             nxt, feats = [], []
             for b, (i, seq) in enumerate(active):
                 seq.num_computed_tokens = seq.num_tokens
                 if not self._take(tokens, q, top, b, i, path, drafts, qs, requests):
                     continue
-                if len(drafts[i]) < requests[i].k and self._goes_on(conf, b, path[i]):
+                if len(drafts[i]) < requests[i].k and self._goes_on(path[i]):
                     seq.prompt_token_ids.append(tokens[b])  # fed next step with the predicted feature
                     nxt.append((i, seq))
                     feats.append(last[b: b + 1])

@@ -22,16 +22,16 @@ from torch import Tensor
 
 from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput
 from accel.spec.adaptive import AdaptiveSpeculation, CostMeter
-from accel.spec.config import SpecConfig
+from accel.spec.config import SpeculativeConfig
 from accel.spec.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer
 from accel.spec.stats import SpecDecodeStats
 
 log = logging.getLogger("accel.engine")
 
 
-def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, block_size: int,
+def build_proposer(config: SpeculativeConfig, target_dir: str | None, num_blocks: int, block_size: int,
                    device, dtype, target_runner=None) -> Proposer:
-    """The proposer a SpecConfig names: n-gram lookup, or a draft model on its own paged KV cache (an EAGLE
+    """The proposer a SpeculativeConfig names: n-gram lookup, or a draft model on its own paged KV cache (an EAGLE
     feature draft when the folder is one: it needs `target_runner`, whose features it reads)."""
     if config.method == "ngram":
         return NgramProposer(config.ngram_min_n, config.ngram_max_n)
@@ -43,17 +43,15 @@ def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, 
         if target_runner is None:
             raise ValueError(f"draft {config.draft_model} is an EAGLE draft: it runs only inside an engine "
                              "(it reads the target's hidden states)")
-        if config.draft_quant_scheme not in (None, "int8"):
-            raise ValueError(f"draft_quant_scheme={config.draft_quant_scheme!r} is not supported for an EAGLE "
+        if config.draft_quantization not in (None, "int8"):
+            raise ValueError(f"draft_quantization={config.draft_quantization!r} is not supported for an EAGLE "
                              "draft (allowed: None, int8)")
         proposer = EagleProposer.from_target(config.draft_model, target_runner.model, target_runner, num_blocks,
-                                             block_size, target_dir=target, quant_scheme=config.draft_quant_scheme)
-        proposer.context_window = config.draft_context_window
+                                             block_size, target_dir=target, quant_scheme=config.draft_quantization)
     else:
         proposer = PagedDraftProposer.from_pretrained(config.draft_model, num_blocks, block_size, target_dir=target,
                                                       dtype=dtype, device=device,
-                                                      quant_scheme=config.draft_quant_scheme)
-    proposer.min_confidence = config.draft_min_confidence
+                                                      quant_scheme=config.draft_quantization)
     proposer.min_path_confidence = config.draft_min_path_confidence
     proposer.min_first_confidence = config.draft_min_first_confidence
     if config.draft_ngram_first:
@@ -64,15 +62,14 @@ def build_proposer(config: SpecConfig, target_dir: str | None, num_blocks: int, 
 class SpecDecoder:
     """Speculation state of one engine: proposer, adaptive lengths, acceptance counters."""
 
-    def __init__(self, config: SpecConfig, engine, proposer: Proposer | None = None) -> None:
+    def __init__(self, config: SpeculativeConfig, engine, proposer: Proposer | None = None) -> None:
         self.config = config
         self.engine = engine
         self.proposer = proposer or build_proposer(config, engine.config.model, engine.kv.pool.num_blocks,
                                                    engine.config.block_size, engine.runner.device,
                                                    engine.runner.dtype, target_runner=engine.runner)
         self.adaptive = AdaptiveSpeculation(config.adaptive_config())
-        # cost_ratio None in the config: measure it on this engine (CostMeter); a number: use it as given
-        self.cost = CostMeter() if config.cost_ratio is None else None
+        self.cost = CostMeter()  # the draft's cost, measured on this engine
         self._propose_s, self._draft_forwards, self._step_t0 = 0.0, 0, None
         self.total = SpecDecodeStats()
         self.per_domain: dict[str, SpecDecodeStats] = {}

@@ -76,9 +76,8 @@ class PagedDraftProposer(Proposer):
                 self._mask = torch.full((self.vocab_size,), float("-inf"), device=self.runner.device)
                 self._mask[torch.tensor(vocab_ids)] = 0.0
         self.seqs: dict[str, Sequence] = {}
-        self.min_confidence: float | None = None  # SpecConfig.draft_min_confidence
-        self.min_path_confidence: float | None = None  # SpecConfig.draft_min_path_confidence
-        self.min_first_confidence: float | None = None  # SpecConfig.draft_min_first_confidence
+        self.min_path_confidence: float | None = None  # SpeculativeConfig.draft_min_path_confidence
+        self.min_first_confidence: float | None = None  # SpeculativeConfig.draft_min_first_confidence
         # the longest catch-up span of the last propose call (tokens a request fed its first forward): a request's
         # first draft prefills its whole context, a one-time cost the engine keeps out of the per-forward cost
         self.last_max_catchup = 0
@@ -149,14 +148,14 @@ class PagedDraftProposer(Proposer):
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
             hidden = self.model(ids, pos, meta, self.runner.kv_caches)  # [T, H]
             last = hidden[torch.tensor([row for _, row in rows], device=hidden.device)]  # [B, H]
-            tokens, q, conf, top = self._pick(last, [requests[i] for i, _ in active],
+            tokens, q, top = self._pick(last, [requests[i] for i, _ in active],
                                               [drafts[i] for i, _ in active])
             nxt = []
             for b, (i, seq) in enumerate(active):
                 seq.num_computed_tokens = seq.num_tokens
                 if not self._take(tokens, q, top, b, i, path, drafts, qs, requests):
                     continue
-                if len(drafts[i]) < requests[i].k and self._goes_on(conf, b, path[i]):
+                if len(drafts[i]) < requests[i].k and self._goes_on(path[i]):
                     seq.prompt_token_ids.append(tokens[b])  # fed next step
                     nxt.append((i, seq))
             active = nxt
@@ -186,40 +185,34 @@ class PagedDraftProposer(Proposer):
         return True
 
     def _pick(self, last: Tensor, reqs: list[ProposalRequest], drafts: list[list[int]]
-              ) -> tuple[list[int], Tensor | None, list[float] | None, list[float] | None]:
-        """One draft token per row of `last` [B, H]: (tokens, q of the sampled rows or None, the probability the
-        draft gave each token when min_confidence is set else None, the draft's top probability per row when
-        min_path_confidence is set else None). Greedy rows read both from the draft's raw distribution. All-greedy
-        batches take the argmax over the reduced head and never build a full-vocabulary row."""
-        want_conf = self.min_confidence is not None
+              ) -> tuple[list[int], Tensor | None, list[float] | None]:
+        """One draft token per row of `last` [B, H]: (tokens, q of the sampled rows or None, the draft's top
+        probability per row when a confidence gate is set else None). Greedy rows read it from the draft's raw
+        distribution. All-greedy batches take the argmax over the reduced head and never build a full-vocabulary
+        row."""
         want_top = self.min_path_confidence is not None or self.min_first_confidence is not None
         if all(plain_greedy(r.params) for r in reqs):
-            if not (want_conf or want_top):
-                return self._greedy(last), None, None, None
+            if not want_top:
+                return self._greedy(last), None, None
             if self.head is None:
                 p, best = self._logits(last).softmax(-1).max(-1)
                 tokens = best.tolist()
             else:
                 p, best = self._reduced_logits(last).softmax(-1).max(-1)
                 tokens = self.vocab_ids[best].tolist()
-            p = p.tolist()
-            return tokens, None, p if want_conf else None, p if want_top else None
+            return tokens, None, p.tolist()
         logits = self._logits(last)
         tokens, q = self._choose(logits, reqs, drafts)
-        if not (want_conf or want_top):
-            return tokens, q, None, None
+        if not want_top:
+            return tokens, q, None
         raw = logits.softmax(-1).max(-1).values.tolist()  # a greedy row's q is one-hot: its confidence is raw
-        greedy = [is_greedy(r.params) for r in reqs]
-        conf = [raw[b] if greedy[b] else float(q[b, t]) for b, t in enumerate(tokens)]
-        top = [raw[b] if greedy[b] else float(q[b].max()) for b in range(len(tokens))]
-        return tokens, q, conf if want_conf else None, top if want_top else None
+        return tokens, q, [raw[b] if is_greedy(r.params) else float(q[b].max()) for b, r in enumerate(reqs)]
 
-    def _goes_on(self, conf: list[float] | None, row: int, path: float) -> bool:
-        """Whether a chain that just took row's token runs another draft forward: that token was likely enough
-        (min_confidence), and its path score still reaches min_path_confidence (the next position's can only be
-        lower; below it after a first token let through by min_first_confidence, the forward would be wasted)."""
-        return ((conf is None or conf[row] >= self.min_confidence)
-                and (self.min_path_confidence is None or path >= self.min_path_confidence))
+    def _goes_on(self, path: float) -> bool:
+        """Whether a chain that just took a token runs another draft forward: its path score still reaches
+        min_path_confidence (the next position's can only be lower; below it after a first token let through by
+        min_first_confidence, the forward would be wasted)."""
+        return self.min_path_confidence is None or path >= self.min_path_confidence
 
     def _reduced_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, H] -> logits [B, K] over vocab_ids (self.head set). The K x H head goes through the runtime's

@@ -54,12 +54,9 @@ def test_eval_unknown_domain_is_a_clear_error(tiny_model_dir):
     assert res.exit_code == 2 and "poetry" in res.output
 
 
-def test_serve_refuses_a_bad_draft_min_confidence_before_loading(tiny_model_dir):
-    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--draft", "ngram", "--draft-min-confidence", "0.5"])
+def test_serve_refuses_a_bad_draft_confidence_before_loading(tiny_model_dir):
+    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--draft", "ngram", "--draft-min-path-confidence", "0.5"])
     assert res.exit_code == 2 and "needs a draft model" in res.output
-    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--draft", str(tiny_model_dir),
-                              "--draft-min-confidence", "1.5"])
-    assert res.exit_code == 2 and "draft_min_confidence=1.5" in res.output and "(0, 1)" in res.output
     res = runner.invoke(app, ["serve", str(tiny_model_dir), "--draft", str(tiny_model_dir),
                               "--draft-min-path-confidence", "0"])
     assert res.exit_code == 2 and "draft_min_path_confidence=0.0" in res.output and "(0, 1)" in res.output

@@ -10,7 +10,7 @@ import torch
 from accel.runtime.engine import Engine
 from accel.runtime.sampler import Sampler
 from accel.runtime.sampling_params import SamplingParams
-from accel.spec.config import SpecConfig
+from accel.spec.config import SpeculativeConfig
 from accel.spec.proposer import NgramProposer, Proposals, ProposalRequest
 from tests.runtime.helpers import mixed_prompts
 
@@ -72,7 +72,7 @@ def test_a_failing_sampler_row_ends_that_request_only(tiny_llama_dir, prompts, a
 
 
 def test_a_failing_verification_ends_that_request_only(tiny_llama_dir, prompts, alone, monkeypatch):
-    engine = _engine(tiny_llama_dir, speculative=SpecConfig(method="ngram", adaptive=False,
+    engine = _engine(tiny_llama_dir, speculative=SpeculativeConfig(method="ngram", adaptive=False,
                                                             disable_above_batch_size=None, max_step_rows=None))
 
     class AlwaysDraft(NgramProposer):  # drafts for everyone, so every request is verified each step
@@ -99,7 +99,7 @@ def test_a_failing_verification_ends_that_request_only(tiny_llama_dir, prompts, 
 
 
 def test_a_failing_proposer_leaves_the_request_undrafted_not_failed(tiny_llama_dir, prompts, alone):
-    engine = _engine(tiny_llama_dir, speculative=SpecConfig(method="ngram", adaptive=False,
+    engine = _engine(tiny_llama_dir, speculative=SpeculativeConfig(method="ngram", adaptive=False,
                                                             disable_above_batch_size=None, max_step_rows=None))
 
     class FailsForOne(NgramProposer):

@@ -9,7 +9,7 @@ from accel.quant import cpu_kernels
 from accel.quant.schemes import uniform_plan
 from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
-from accel.spec.config import SpecConfig
+from accel.spec.config import SpeculativeConfig
 from tests.runtime.helpers import mixed_prompts
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="accel's CPU kernels are not built here")
@@ -42,7 +42,7 @@ def test_native_decode_takes_speculative_verify_spans(tiny_llama_dir):
     path, _ = tiny_llama_dir
     prompts = [p * 3 for p in mixed_prompts(4, seed=5, lo=2, hi=10)]  # repeats: n-gram lookup finds drafts
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    spec = SpecConfig(method="ngram", adaptive=False, disable_above_batch_size=None, max_step_rows=None)
+    spec = SpeculativeConfig(method="ngram", adaptive=False, disable_above_batch_size=None, max_step_rows=None)
     plain = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8)
     plain.model.native_decode = None
     engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, speculative=spec)

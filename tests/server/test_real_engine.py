@@ -154,7 +154,7 @@ def tiny_engine_busy(base: str) -> bool:
 
 
 def test_draft_speculation_in_the_server_reports_acceptance_in_usage_and_metrics(tiny_dir):
-    # `accel serve --draft DIR` builds this SpecConfig; the model drafting for itself accepts every greedy draft,
+    # `accel serve --draft DIR` builds this SpeculativeConfig; the model drafting for itself accepts every greedy draft,
     # and the text is identical to no speculation
     from accel.server.serve import speculative_config
 
@@ -183,17 +183,14 @@ def test_speculative_config_from_the_draft_flag(tiny_dir):
     assert speculative_config("ngram", 5).method == "ngram"
     cfg = speculative_config(str(tiny_dir), 2)
     assert cfg.method == "draft" and cfg.draft_model == str(tiny_dir) and cfg.num_speculative_tokens == 2
-    assert cfg.draft_min_confidence is None
-    assert speculative_config(str(tiny_dir), 2, 0.4).draft_min_confidence == 0.4
-    with pytest.raises(ValueError, match="draft_min_confidence=0.4 needs a draft model"):
-        speculative_config("ngram", 5, 0.4)
-    assert speculative_config(str(tiny_dir), 2, None, 0.3).draft_min_path_confidence == 0.3
+    assert cfg.draft_min_path_confidence is None
+    assert speculative_config(str(tiny_dir), 2, 0.3).draft_min_path_confidence == 0.3
     with pytest.raises(ValueError, match="draft_min_path_confidence=0.3 needs a draft model"):
-        speculative_config("ngram", 5, None, 0.3)
+        speculative_config("ngram", 5, 0.3)
     assert speculative_config(str(tiny_dir), 2, None, None, True).draft_ngram_first is True
-    with pytest.raises(ValueError, match="draft_ngram_first needs a draft model"):
+    with pytest.raises(ValueError, match="draft_ngram_first=True needs a draft model"):
         speculative_config("ngram", 5, None, None, True)
-    cfg = speculative_config(str(tiny_dir), 2, None, 0.35, False, 0.2)
+    cfg = speculative_config(str(tiny_dir), 2, 0.35, 0.2)
     assert (cfg.draft_min_path_confidence, cfg.draft_min_first_confidence) == (0.35, 0.2)
     with pytest.raises(ValueError, match="draft_min_first_confidence=0.2 needs a draft model"):
-        speculative_config("ngram", 5, None, None, False, 0.2)
+        speculative_config("ngram", 5, None, 0.2)

@@ -96,7 +96,7 @@ def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_
     from accel.spec.adaptive import NEW_REQUEST_PROBE_BACKOFF
 
     ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.3, prior_alpha=0.5, prior_weight=2.0,
-                                             disable_at_batch_size=None))
+                                             disable_above_batch_size=None))
     # no verified drafts yet: of 8 requests that the default prior would all let draft, only the first does
     ids = [f"r{i}" for i in range(8)]
     assert ctl.lengths(ids, 8) == [1] + [0] * 7
@@ -106,7 +106,7 @@ def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_
     assert all(k >= 1 for k in ctl.lengths(ids, 8))
     # a weak proposer: requests arriving after the evidence start with a longer wait before their first probe
     weak = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.3, prior_alpha=0.5, prior_weight=2.0,
-                                              probe_interval=2, disable_at_batch_size=None))
+                                              probe_interval=2, disable_above_batch_size=None))
     for _ in range(4):
         weak.observe("old", 2, 1)
     for _ in range(8):
@@ -126,7 +126,7 @@ def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_
 
 def test_a_fully_accepted_draft_doubles_the_next_length():
     ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=15, cost_ratio=0.2, prior_alpha=0.7, prior_weight=2.0,
-                                             disable_at_batch_size=None))
+                                             disable_above_batch_size=None))
     for _ in range(3):
         ctl.observe("warm", 2, 1)  # global evidence, so "r" is not rate-limited as an explorer
     k0 = ctl.num_speculative_tokens("r", 1)
@@ -168,7 +168,7 @@ def test_failed_probes_back_off_and_accepted_ones_come_back():
 
 
 def test_controller_batch_cutoff_and_non_adaptive():
-    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=3, disable_at_batch_size=8, adaptive=False))
+    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=3, disable_above_batch_size=8, adaptive=False))
     assert ctl.num_speculative_tokens("a", 7) == 3
     assert ctl.num_speculative_tokens("a", 8) == 0
     ctl.observe("a", 3, 1)
@@ -177,7 +177,7 @@ def test_controller_batch_cutoff_and_non_adaptive():
 
 
 @pytest.mark.parametrize("kwargs, msg", [(dict(k_max=-1), "k_max=-1"), (dict(decay=0.0), "decay=0.0"),
-                                         (dict(disable_at_batch_size=0), "disable_at_batch_size=0"),
+                                         (dict(disable_above_batch_size=0), "disable_above_batch_size=0"),
                                          (dict(prior_alpha=2.0), "prior_alpha=2.0")])
 def test_config_validation(kwargs, msg):
     with pytest.raises(ValueError, match=msg):

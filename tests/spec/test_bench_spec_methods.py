@@ -1,4 +1,4 @@
-"""scripts/bench_spec.py's method names: draft variants with their own confidence gates, side by side."""
+"""scripts/bench_spec.py's methods: SpeculativeConfig fields under their own names, variants side by side."""
 
 from __future__ import annotations
 
@@ -12,31 +12,29 @@ bench_spec = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_spec)
 
 
-def _gates(conf=None, path=None, first=None, scheme=None, ngram=False) -> dict:
-    return {"draft_min_confidence": conf, "draft_min_path_confidence": path, "draft_min_first_confidence": first,
-            "draft_quant_scheme": scheme, "draft_ngram_first": ngram}
+DEFAULTS = {"num_speculative_tokens": 4, "adaptive": True, "ngram_min_n": 2, "ngram_max_n": 4,
+            "disable_above_batch_size": "auto", "max_step_rows": 16, "draft_quantization": "int8",
+            "draft_min_path_confidence": 0.3, "draft_min_first_confidence": None, "draft_ngram_first": False}
 
 
-def test_draft_method_names_carry_their_gates():
-    # plain: the command line's
-    assert bench_spec.draft_variant("draft", 0.5, None, "int8") == _gates(conf=0.5, scheme="int8")
-    assert bench_spec.draft_variant("draft+path0.3", 0.5, None, "int8") == _gates(path=0.3)
-    assert bench_spec.draft_variant("draft+conf0.4+path0.2+int8", None, None, None) == _gates(0.4, 0.2, scheme="int8")
-    assert bench_spec.draft_variant("draft+ngram+path0.3+int8", None, None, None) == _gates(path=0.3, scheme="int8",
-                                                                                           ngram=True)
-    assert bench_spec.draft_variant("draft+path0.35+first0.2", None, None, None) == _gates(path=0.35, first=0.2)
-    # draftb: the same variants of the second draft folder (--draft-b)
-    assert bench_spec.draft_variant("draftb+path0.35+first0.2", None, None, None) == _gates(path=0.35, first=0.2)
-    for bad in ("draft+speed2", "draft+pathx", "drafty", "draft+firstly", "draftc+path0.3"):
+def test_methods_take_speculative_config_fields_by_their_own_names():
+    assert bench_spec.method_config("off", DEFAULTS, None) is None
+    plain = bench_spec.method_config("draft", DEFAULTS, "d")
+    assert (plain.method, plain.draft_model, plain.draft_quantization, plain.draft_min_path_confidence) == (
+        "draft", "d", "int8", 0.3)
+    cfg = bench_spec.method_config("draftb:draft_min_path_confidence=0.35+draft_min_first_confidence=0.2"
+                                   "+draft_quantization=none+draft_ngram_first=true+num_speculative_tokens=6",
+                                   DEFAULTS, "b")
+    assert (cfg.draft_model, cfg.draft_min_path_confidence, cfg.draft_min_first_confidence, cfg.draft_quantization,
+            cfg.draft_ngram_first, cfg.num_speculative_tokens) == ("b", 0.35, 0.2, None, True, 6)
+    ngram = bench_spec.method_config("ngram:ngram_max_n=6+max_step_rows=none", DEFAULTS, None)
+    assert (ngram.method, ngram.ngram_max_n, ngram.max_step_rows, ngram.draft_min_path_confidence) == (
+        "ngram", 6, None, None)  # the draft-model defaults do not apply to n-gram
+    for bad in ("drafty", "off:x=1", "draft:speed=2", "draft:draft_min_path_confidence", "draftc"):
         with pytest.raises(ValueError, match="is invalid"):
-            bench_spec.draft_variant(bad, None, None, None)
-    # every name maps onto SpecConfig fields
-    from accel.spec.config import SpecConfig
-
-    cfg = SpecConfig(method="draft", draft_model="d", **bench_spec.draft_variant("draft+path0.35+first0.2+int8",
-                                                                                None, None, None))
-    assert (cfg.draft_min_path_confidence, cfg.draft_min_first_confidence, cfg.draft_quant_scheme) == (0.35, 0.2,
-                                                                                                       "int8")
+            bench_spec.method_config(bad, DEFAULTS, "d")
+    with pytest.raises(ValueError, match="draft_min_path_confidence=2"):  # SpeculativeConfig's own check
+        bench_spec.method_config("draft:draft_min_path_confidence=2", DEFAULTS, "d")
 
 
 class _FakeEngine:

@@ -10,7 +10,7 @@ import torch
 
 from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
-from accel.spec.config import SpecConfig
+from accel.spec.config import SpeculativeConfig
 from accel.spec.eagle import EagleProposer, is_eagle_draft, load_eagle_draft, save_eagle_draft
 from accel.spec.eagle_train import EagleTrainer, attach_teacher, eagle_loss, engine_feature_samples, heldout_agreement
 from accel.spec.proposer import ProposalRequest
@@ -118,7 +118,7 @@ def test_eagle_speculation_is_token_identical_greedy(tmp_path, tiny_model_dir, k
     # the third prompt shares a 16-token block with a fourth: a prefix-cache hit whose features are reused
     prompts = PROMPTS + [PROMPTS[2][:16] + [50, 51, 52]]
     ref, _ = _run(tiny_model_dir, prompts, params)
-    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=k,
+    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=k,
                       disable_above_batch_size=None, max_step_rows=None)
     out, engine = _run(tiny_model_dir, prompts, params, spec)
     assert out == ref
@@ -135,7 +135,7 @@ def test_an_oracle_draft_is_fully_accepted(tmp_path, tiny_model_dir):
     target = _target(tiny_model_dir)
     vocab = list(range(320))
     _, _, folder = _save(tmp_path, tiny_model_dir, vocab)
-    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=1,
+    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=1,
                       disable_above_batch_size=None, max_step_rows=None)
     engine = Engine.from_pretrained(tiny_model_dir, speculative=spec)
     proposer = engine.spec.proposer
@@ -168,7 +168,7 @@ def test_an_oracle_draft_is_fully_accepted(tmp_path, tiny_model_dir):
 
 def test_eagle_sampling_returns_draft_distributions(tmp_path, tiny_model_dir):
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(0, 320, 2)))
-    engine = Engine.from_pretrained(tiny_model_dir, speculative=SpecConfig(
+    engine = Engine.from_pretrained(tiny_model_dir, speculative=SpeculativeConfig(
         method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=2))
     proposer = engine.spec.proposer
     engine.generate([PROMPTS[0]], SamplingParams(max_tokens=4, temperature=0))  # fills the feature cache
@@ -270,7 +270,7 @@ def test_train_eagle_writes_a_loadable_folder(tmp_path, tiny_model_dir):
     assert len(meta["vocab_ids"]) == 64 and meta["train"]["num_steps"] == res.num_steps
     assert 0 <= res.num_model_written_prompts <= res.num_prompts
     out, _ = _run(tiny_model_dir, PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0),
-                  SpecConfig(method="draft", draft_model=str(tmp_path / "draft"), adaptive=False))
+                  SpeculativeConfig(method="draft", draft_model=str(tmp_path / "draft"), adaptive=False))
     assert out == _run(tiny_model_dir, PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0))[0]
 
 
@@ -325,26 +325,9 @@ def test_train_eagle_init_from_refuses_a_draft_of_another_target(tmp_path, tiny_
         init_history(tmp_path / "nothing-here")
 
 
-def test_min_confidence_stops_chains_early_and_keeps_outputs_exact(tmp_path, tiny_model_dir):
-    _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
-    params = SamplingParams(max_tokens=16, temperature=0)
-    ref, _ = _run(tiny_model_dir, PROMPTS, params)
-    lengths = {}
-    for conf in (None, 0.999):
-        spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
-                          disable_above_batch_size=None, max_step_rows=None, draft_min_confidence=conf)
-        out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
-        assert out == ref
-        st = engine.stats().spec_decode
-        lengths[conf] = st.num_draft_tokens / st.num_drafts
-    assert lengths[None] > 2.0 and lengths[0.999] == 1.0  # a random draft is never that sure
-    with pytest.raises(ValueError, match="draft_min_confidence"):
-        SpecConfig(method="draft", draft_model=str(folder), draft_min_confidence=1.5)
-
-
 def test_cost_meter_leaves_out_a_first_draft_that_prefills_the_context(tmp_path, tiny_model_dir):
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
-    engine = Engine.from_pretrained(tiny_model_dir, speculative=SpecConfig(
+    engine = Engine.from_pretrained(tiny_model_dir, speculative=SpeculativeConfig(
         method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=1))
     engine.add_request(PROMPTS[2], SamplingParams(max_tokens=10, temperature=0))
     engine.step()  # prefill
@@ -358,11 +341,10 @@ def test_context_window_caps_the_first_catch_up_and_keeps_outputs_exact(tmp_path
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
     params = SamplingParams(max_tokens=16, temperature=0)
     ref, _ = _run(tiny_model_dir, PROMPTS, params)
-    with pytest.raises(ValueError, match="draft_context_window=0"):
-        SpecConfig(method="draft", draft_model=str(folder), draft_context_window=0)
-    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=2,
-                      disable_above_batch_size=None, max_step_rows=None, draft_context_window=5)
+    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=2,
+                             disable_above_batch_size=None, max_step_rows=None)
     engine = Engine.from_pretrained(tiny_model_dir, speculative=spec)
+    engine.spec.proposer.context_window = 5  # DEFAULT_CONTEXT_WINDOW (128) is longer than these prompts
     long_prompt = max(PROMPTS, key=len)
     assert len(long_prompt) > 8
     engine.add_request(long_prompt, params)
@@ -397,7 +379,7 @@ def test_min_path_confidence_drafts_only_likely_paths_and_keeps_outputs_exact(tm
     ref, _ = _run(tiny_model_dir, PROMPTS, params)
     stats = {}
     for gate in (None, 1e-30, 0.999):
-        spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+        spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
                           disable_above_batch_size=None, max_step_rows=None, draft_min_path_confidence=gate)
         out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
         assert out == ref
@@ -405,7 +387,7 @@ def test_min_path_confidence_drafts_only_likely_paths_and_keeps_outputs_exact(tm
     assert stats[1e-30].num_draft_tokens == stats[None].num_draft_tokens > 0
     assert stats[0.999].num_drafts == 0  # a random draft is never that sure of even its first token
     # a first-token gate at ~0 under a path gate no chain passes: every drafted chain is one token long
-    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
                       disable_above_batch_size=None, max_step_rows=None, draft_min_path_confidence=0.999,
                       draft_min_first_confidence=1e-30)
     out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
@@ -419,16 +401,16 @@ def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
     params = SamplingParams(max_tokens=12, temperature=0)
     ref, _ = _run(tiny_model_dir, PROMPTS, params)
-    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
-                      disable_above_batch_size=None, max_step_rows=None, draft_quant_scheme="int8")
+    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+                      disable_above_batch_size=None, max_step_rows=None, draft_quantization="int8")
     out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
     assert out == ref and engine.stats().spec_decode.num_draft_tokens > 0
     proposer = engine.spec.proposer
     assert isinstance(proposer._head_linear, Int8WeightOnlyLinear)
     assert any(isinstance(m, Int8WeightOnlyLinear) for m in proposer.model.modules())
     with pytest.raises(ValueError, match="int4"):
-        _run(tiny_model_dir, PROMPTS[:1], params, SpecConfig(method="draft", draft_model=str(folder),
-                                                              draft_quant_scheme="int4"))
+        _run(tiny_model_dir, PROMPTS[:1], params, SpeculativeConfig(method="draft", draft_model=str(folder),
+                                                              draft_quantization="int4"))
 
 
 def test_ngram_first_with_an_eagle_draft_keeps_outputs_exact_and_counts_each_source(tmp_path, tiny_model_dir):
@@ -437,7 +419,7 @@ def test_ngram_first_with_an_eagle_draft_keeps_outputs_exact_and_counts_each_sou
     # the last prompt repeats itself: prompt lookup has something to copy from the first step on
     prompts = PROMPTS + [[1, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]]
     ref, _ = _run(tiny_model_dir, prompts, params)
-    spec = SpecConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
                       disable_above_batch_size=None, max_step_rows=None, draft_ngram_first=True)
     out, engine = _run(tiny_model_dir, prompts, params, spec)
     assert out == ref

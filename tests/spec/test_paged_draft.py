@@ -7,7 +7,7 @@ import torch
 
 from accel.recipe import SpeculationConfig
 from accel.runtime.model import load_model
-from accel.spec.config import SpecConfig
+from accel.spec.config import SpeculativeConfig
 from accel.spec.paged_draft import PagedDraftProposer
 from accel.spec.proposer import ProposalRequest
 from tests.conftest import make_tiny_llama
@@ -62,24 +62,24 @@ def test_draft_that_does_not_fit_proposes_nothing(draft):
 
 
 def test_spec_config_from_recipe_and_validation():
-    assert SpecConfig.from_recipe(SpeculationConfig()) is None
-    ng = SpecConfig.from_recipe(SpeculationConfig(method="ngram", num_speculative_tokens=5,
-                                                  ngram={"min_n": 1, "max_n": 3}, disable_above_batch_size=8))
+    assert SpeculativeConfig.from_recipe(SpeculationConfig()) is None
+    ng = SpeculativeConfig.from_recipe(SpeculationConfig(method="ngram", num_speculative_tokens=5,
+                                                  ngram_min_n=1, ngram_max_n=3, disable_above_batch_size=8))
     assert (ng.method, ng.num_speculative_tokens, ng.ngram_min_n, ng.ngram_max_n, ng.disable_above_batch_size) == (
         "ngram", 5, 1, 3, 8)
-    dm = SpecConfig.from_recipe(SpeculationConfig(method="draft_model", draft_model="x", draft_quantization="int8"))
-    assert (dm.method, dm.draft_model, dm.draft_quant_scheme) == ("draft", "x", "int8")
-    assert SpecConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="run/draft").draft_model == "run/draft"
+    dm = SpeculativeConfig.from_recipe(SpeculationConfig(method="draft", draft_model="x", draft_quantization="int8"))
+    assert (dm.method, dm.draft_model, dm.draft_quantization) == ("draft", "x", "int8")
+    assert SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="run/draft").draft_model == "run/draft"
     # "auto" cutoffs: per method (n-gram costs no draft forward; a draft model stops paying from batch 8 on CPU)
-    assert dm.disable_above_batch_size == 5 and SpecConfig(method="ngram").disable_above_batch_size == 5
-    assert SpecConfig(method="ngram", disable_above_batch_size=None).disable_above_batch_size is None
+    assert dm.disable_above_batch_size == 5 and SpeculativeConfig(method="ngram").disable_above_batch_size == 5
+    assert SpeculativeConfig(method="ngram", disable_above_batch_size=None).disable_above_batch_size is None
     with pytest.raises(ValueError, match="disable_above_batch_size='sometimes' is invalid"):
-        SpecConfig(method="ngram", disable_above_batch_size="sometimes")
+        SpeculativeConfig(method="ngram", disable_above_batch_size="sometimes")
     with pytest.raises(ValueError, match="needs draft_model"):
-        SpecConfig(method="draft")
+        SpeculativeConfig(method="draft")
     with pytest.raises(ValueError, match="method='eagle' is invalid"):
-        SpecConfig(method="eagle")
-    assert SpecConfig(method="ngram", num_speculative_tokens=3).adaptive_config().k_max == 3
+        SpeculativeConfig(method="eagle")
+    assert SpeculativeConfig(method="ngram", num_speculative_tokens=3).adaptive_config().k_max == 3
 
 
 def _top_probs(prop, reqs):
@@ -89,7 +89,7 @@ def _top_probs(prop, reqs):
 
     def spy(last, rs, drafts):
         out = real(last, rs, drafts)
-        for r, p in zip(rs, out[3]):
+        for r, p in zip(rs, out[2]):
             seen.setdefault(id(r), []).append(p)
         return out
 
@@ -181,18 +181,18 @@ def test_path_gate_for_sampled_rows_depends_on_the_context_not_the_draw(draft):
 
 
 def test_path_gate_validation():
-    assert SpecConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_path_confidence=0.3),
+    assert SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_path_confidence=0.3),
                                   draft_dir="d").draft_min_path_confidence == 0.3
     with pytest.raises(ValueError, match="draft_min_path_confidence=1.0 is invalid"):
-        SpecConfig(method="draft", draft_model="d", draft_min_path_confidence=1.0)
+        SpeculativeConfig(method="draft", draft_model="d", draft_min_path_confidence=1.0)
     with pytest.raises(ValueError, match="n-gram lookup has no confidence"):
-        SpecConfig(method="ngram", draft_min_path_confidence=0.3)
-    assert SpecConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_first_confidence=0.2),
+        SpeculativeConfig(method="ngram", draft_min_path_confidence=0.3)
+    assert SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_first_confidence=0.2),
                                   draft_dir="d").draft_min_first_confidence == 0.2
     with pytest.raises(ValueError, match="draft_min_first_confidence=0.0 is invalid"):
-        SpecConfig(method="draft", draft_model="d", draft_min_first_confidence=0.0)
+        SpeculativeConfig(method="draft", draft_model="d", draft_min_first_confidence=0.0)
     with pytest.raises(ValueError, match="n-gram lookup has no confidence"):
-        SpecConfig(method="ngram", draft_min_first_confidence=0.2)
+        SpeculativeConfig(method="ngram", draft_min_first_confidence=0.2)
     with pytest.raises(ValueError, match="draft_min_first_confidence"):
         SpeculationConfig(method="distilled", draft_min_first_confidence=1.0)
     with pytest.raises(ValueError, match="draft_min_path_confidence"):
@@ -200,9 +200,7 @@ def test_path_gate_validation():
 
 
 def test_ngram_first_from_the_recipe_carries_the_lookup_sizes():
-    from accel.recipe import NgramConfig
-
-    cfg = SpecConfig.from_recipe(SpeculationConfig(method="distilled", draft_ngram_first=True,
-                                                   ngram=NgramConfig(min_n=3, max_n=5)), draft_dir="d")
+    cfg = SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", draft_ngram_first=True,
+                                                          ngram_min_n=3, ngram_max_n=5), draft_dir="d")
     assert cfg.draft_ngram_first and (cfg.ngram_min_n, cfg.ngram_max_n) == (3, 5)
-    assert not SpecConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="d").draft_ngram_first
+    assert not SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="d").draft_ngram_first

@@ -186,7 +186,7 @@ def test_ngram_first_serves_lookup_matches_and_sends_the_rest_to_the_draft():
 
 
 def test_ngram_first_is_refused_without_a_draft_model():
-    from accel.spec.config import SpecConfig
+    from accel.spec.config import SpeculativeConfig
 
     with pytest.raises(ValueError, match="draft_ngram_first=True needs a draft model"):
-        SpecConfig(method="ngram", draft_ngram_first=True)
+        SpeculativeConfig(method="ngram", draft_ngram_first=True)
