@@ -24,7 +24,7 @@ app.add_typer(models_app, name="models")
 export_app = typer.Typer(help="Export optimized checkpoints and verify them.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
 app.add_typer(export_app, name="export")
-from accel.spec.cli import draft_app  # noqa: E402  (sub-app: accel draft train)
+from accel.draft_training.cli import draft_app  # noqa: E402  (sub-app: accel draft train)
 app.add_typer(draft_app, name="draft")
 
 console = Console()
@@ -130,8 +130,8 @@ def _run_pipeline(recipe, force: list[str], until: str | None = None, override_g
     """Run the stages with a progress line each, then the summary table; exit 1 on a failed gate."""
     import sys
 
-    from accel.pipeline import GateFailed, optimize as run_optimize
-    from accel.pipeline_ui import EXIT_GATES, StageProgress, headline_table
+    from accel.pipeline.optimize import GateFailed, optimize as run_optimize
+    from accel.pipeline.ui import EXIT_GATES, StageProgress, headline_table
     from accel.recipe import RecipeError
     from accel.runlog import LOG_NAME
 
@@ -177,7 +177,7 @@ def optimize(
     override_gates: Annotated[bool, typer.Option(help="Export even when a quality/speed gate fails.")] = False,
 ) -> None:
     """Run the whole pipeline: calibrate, plan bits, quantize, pair a draft, evaluate, report, export."""
-    from accel.pipeline import clean as clean_run
+    from accel.pipeline.optimize import clean as clean_run
 
     r = _load_recipe_or_exit(recipe)
     if clean:
@@ -268,7 +268,7 @@ def bench(
     """Load-test the runtime in-process or any OpenAI-compatible endpoint with one workload."""
     import sys
 
-    from accel.eval.loadgen import bench as run
+    from accel.bench.loadgen import bench as run
 
     if url is None and model is None:
         _fail("give --url (a server) or --model (run in-process)")
@@ -373,7 +373,7 @@ def export_run(
              "export.target).")] = None,
 ) -> None:
     """Export the checkpoint of a run folder (finished stages are reused; missing ones run first)."""
-    from accel.pipeline import recipe_of_run
+    from accel.pipeline.optimize import recipe_of_run
     from accel.recipe import RecipeError
 
     if not (run_dir / "recipe.yaml").is_file():

@@ -180,8 +180,8 @@ def default_num_prompts(kind: str, time_budget_minutes: float) -> int:
 
 class DistillConfig(Strict):
     kind: Literal["eagle", "layers"] = "eagle"
-    """eagle: one decoder layer over the target's last hidden states (accel/spec/eagle.py; runs in accel's runtime
-    only). layers: a standalone LlamaForCausalLM of `num_layers` target layers (vLLM can use it as draft_model)."""
+    """eagle: one decoder layer over the target's last hidden states (accel/speculative/eagle.py; runs in accel's
+    runtime only). layers: a standalone LlamaForCausalLM of `num_layers` target layers (vLLM can use it as draft_model)."""
     num_layers: Annotated[int, Field(ge=1, le=8)] = 2
     """kind layers only."""
     time_budget_minutes: Annotated[float, Field(gt=0.0, le=24 * 60)] = 30.0
@@ -221,8 +221,8 @@ class DistillConfig(Strict):
 
 
 class SpeculationConfig(Strict):
-    """The recipe's `speculation:` section: accel.spec.config.SpeculativeConfig's fields under the same names (see
-    there), with method "distilled" (a draft trained from the target in this run, `distill`) and "none"."""
+    """The recipe's `speculation:` section: accel.speculative.config.SpeculativeConfig's fields under the same names
+    (see there), with method "distilled" (a draft trained from the target in this run, `distill`) and "none"."""
 
     method: Literal["none", "ngram", "draft", "distilled"] = "none"
     num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 4

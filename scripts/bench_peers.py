@@ -192,8 +192,8 @@ def llama_decode(bin_dir: Path, gguf: Path, threads: int, n: int = 128) -> float
 
 
 def http_bench(url: str, concurrency: int, workload) -> object:
-    from accel.eval.bench_backends import OpenAIBackend
-    from accel.eval.loadgen import BenchConfig, run_bench
+    from accel.bench.backends import OpenAIBackend
+    from accel.bench.loadgen import BenchConfig, run_bench
 
     backend = OpenAIBackend(url, "m", endpoint="chat" if concurrency == 1 else "completions")
     return run_bench(backend, BenchConfig(workload=workload, concurrency=concurrency, warmup=1), progress=False)
@@ -202,8 +202,8 @@ def http_bench(url: str, concurrency: int, workload) -> object:
 def in_process_bench(engine, concurrency: int, workload) -> object:
     """The HTTP sections' client and workload against accel's engine in this process (its chat prompts rendered
     by the same chat template the server applies)."""
-    from accel.eval.bench_backends import InProcessBackend
-    from accel.eval.loadgen import BenchConfig, run_bench
+    from accel.bench.backends import InProcessBackend
+    from accel.bench.loadgen import BenchConfig, run_bench
 
     backend = InProcessBackend(engine)
     if concurrency == 1:  # the HTTP section sends chat requests: template them as the server does
@@ -279,7 +279,7 @@ def main() -> None:
     bad = [p for p in pairs if p not in PAIRS] + [s for s in sections if s not in SECTIONS]
     if bad:
         raise SystemExit(f"unknown pairs/sections {bad}; allowed: {list(PAIRS)} / {list(SECTIONS)}")
-    from accel.eval.workload import Workload
+    from accel.bench.workload import Workload
     from accel.models import resolve_model
 
     model = Path(resolve_model("smollm2-135m", pull_if_missing=True))

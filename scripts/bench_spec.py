@@ -123,12 +123,12 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
+    from accel.draft_training.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.models import resolve_model
     from accel.runtime.engine import Engine, EngineConfig
     from accel.runtime.model import fuse_projections, load_model
     from accel.runtime.sampling_params import SamplingParams
-    from accel.spec.prompts import chat_prompts, input_grounded_prompts, load_samples
-    from accel.spec.stats import leviathan_speedup
+    from accel.speculative.stats import leviathan_speedup
 
     target_path = resolve_model(args.target)
     tok = AutoTokenizer.from_pretrained(str(target_path))
@@ -271,7 +271,7 @@ def method_config(method: str, defaults: dict, draft: str | None):
     """A --methods entry -> its SpeculativeConfig (None for off / off2). "draft:draft_min_path_confidence=0.35+
     draft_quantization=int8": the draft model with those fields set over the command line's (`defaults`); the
     draft-model fields do not apply to ngram."""
-    from accel.spec.config import SpeculativeConfig
+    from accel.speculative.config import SpeculativeConfig
 
     base, _, rest = method.partition(":")
     if base in ("off", "off2") and not rest:
@@ -319,7 +319,7 @@ class _Timed:
 
 
 def _reset_stats(engine) -> None:
-    from accel.spec.stats import SpecDecodeStats
+    from accel.speculative.stats import SpecDecodeStats
 
     engine.spec.total = SpecDecodeStats()
     engine.spec.per_domain = {}

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from accel.draft_training.eagle_train import load_trainer
+from accel.draft_training.prompts import build_prompts, chat_prompts, load_samples
 from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
-from accel.spec.eagle_train import load_trainer
-from accel.spec.prompts import build_prompts, chat_prompts, load_samples
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--target", default="smollm2-135m")

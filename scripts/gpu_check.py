@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Check the runtime's CUDA path in one bounded run: exactness, quantized weights, speculation, speed.
 
-The runtime (accel.runtime, accel.spec, accel.quant.kernels) was developed on CPU. This script runs it on a GPU
+The runtime (accel.runtime, accel.speculative, accel.quant.kernels) was developed on CPU. This script runs it on a GPU
 with random-weight Llamas built here (no network, no checkpoint). Greedy references come from transformers'
 `generate` on CPU in fp32 (the oracle). The tiny target (hidden 128, 4 layers, vocab 512) uses
 initializer_range=0.3: fp32 reorderings on another device do not flip its argmax, but the model is chaotic (its
@@ -68,15 +68,15 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing accel
 
+from accel.draft_training.eagle_train import EagleTrainer  # noqa: E402
 from accel.quant import cpu_kernels  # noqa: E402
 from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear, apply_plan  # noqa: E402
 from accel.runtime.engine import Engine, EngineConfig  # noqa: E402
 from accel.runtime.model import fuse_projections, load_model  # noqa: E402
 from accel.runtime.sampling_params import SamplingParams  # noqa: E402
-from accel.spec.config import SpeculativeConfig  # noqa: E402
-from accel.spec.eagle import save_eagle_draft  # noqa: E402
-from accel.spec.eagle_train import EagleTrainer  # noqa: E402
-from accel.spec.paged_draft import PagedDraftProposer  # noqa: E402
+from accel.speculative.config import SpeculativeConfig  # noqa: E402
+from accel.speculative.eagle import save_eagle_draft  # noqa: E402
+from accel.speculative.paged_draft import PagedDraftProposer  # noqa: E402
 
 BLOCK_SIZE = 16
 INT4_GROUP_SIZE = 32
@@ -241,7 +241,7 @@ class Fixtures:
     @cached_property
     def eagle_dir(self) -> Path:
         """An EAGLE draft over the target's features: a fresh EagleTrainer with every weight perturbed (as
-        tests/spec/test_eagle.py builds one), saved with the full vocabulary as its draft vocabulary."""
+        tests/speculative/test_eagle.py builds one), saved with the full vocabulary as its draft vocabulary."""
         torch.manual_seed(0)
         trainer = EagleTrainer(self.hf.config, self.hf.lm_head.weight.detach(), self.hf.model.norm.weight.detach())
         with torch.no_grad():

@@ -40,11 +40,11 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from accel.draft_training.distill import train_draft
+    from accel.draft_training.offline import evaluate_proposer, target_continuations
+    from accel.draft_training.prompts import chat_prompts, load_samples
     from accel.models import resolve_model
-    from accel.spec.distill import train_draft
-    from accel.spec.offline import evaluate_proposer, target_continuations
-    from accel.spec.prompts import chat_prompts, load_samples
-    from accel.spec.proposer import DraftModelProposer, NgramProposer
+    from accel.speculative.proposer import DraftModelProposer, NgramProposer
 
     target_path = resolve_model(args.target)
     if not args.eval_only:

@@ -81,7 +81,7 @@ def test_recipe_check_and_optimize_exit_2_before_any_work(model_dir, tmp_path):
 
 
 def test_library_optimize_runs_the_same_checks(model_dir, tmp_path):
-    from accel.pipeline import optimize
+    from accel.pipeline.optimize import optimize
     from accel.recipe import RecipeError
 
     bad = parse_recipe(_recipe(model_dir, tmp_path, calibration={"source": str(tmp_path / "gone.parquet")}))

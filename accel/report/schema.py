@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from accel.eval.latency import BenchResult, SweepResult
+from accel.bench.latency import BenchResult, SweepResult
 
 SCHEME_BITS = {"int4": 4, "int4f": 4, "int8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
 

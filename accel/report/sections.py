@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from accel.eval.latency import DEFINITIONS, BenchResult, Dist
+from accel.bench.latency import DEFINITIONS, BenchResult, Dist
 from accel.report import plots
 from accel.report.doc import Code, Document, Figure, Section, Table, Text, fmt
 from accel.report.schema import SCHEME_BITS, RunReport

@@ -20,8 +20,8 @@ from accel.runtime.model_runner import KV_CACHE_DTYPES, ModelRunner, RunnerConfi
 from accel.runtime.sampling_params import SamplingParams
 from accel.runtime.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from accel.runtime.sequence import FinishReason, RequestMetrics, Sequence, SpecDecodeCounters
-from accel.spec.config import SpeculativeConfig
-from accel.spec.stats import SpecDecodeStats
+from accel.speculative.config import SpeculativeConfig
+from accel.speculative.stats import SpecDecodeStats
 
 __all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullError", "stream_generate"]
 
@@ -128,7 +128,7 @@ class _RequestState:
 
 class Engine:
     def __init__(self, model: CausalLM, config: EngineConfig, tokenizer=None, proposer=None) -> None:
-        """proposer: an `accel.spec.Proposer` to use instead of building one from `config.speculative`."""
+        """proposer: a `speculative.proposer.Proposer` to use instead of building one from `config.speculative`."""
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -157,7 +157,7 @@ class Engine:
         self._ids = itertools.count()
         self.spec = None
         if config.speculative is not None or proposer is not None:
-            from accel.spec.engine_spec import SpecDecoder
+            from accel.speculative.engine_spec import SpecDecoder
 
             self.spec = SpecDecoder(config.speculative or SpeculativeConfig(), self, proposer)
 

@@ -214,7 +214,7 @@ class ModelRunner:
         token-identical to decoding without drafts); sampled ones go through Leviathan/Chen rejection
         sampling with the request's own processing (penalties, temperature, top-k/p, min-p) applied to p.
         """
-        from accel.spec.rejection import greedy_accept, rejection_sample
+        from accel.runtime.rejection import greedy_accept, rejection_sample
 
         rows: list[int] = []
         for r, last in spec:

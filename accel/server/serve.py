@@ -60,7 +60,7 @@ def speculative_config(draft: str, num_speculative_tokens: int = 4, draft_min_pa
     """`--draft` -> SpeculativeConfig: "ngram" is prompt lookup, anything else a draft model (registry name or
     folder); the other arguments are SpeculativeConfig's fields of the same names (the confidence gates and
     draft_ngram_first need a draft model: refused for n-gram)."""
-    from accel.spec.config import SpeculativeConfig
+    from accel.speculative.config import SpeculativeConfig
 
     gates = dict(draft_min_path_confidence=draft_min_path_confidence,
                  draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first)

@@ -33,7 +33,7 @@ def tiny_recipe(model_dir, out_dir, **sections) -> dict:
 
 
 def _run(data, **kw):
-    from accel.pipeline import optimize
+    from accel.pipeline.optimize import optimize
 
     events = []
     t0 = time.perf_counter()
@@ -46,7 +46,7 @@ def _run(data, **kw):
 
 @pytest.fixture(scope="module")
 def small_eval():
-    import accel.pipeline_eval as pe
+    import accel.pipeline.evaluate as pe
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pe, "SPEC_EVAL_PROMPTS", 2)
@@ -125,7 +125,7 @@ def test_second_run_reuses_every_stage_and_is_much_faster(first_run, small_eval)
 
 
 def test_changed_gates_rerun_only_dependants_and_block_export(first_run, small_eval):
-    from accel.pipeline import GateFailed
+    from accel.pipeline.optimize import GateFailed
 
     data, _, _ = first_run
     blocked = {**data, "gates": {"min_speedup": 1000.0, "max_mean_kl": 10.0}}
@@ -149,7 +149,7 @@ def test_changed_gates_rerun_only_dependants_and_block_export(first_run, small_e
 
 
 def test_a_vllm_target_blocks_an_export_vllm_cannot_load(first_run, small_eval):
-    from accel.pipeline import GateFailed
+    from accel.pipeline.optimize import GateFailed
 
     data, _, _ = first_run
     q = {**data["quantization"], "candidates": ["int4f", "fp16"], "budget": {"max_mean_kl": 10.0}}
@@ -165,7 +165,7 @@ def test_a_vllm_target_blocks_an_export_vllm_cannot_load(first_run, small_eval):
 
 
 def test_crash_mid_stage_leaves_no_half_written_output(first_run, small_eval, monkeypatch):
-    import accel.pipeline as pipeline
+    import accel.pipeline.optimize as pipeline
 
     data, _, _ = first_run
     run = parse_recipe(data).run_dir()
@@ -234,7 +234,7 @@ def test_cli_optimize_reports_failed_gate_with_exit_1(first_run, small_eval, tmp
 @pytest.mark.parametrize("kind", ["eagle", "layers"])
 def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp_path, small_eval, kind):
     from accel.export import verify_export
-    from accel.spec.eagle import is_eagle_draft
+    from accel.speculative.eagle import is_eagle_draft
 
     model_dir = save_tiny_model(tmp_path / "tiny-model")
     data = tiny_recipe(model_dir, tmp_path / "runs", name="tiny-distilled",

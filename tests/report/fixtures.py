@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accel.eval.latency import SLO, RequestRecord, SweepResult, summarize
+from accel.bench.latency import SLO, RequestRecord, SweepResult, summarize
 
 
 def bench(concurrency: int, ttft: float, gap: float, n_req: int = 8, n_out: int = 5, seed: int = 0) -> dict:

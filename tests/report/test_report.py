@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from accel.eval.latency import RequestRecord, SweepResult, summarize
+from accel.bench.latency import RequestRecord, SweepResult, summarize
 from accel.report import ReportInputError, RunReport, build_report, machine_info, report_from_bench
 from accel.report.machine import cpu_model, memory_gb
 from accel.report.plots import pareto_front

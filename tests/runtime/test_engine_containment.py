@@ -10,8 +10,8 @@ import torch
 from accel.runtime.engine import Engine
 from accel.runtime.sampler import Sampler
 from accel.runtime.sampling_params import SamplingParams
-from accel.spec.config import SpeculativeConfig
-from accel.spec.proposer import NgramProposer, Proposals, ProposalRequest
+from accel.speculative.config import SpeculativeConfig
+from accel.speculative.proposer import NgramProposer, Proposals, ProposalRequest
 from tests.runtime.helpers import mixed_prompts
 
 MAGIC_SEED = 4242  # the request whose processing the tests make fail

@@ -9,7 +9,7 @@ from accel.quant import cpu_kernels
 from accel.quant.schemes import uniform_plan
 from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
-from accel.spec.config import SpeculativeConfig
+from accel.speculative.config import SpeculativeConfig
 from tests.runtime.helpers import mixed_prompts
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="accel's CPU kernels are not built here")

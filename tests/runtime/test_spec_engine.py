@@ -18,11 +18,11 @@ from accel.runtime.engine import Engine, EngineConfig
 from accel.runtime.model import load_model
 from accel.runtime.sampler import Sampler
 from accel.runtime.sampling_params import SamplingParams
-from accel.spec.adaptive import AdaptiveSpeculation
-from accel.spec.config import SpeculativeConfig
-from accel.spec.paged_draft import PagedDraftProposer
-from accel.spec.proposer import NgramProposer, Proposals, ProposalRequest, Proposer
-from accel.spec.tokenizer_check import TokenizerMismatchError
+from accel.speculative.adaptive import AdaptiveSpeculation
+from accel.speculative.config import SpeculativeConfig
+from accel.speculative.paged_draft import PagedDraftProposer
+from accel.speculative.proposer import NgramProposer, Proposals, ProposalRequest, Proposer
+from accel.speculative.tokenizer_check import TokenizerMismatchError
 from tests.runtime.helpers import hf_greedy, make_hf_model, mixed_prompts, tiny_config
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -206,7 +206,7 @@ class SlowProposer(OracleProposer):
 def test_measured_cost_ratio_switches_off_a_draft_that_costs_more_than_it_returns(tiny_llama_dir, refs16, delay,
                                                                                   speculates, monkeypatch):
     path, _ = tiny_llama_dir
-    monkeypatch.setattr("accel.spec.config.PROBE_INTERVAL", 64)  # no probe within these 12 tokens
+    monkeypatch.setattr("accel.speculative.config.PROBE_INTERVAL", 64)  # no probe within these 12 tokens
     prompts, refs = refs16
     proposer = SlowProposer(prompts[:1], refs[:1], delay)
     engine = Engine(load_model(path, torch.float32, torch.device("cpu")),

@@ -1,0 +1,247 @@
+"""The evaluate stage of `accel optimize`: quality, speed and speculation acceptance of the baseline and every
+variant the recipe lists, as one JSON document (the report's input shape plus a flat `summary`).
+
+- quality: `accel.eval.run_eval` of the quantized checkpoint (accel's INT8/INT4 kernels) against the fp baseline:
+  perplexity, KL, top-1 agreement per domain, task accuracy of both.
+- speed: the recipe's workloads (`eval.workloads`) on accel's runtime, in-process, for the baseline and the
+  quantized checkpoint (loaded from the compressed-tensors files, as `accel serve` would).
+- speculation: greedy acceptance of the recipe's proposer (n-gram or draft model) replayed offline on the
+  serving target's greedy continuations of held-out prompts (exactly the counters greedy verification would
+  produce; see `accel.draft_training.offline`), with Leviathan's predicted speedup.
+
+Variants: "baseline" (always, first: the reference for ratios), "quantized", "quantized+spec", "baseline+spec".
+A "+spec" variant carries its target's quality (greedy speculation is lossless) and the measured acceptance.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+SPEC_EVAL_PROMPTS = 6
+"""Held-out prompts whose greedy continuations the proposer is replayed on."""
+SPEC_EVAL_NEW_TOKENS = 48
+BENCH_TEXTS_PER_DOMAIN = 3
+"""Held-out documents per domain the speed workloads cut their prompts from."""
+TASK_EXAMPLES = 8
+"""Examples per task file (5 files): keeps the default recipe's evaluation within a few minutes on 2 CPU cores."""
+
+
+def engine_kwargs(recipe) -> dict[str, Any]:
+    """The recipe's `runtime:` (and model dtype) as EngineConfig fields."""
+    r = recipe.runtime
+    kw = dict(dtype=recipe.model.dtype, device=r.device, block_size=r.block_size, num_kv_blocks=r.num_kv_blocks,
+              kv_cache_dtype=r.kv_cache_dtype, max_num_seqs=r.max_num_seqs,
+              max_num_batched_tokens=r.max_num_batched_tokens, max_waiting=r.max_waiting,
+              enable_prefix_caching=r.enable_prefix_caching, num_threads=r.num_threads)
+    if r.num_kv_blocks is None:
+        kw["kv_cache_memory_bytes"] = int(r.kv_cache_memory_gb * (1 << 30))
+    return kw
+
+
+def eval_device(recipe) -> str:
+    """Where quality evaluation runs: the recipe's model.device, auto = CUDA when torch sees one."""
+    import torch
+
+    if recipe.model.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return recipe.model.device
+
+
+def quality(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root: Path, progress: bool) -> dict:
+    """{"baseline": quality dict, "quantized": quality dict | absent} in the report's `quality` shape."""
+    from accel.eval.runner import run_eval
+    from accel.quant.quantize import load_quantized_for_runtime
+
+    e = recipe.eval
+    kw = dict(text_dir=root / "eval" / "text", tasks_dir=root / "eval" / "tasks", domains=e.domains, window=e.window,
+              max_windows_per_domain=e.max_windows_per_domain, tasks=e.tasks, max_examples_per_task=TASK_EXAMPLES,
+              tokenizer=tokenizer, progress=progress, device=eval_device(recipe))
+    if quant_dir is None:
+        return {"baseline": run_eval(str(base_path), **kw).summary()}
+    r = run_eval(load_quantized_for_runtime(quant_dir), baseline=str(base_path), **kw).summary()
+    base = {"ppl": r.get("ppl_baseline"), "ppl_increase_pct": 0.0, "kl_mean": 0.0, "top1": 1.0,
+            "per_domain": {d: {"ppl": m.get("ppl_baseline"), "kl_mean": 0.0, "top1": 1.0}
+                           for d, m in r.get("per_domain", {}).items()}}
+    if "task_accuracy_baseline" in r:
+        base["task_accuracy"] = r["task_accuracy_baseline"]
+    return {"baseline": base, "quantized": r}
+
+
+def bench_requests(recipe, tokenizer, root: Path) -> dict[str, list]:
+    """Each workload's requests, built once (cut from a few held-out texts per domain) and sent to every model."""
+    from accel.draft_training.prompts import load_samples
+    from accel.bench.workload import Workload, build_requests
+
+    per_domain: dict[str, int] = {}
+    texts = []
+    for s in load_samples(root / "eval" / "text"):
+        if per_domain.get(s["domain"], 0) < BENCH_TEXTS_PER_DOMAIN:
+            per_domain[s["domain"]] = per_domain.get(s["domain"], 0) + 1
+            texts.append((s["domain"], s["text"]))
+    return {wc.name: build_requests(Workload.from_config(wc), tokenizer, texts=texts) for wc in recipe.eval.workloads}
+
+
+def speed(recipe, model_dir: Path, requests: dict[str, list], progress: bool) -> dict:
+    """{workload name: BenchResult dict} for a model folder (plain or compressed-tensors) on accel's runtime."""
+    from accel.bench.backends import InProcessBackend
+    from accel.bench.loadgen import bench_config_from_recipe, run_bench
+    from accel.export.load import load_engine
+
+    from accel.runtime.sampling_params import SamplingParams
+
+    engine = load_engine(model_dir, **engine_kwargs(recipe))
+    first = next(r for reqs in requests.values() for r in reqs)
+    # one warm-up request here (the bench's own warm-up would tokenize its whole default corpus again)
+    engine.generate([list(first.prompt_token_ids)], SamplingParams(max_tokens=4, temperature=0.0))
+    backend = InProcessBackend(engine)
+    out = {}
+    for wc in recipe.eval.workloads:
+        res = run_bench(backend, bench_config_from_recipe(wc, warmup=0), requests[wc.name], progress=progress)
+        d = res.to_dict()
+        d["records"] = []  # per-request records stay out of eval.json (the distributions are kept)
+        out[wc.name] = d
+    del engine, backend
+    return out
+
+
+def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path | None, root: Path) -> dict | None:
+    """Offline greedy acceptance of the recipe's proposer against `target` (an HF model), or None."""
+    from accel.draft_training.offline import evaluate_proposer, target_continuations
+    from accel.draft_training.prompts import build_prompts, input_grounded_prompts, load_samples
+    from accel.speculative.proposer import DraftModelProposer, NgramProposer
+
+    s = recipe.speculation
+    samples = load_samples(root / "eval" / "text")
+    if s.method == "ngram":
+        proposer = NgramProposer(s.ngram_min_n, s.ngram_max_n)
+        prompts = input_grounded_prompts(samples, SPEC_EVAL_PROMPTS)
+    elif s.method in ("draft", "distilled") and draft_dir is not None:
+        from accel.speculative.eagle import is_eagle_draft
+
+        prompts = build_prompts(samples, SPEC_EVAL_PROMPTS, seed=0)
+        if is_eagle_draft(draft_dir):  # reads the target's hidden states: measured inside the runtime
+            return {"method": s.method, "prompts": "chat + instructions", "max_new_tokens": SPEC_EVAL_NEW_TOKENS,
+                    **engine_acceptance(recipe, target_dir, draft_dir, prompts, tokenizer)}
+        proposer = DraftModelProposer(draft_dir, target_dir=target_dir)
+    else:
+        return None
+    conts = target_continuations(target, tokenizer, prompts, SPEC_EVAL_NEW_TOKENS, batch_size=4)
+    ev = evaluate_proposer(proposer, conts, s.num_speculative_tokens,
+                           target=target if isinstance(proposer, DraftModelProposer) else None)
+    return {"method": s.method, "prompts": "input-grounded" if s.method == "ngram" else "chat + instructions",
+            "max_new_tokens": SPEC_EVAL_NEW_TOKENS, **ev.to_dict()}
+
+
+def engine_acceptance(recipe, target_dir: Path, draft_dir: Path, prompts: list[list[dict]], tokenizer) -> dict:
+    """Greedy acceptance of a draft measured by accel's runtime on chat prompts (fixed k, all prompts drafted),
+    with the cost ratio the engine measured and Leviathan's predicted speedup at batch 1."""
+    from accel.export.load import load_engine
+    from accel.runtime.sampling_params import SamplingParams
+    from accel.speculative.config import SpeculativeConfig
+    from accel.speculative.stats import leviathan_speedup
+
+    k = recipe.speculation.num_speculative_tokens
+    spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir), num_speculative_tokens=k, adaptive=False,
+                      disable_above_batch_size=None, max_step_rows=None)
+    engine = load_engine(target_dir, **engine_kwargs(recipe), speculative=spec)
+    # prompts cut like the offline path's (the last 384 tokens) and to what the model's length leaves for the reply
+    keep = min(384, engine.scheduler.config.max_model_len - SPEC_EVAL_NEW_TOKENS - 1)
+    ids = [tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)["input_ids"][-keep:] for m in prompts]
+    engine.generate(ids, SamplingParams(max_tokens=SPEC_EVAL_NEW_TOKENS, temperature=0.0))
+    stats = engine.stats().spec_decode
+    c = engine.spec.adaptive.measured_cost_ratio
+    alpha = stats.acceptance_rate
+    return {"k": k, "num_prompts": len(ids), **stats.to_dict(), "target_step_s": None, "draft_step_s": None,
+            "cost_ratio": c, "predicted_speedup": None if alpha is None or c is None else leviathan_speedup(alpha, k, c)}
+
+
+def _size_mb(folder: Path) -> float:
+    return round(sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")) / 1e6, 2)
+
+
+def _tok_s(speed_results: dict, workload: str | None) -> float | None:
+    r = speed_results.get(workload) if workload else None
+    return None if r is None else r["output_throughput"]
+
+
+def summarize(recipe, q: dict, sp: dict, spec: dict | None) -> dict:
+    """The flat headline numbers gates and the CLI read."""
+    qq, qb = q.get("quantized", {}), q.get("baseline", {})
+    b1 = next((w.name for w in recipe.eval.workloads if w.concurrency == 1),
+              recipe.eval.workloads[0].name if recipe.eval.workloads else None)
+    base_s, quant_s = sp.get("baseline", {}), sp.get("quantized", {})
+    tb, tq = _tok_s(base_s, b1), _tok_s(quant_s, b1)
+    acc_b, acc_q = qb.get("task_accuracy"), qq.get("task_accuracy")
+    out = {
+        "kl_mean": qq.get("kl_mean"), "kl_p99": qq.get("kl_p99"), "top1": qq.get("top1"),
+        "ppl_base": qb.get("ppl"), "ppl_quant": qq.get("ppl"), "ppl_increase_pct": qq.get("ppl_increase_pct"),
+        "task_accuracy_base": acc_b, "task_accuracy_quant": acc_q,
+        "task_accuracy_ratio": (acc_q / acc_b) if acc_b and acc_q is not None else None,
+        "batch1_workload": b1, "tok_s_batch1_base": tb, "tok_s_batch1_quant": tq,
+        "speedup_batch1": (tq / tb) if tb and tq else None,
+        "acceptance_rate": spec.get("acceptance_rate") if spec else None,
+        "mean_acceptance_length": spec.get("mean_acceptance_length") if spec else None,
+        "predicted_spec_speedup": spec.get("predicted_speedup") if spec else None,
+    }
+    for w in recipe.eval.workloads:
+        b, qv = _tok_s(base_s, w.name), _tok_s(quant_s, w.name)
+        out[f"speedup_{w.name}"] = (qv / b) if b and qv else None
+    return out
+
+
+def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | None, tokenizer, root: Path,
+             progress: bool = False) -> dict:
+    """Everything the evaluate stage writes to eval.json."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from accel.quant.quantize import load_quantized_for_runtime
+    from accel.report import machine_info
+
+    e = recipe.eval
+    seconds: dict[str, float] = {}
+    names = ["baseline"] + [v for v in e.variants if v != "baseline"]
+    if quant_dir is None:
+        names = [v for v in names if not v.startswith("quantized")]
+    if recipe.speculation.method == "none":
+        names = [v for v in names if not v.endswith("+spec")]
+
+    t = time.perf_counter()
+    q = quality(recipe, base_path, quant_dir, tokenizer, root, progress) if e.quality else {}
+    seconds["quality"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    sp: dict[str, dict] = {}
+    if e.speed and e.workloads:
+        requests = bench_requests(recipe, tokenizer, root)
+        sp["baseline"] = speed(recipe, base_path, requests, progress)
+        if quant_dir is not None:
+            sp["quantized"] = speed(recipe, quant_dir, requests, progress)
+    seconds["speed"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    spec_by_target: dict[str, dict | None] = {}
+    for target_name in {v.split("+")[0] for v in names if v.endswith("+spec")}:
+        if target_name == "quantized":
+            target, tdir = load_quantized_for_runtime(quant_dir), quant_dir
+        else:
+            target, tdir = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval(), base_path
+        spec_by_target[target_name] = spec_acceptance(recipe, target, tokenizer, tdir, draft_dir, root)
+    seconds["speculation"] = time.perf_counter() - t
+
+    variants = []
+    for name in names:
+        target = name.split("+")[0]
+        v: dict[str, Any] = {"name": name, "quality": q.get(target, {}), "speed": sp.get(name, {}),
+                             "size_mb": _size_mb(quant_dir if target == "quantized" else base_path)}
+        if name.endswith("+spec") and spec_by_target.get(target):
+            s = spec_by_target[target]
+            v["spec"] = {k: s[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                           "num_accepted_tokens_per_pos")}
+        variants.append(v)
+    spec = spec_by_target.get("quantized") or spec_by_target.get("baseline")
+    return {"name": recipe.name, "variants": variants, "spec": spec, "summary": summarize(recipe, q, sp, spec),
+            "seconds": {k: round(v, 2) for k, v in seconds.items()}, "machine": machine_info()}

@@ -1,0 +1,309 @@
+"""Adaptive speculation: how many draft tokens each request gets this step (0 = none).
+
+Two decisions, both pure:
+  * per request: estimate its acceptance rate alpha from its recent verification steps and pick the k in
+    [0, k_max] that maximises Leviathan's expected tokens per unit cost (`stats.leviathan_speedup`); k = 0
+    when even one draft token would not pay for itself. A request at k = 0 drafts one token every
+    `probe_interval` steps so that a change in its text (e.g. it starts quoting its prompt) is noticed.
+  * per batch: no speculation at all once `disable_above_batch_size` requests run together; a large batch
+    already fills the hardware and verification of draft tokens would only cost throughput.
+
+Estimating alpha: with i.i.d. acceptance, a step that drafted k and accepted a tokens contributes a
+successes and one failure if a < k (a truncated geometric draw), so the maximum-likelihood estimate is
+successes / (successes + failures). Both are exponentially decayed (`decay` per step) to follow recent text,
+and start from a prior worth `prior_weight` steps at `prior_alpha` — or, once the proposer has been verified
+`prior_weight` times in this engine, at the acceptance it has shown so far (`global_estimate`): a draft that
+has proven weak on this traffic does not get a fresh 0.5 for every new request (measured: at batch 8-15 a
+distilled draft at acceptance 0.18 cost 9% throughput while each new request learned it again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from accel.speculative.stats import leviathan_speedup
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """Knobs of adaptive speculation (the recipe's `speculation` section maps onto them).
+
+    k_max                  upper bound on draft tokens per step (SpeculativeConfig.num_speculative_tokens).
+    cost_ratio             cost of one draft token relative to one target decode step, verification of the
+                           extra token included (measure it: ~0 for n-gram lookup on a GPU, more on a CPU).
+    disable_above_batch_size  switch speculation off when this many requests run at once (None: never).
+    adaptive               False: always k_max (below the batch cutoff).
+    """
+
+    k_max: int = 4
+    cost_ratio: float = 0.1
+    disable_above_batch_size: int | None = 16
+    adaptive: bool = True
+    decay: float = 0.9
+    prior_alpha: float = 0.5
+    prior_weight: float = 2.0
+    probe_interval: int = 8
+    min_speedup: float = 1.0  # speculate only when the predicted speedup beats this
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("k_max", self.k_max >= 0, "an integer >= 0"),
+            ("cost_ratio", self.cost_ratio >= 0, ">= 0"),
+            ("disable_above_batch_size", self.disable_above_batch_size is None or self.disable_above_batch_size >= 1,
+             "None or an integer >= 1"),
+            ("decay", 0.0 < self.decay <= 1.0, "in (0, 1]"),
+            ("prior_alpha", 0.0 <= self.prior_alpha <= 1.0, "in [0, 1]"),
+            ("prior_weight", self.prior_weight > 0, "> 0"),
+            ("probe_interval", self.probe_interval >= 1, "an integer >= 1"),
+            ("min_speedup", self.min_speedup > 0, "> 0"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"adaptive speculation {name}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+
+
+def best_speculation_length(alpha: float, cost_ratio: float, k_max: int, min_speedup: float = 1.0) -> int:
+    """The k in [0, k_max] with the highest predicted speedup; 0 unless some k beats `min_speedup`."""
+    best_k, best = 0, min_speedup
+    for k in range(1, k_max + 1):
+        s = leviathan_speedup(alpha, k, cost_ratio)
+        if s > best + 1e-12:
+            best_k, best = k, s
+    return best_k
+
+
+def speculation_enabled(batch_size: int, disable_above_batch_size: int | None) -> bool:
+    """False once `batch_size` running requests reach the cutoff (None: always enabled)."""
+    return disable_above_batch_size is None or batch_size < disable_above_batch_size
+
+
+MAX_PROBE_BACKOFF = 16
+"""A probe that accepts nothing doubles the wait before the next (up to 16 x probe_interval); one that accepts
+halves it. Probing a draft model is not free (it catches up on every token since its last draft, and the target
+verifies an extra row): at batch 8-15 with a draft at acceptance 0.2, fixed 8-step probes cost ~8% throughput."""
+
+
+EXPLORERS_PER_STEP = 1
+"""Requests allowed to explore in one step: draft while the proposer has no verified evidence in this engine yet,
+or probe at k = 0."""
+
+NEW_REQUEST_PROBE_BACKOFF = 4
+"""Initial probe backoff of a request whose prior (the engine's measured acceptance) already says k = 0."""
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Decayed acceptance evidence of one request; see the module docstring."""
+
+    successes: float
+    failures: float
+    steps_without_draft: int = 0
+    probe_backoff: int = 1  # probes wait probe_interval * this; doubles when a draft step accepts nothing
+    last_full: int = 0  # draft tokens of the last step if all of them were accepted, else 0
+
+    @classmethod
+    def prior(cls, config: AdaptiveConfig) -> AcceptanceEstimate:
+        return cls(successes=config.prior_alpha * config.prior_weight,
+                   failures=(1.0 - config.prior_alpha) * config.prior_weight)
+
+    @property
+    def alpha(self) -> float:
+        total = self.successes + self.failures
+        return self.successes / total if total > 0 else 0.0
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int, decay: float) -> None:
+        if num_draft_tokens == 0:
+            self.steps_without_draft += 1
+            return
+        self.steps_without_draft = 0
+        self.last_full = num_draft_tokens if num_accepted_tokens == num_draft_tokens else 0
+        if num_accepted_tokens == 0:
+            self.probe_backoff = min(self.probe_backoff * 2, MAX_PROBE_BACKOFF)
+        else:
+            self.probe_backoff = max(1, self.probe_backoff // 2)
+        self.successes = decay * self.successes + num_accepted_tokens
+        self.failures = decay * self.failures + (1.0 if num_accepted_tokens < num_draft_tokens else 0.0)
+
+
+@dataclass
+class AdaptiveSpeculation:
+    """Per-request speculation lengths for a running batch (state: one `AcceptanceEstimate` per request)."""
+
+    config: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
+    # all requests' verification evidence, undecayed: the prior of new requests once it outweighs the default
+    global_successes: float = 0.0
+    global_failures: float = 0.0
+    # set by the engine from `CostMeter` when the cost ratio is measured, not configured (None: config's)
+    measured_cost_ratio: float | None = None
+    def has_global_evidence(self) -> bool:
+        return self.global_successes + self.global_failures >= self.config.prior_weight
+
+    def global_alpha(self) -> float:
+        """The proposer's acceptance on this engine's traffic, shrunk towards prior_alpha by prior_weight pseudo-
+        steps: four unlucky first drafts must not read as "never accepts" (measured: an EAGLE draft at 0.44
+        first-token acceptance was switched off for good after the first request's 4 probes on a degenerate
+        reply all missed, when the raw ratio 0/4 became every new request's prior)."""
+        cfg = self.config
+        n = self.global_successes + self.global_failures
+        return (self.global_successes + cfg.prior_alpha * cfg.prior_weight) / (n + cfg.prior_weight)
+
+    def _prior(self) -> AcceptanceEstimate:
+        cfg = self.config
+        if not self.has_global_evidence():
+            return AcceptanceEstimate.prior(cfg)
+        alpha = self.global_alpha()
+        return AcceptanceEstimate(successes=alpha * cfg.prior_weight, failures=(1.0 - alpha) * cfg.prior_weight)
+
+    def lengths(self, request_ids: list[str], batch_size: int) -> list[int]:
+        """Draft tokens for each request of one engine step, with `batch_size` requests running. Exploration
+        (drafting on the default prior, probing at k = 0) is rationed to EXPLORERS_PER_STEP requests per call."""
+        budget = [EXPLORERS_PER_STEP]
+        return [self._length(r, batch_size, budget) for r in request_ids]
+
+    def num_speculative_tokens(self, request_id: str, batch_size: int) -> int:
+        """Draft tokens for `request_id` as the only request asking in its step (see `lengths`)."""
+        return self.lengths([request_id], batch_size)[0]
+
+    def _length(self, request_id: str, batch_size: int, explore_budget: list[int]) -> int:
+        cfg = self.config
+        if not speculation_enabled(batch_size, cfg.disable_above_batch_size):
+            return 0
+        if not cfg.adaptive:
+            return cfg.k_max
+        est = self.estimates.get(request_id)
+        cost = cfg.cost_ratio if self.measured_cost_ratio is None else self.measured_cost_ratio
+        if est is None:
+            est = self.estimates[request_id] = self._prior()
+            if self.has_global_evidence() and best_speculation_length(est.alpha, cost, cfg.k_max,
+                                                                      cfg.min_speedup) == 0:
+                # the proposer has shown on this traffic that it does not pay: the first probe waits longer too
+                # (a draft model's first draft prefills the whole prompt into its own KV)
+                est.probe_backoff = NEW_REQUEST_PROBE_BACKOFF
+        k = best_speculation_length(est.alpha, cost, cfg.k_max, cfg.min_speedup)
+        if est.last_full and k > 0:
+            # A fully accepted draft predicts a long one: acceptance is bursty (a copied span is accepted to its
+            # end), not the i.i.d. draws the formula assumes. Measured with n-gram lookup on input-grounded
+            # prompts: conditional acceptance 0.66 at the first position but 0.94-0.96 from the fourth on.
+            k = max(k, min(cfg.k_max, 2 * est.last_full))
+        if k > 0 and not self.has_global_evidence():
+            # Nothing is known about this proposer on this traffic yet: one request at a time explores it on the
+            # default prior. Without this, a batch that drops below the cutoff has every request draft at once,
+            # and a draft model's first draft catches up on the request's whole prompt (measured at batch 15:
+            # ~1 s of draft prefill in an 11 s run for a draft whose acceptance then turned out to be 0.16).
+            if explore_budget[0] <= 0:
+                return 0
+            explore_budget[0] -= 1
+        if k == 0 and cfg.k_max > 0 and est.steps_without_draft + 1 >= cfg.probe_interval * est.probe_backoff \
+                and self._probe_can_pay(est, cost):
+            # probe: keep measuring a request whose drafts stopped paying off. Probes are exploration too, so at
+            # most EXPLORERS_PER_STEP per step: requests that started together would otherwise all probe in the same
+            # step, and a draft model then prefills every one of their prompts at once (measured at batch 15:
+            # 0.87x of no speculation for a draft that never drafted more than its probes)
+            if explore_budget[0] <= 0:
+                return 0
+            explore_budget[0] -= 1
+            return 1
+        return k
+
+    def _probe_can_pay(self, est: AcceptanceEstimate, cost: float) -> bool:
+        """A probe looks for a request whose text changed (e.g. it started quoting its prompt). It is worth its
+        cost only if an acceptance the request could plausibly reach - twice the best of its own and the
+        engine's - would make drafting pay at the measured cost. A draft model at acceptance 0.2 whose draft
+        forward costs 0.6 of a step is then not probed at all (measured: its probes, each a catch-up prefill of
+        the request's context, cost 8% at batch 16 while it never drafted more than them)."""
+        best = max(est.alpha, self.global_alpha())
+        return best_speculation_length(min(1.0, 2.0 * best), cost, self.config.k_max, self.config.min_speedup) > 0
+
+    def observe(self, request_id: str, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Feed back one step of `request_id` (num_draft_tokens = 0 for a step it did not speculate)."""
+        if not 0 <= num_accepted_tokens <= num_draft_tokens:
+            raise ValueError(f"num_accepted_tokens={num_accepted_tokens} is invalid for num_draft_tokens="
+                             f"{num_draft_tokens}; allowed: 0 <= accepted <= drafted")
+        est = self.estimates.get(request_id)
+        if est is None:
+            est = self.estimates[request_id] = self._prior()
+        est.update(num_draft_tokens, num_accepted_tokens, self.config.decay)
+        if num_draft_tokens:
+            self.global_successes += num_accepted_tokens
+            self.global_failures += 1.0 if num_accepted_tokens < num_draft_tokens else 0.0
+
+    def alpha(self, request_id: str) -> float:
+        """The request's current acceptance estimate (the prior for one not seen yet)."""
+        est = self.estimates.get(request_id)
+        return (est if est is not None else self._prior()).alpha
+
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's state."""
+        self.estimates.pop(request_id, None)
+
+
+@dataclass
+class CostMeter:
+    """The draft/target cost ratio c of Leviathan's formula, measured on the running engine.
+
+    c = (seconds proposing per sequential draft forward) / (seconds of the target step)      [the draft]
+      + B x (extra target seconds per verified row) / (seconds of a decode step of B rows)     [verification]
+
+    Why both: a draft model's forwards are the familiar cost, but on a CPU each verified row also costs the
+    target ~5% of a decode step at batch 1 (the forward is no longer purely weight-streaming), which the
+    formula's "verifying k + 1 tokens costs one step" hides; n-gram lookup is almost free to propose, and the
+    verification term is all of its cost. The verification term is the slope of an exponentially weighted
+    least-squares fit of decode-only step seconds on the number of rows (steps that mix in a prefill chunk are
+    left out); until the rows have varied enough to fit a slope, `fallback_verify` stands in for it.
+    Both terms are exponentially averaged (`decay` per observed step) so a change in batch size is followed.
+    """
+
+    fallback_verify: float = 0.05
+    decay: float = 0.95
+    propose_ratio: float | None = None
+    _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, w x, w x^2, w y, w x y
+
+    def observe(self, propose_seconds: float, draft_forwards: int, step_seconds: float, rows: int,
+                decode_rows: int, decode_only: bool) -> None:
+        """One engine step: time spent proposing (and how many sequential draft forwards it ran), the target
+        step's seconds and rows (`decode_rows` of them without drafts), whether only decode rows ran."""
+        if step_seconds <= 0:
+            return
+        if draft_forwards > 0:
+            r = propose_seconds / draft_forwards / step_seconds
+            self.propose_ratio = r if self.propose_ratio is None else self.decay * self.propose_ratio + (
+                1 - self.decay) * r
+        if decode_only and rows > 0:
+            x, y = float(rows), step_seconds
+            for i, v in enumerate((1.0, x, x * x, y, x * y)):
+                self._s[i] = self.decay * self._s[i] + v
+
+    def slope(self) -> float | None:
+        """Extra seconds per row from the fit; None while the rows have not varied enough (variance < 1 row^2)."""
+        s0, s1, s2, sy, sxy = self._s
+        if s0 <= 0:
+            return None
+        var = s2 / s0 - (s1 / s0) ** 2
+        if var < 1.0:
+            return None
+        return max(0.0, (sxy / s0 - (s1 / s0) * (sy / s0)) / var)
+
+    def verify_ratio(self, decode_rows: int) -> float:
+        """Verification cost of one draft token for a request in a batch of `decode_rows`, in that request's share
+        of the step: B * b / (a + b * B), with T(B) = a + b * B the fitted decode step.
+
+        Why B: the batch's throughput is sum(tokens) / T. One more verified row adds b seconds for *every* request
+        of the batch, so it pays off only if its expected extra tokens exceed b * sum(tokens) / T ~ b * B / T(B)
+        (at batch 1 the familiar b / T). On this CPU b ~ 4 ms and T(15) ~ 110 ms, so a draft row at batch 15 costs
+        ~0.55 of a request's share of the step: only very likely drafts pay, where b / T alone (~0.04) would let
+        every request draft up to the max_step_rows cap."""
+        rows = max(1, decode_rows)
+        b = self.slope()
+        if b is None:
+            r = self.fallback_verify / (1.0 - self.fallback_verify) if self.fallback_verify < 1 else 1e9  # b / a
+            return rows * r / (1.0 + rows * r)
+        s0, s1, _, sy, sxy = self._s
+        a = sy / s0 - b * s1 / s0  # intercept
+        base = a + b * rows
+        return rows * b / base if base > 0 else self.fallback_verify
+
+    def cost_ratio(self, decode_rows: int, fallback_propose: float) -> float:
+        """c for a batch of `decode_rows` requests (fallback_propose until a draft forward was timed)."""
+        p = fallback_propose if self.propose_ratio is None else self.propose_ratio
+        return p + self.verify_ratio(decode_rows)

@@ -1,0 +1,218 @@
+"""The engine's speculative-decoding loop: who drafts how much before each step, and what was accepted after.
+
+    Engine.step():  drafts = spec.propose()      # running decode requests get 0..k draft tokens
+                    sched  = scheduler.schedule()  # drafts ride in the same batch as everything else
+                    out    = runner.execute(sched, drafts)   # verification: accepted drafts + 1 token
+                    scheduler.update_from_output(...)        # rollback of rejected drafts' KV slots
+                    spec.observe(sched, out)     # counters (request, domain, global), adaptive length
+
+The draft length per request comes from `AdaptiveSpeculation` (Leviathan's formula on the request's recent
+acceptance, off above `disable_above_batch_size` running requests) and is capped so that accepted drafts plus
+the bonus token never pass max_tokens or the model length. Requests that ask for logprobs are not drafted
+(their per-token logprobs would need every verified position's distribution; not implemented).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from torch import Tensor
+
+from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput
+from accel.speculative.adaptive import AdaptiveSpeculation, CostMeter
+from accel.speculative.config import SpeculativeConfig
+from accel.speculative.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer
+from accel.speculative.stats import SpecDecodeStats
+
+log = logging.getLogger("accel.engine")
+
+
+def build_proposer(config: SpeculativeConfig, target_dir: str | None, num_blocks: int, block_size: int,
+                   device, dtype, target_runner=None) -> Proposer:
+    """The proposer a SpeculativeConfig names: n-gram lookup, or a draft model on its own paged KV cache (an EAGLE
+    feature draft when the folder is one: it needs `target_runner`, whose features it reads)."""
+    if config.method == "ngram":
+        return NgramProposer(config.ngram_min_n, config.ngram_max_n)
+    from accel.speculative.eagle import EagleProposer, is_eagle_draft
+    from accel.speculative.paged_draft import PagedDraftProposer
+
+    target = target_dir if target_dir and Path(target_dir).is_dir() else None
+    if is_eagle_draft(config.draft_model):
+        if target_runner is None:
+            raise ValueError(f"draft {config.draft_model} is an EAGLE draft: it runs only inside an engine "
+                             "(it reads the target's hidden states)")
+        if config.draft_quantization not in (None, "int8"):
+            raise ValueError(f"draft_quantization={config.draft_quantization!r} is not supported for an EAGLE "
+                             "draft (allowed: None, int8)")
+        proposer = EagleProposer.from_target(config.draft_model, target_runner.model, target_runner, num_blocks,
+                                             block_size, target_dir=target, quant_scheme=config.draft_quantization)
+    else:
+        proposer = PagedDraftProposer.from_pretrained(config.draft_model, num_blocks, block_size, target_dir=target,
+                                                      dtype=dtype, device=device,
+                                                      quant_scheme=config.draft_quantization)
+    proposer.min_path_confidence = config.draft_min_path_confidence
+    proposer.min_first_confidence = config.draft_min_first_confidence
+    if config.draft_ngram_first:
+        return NgramFirstProposer(NgramProposer(config.ngram_min_n, config.ngram_max_n), proposer)
+    return proposer
+
+
+class SpecDecoder:
+    """Speculation state of one engine: proposer, adaptive lengths, acceptance counters."""
+
+    def __init__(self, config: SpeculativeConfig, engine, proposer: Proposer | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.proposer = proposer or build_proposer(config, engine.config.model, engine.kv.pool.num_blocks,
+                                                   engine.config.block_size, engine.runner.device,
+                                                   engine.runner.dtype, target_runner=engine.runner)
+        self.adaptive = AdaptiveSpeculation(config.adaptive_config())
+        self.cost = CostMeter()  # the draft's cost, measured on this engine
+        self._propose_s, self._draft_forwards, self._step_t0 = 0.0, 0, None
+        self.total = SpecDecodeStats()
+        self.per_domain: dict[str, SpecDecodeStats] = {}
+        self.per_source: dict[str, SpecDecodeStats] = {}  # proposers that report `last_sources` (NgramFirstProposer)
+        self._source: dict[str, str] = {}  # request id -> which proposer drafted it this step
+        self._domain: dict[str, str | None] = {}
+        self._drafted: set[str] = set()  # requests asked for drafts this step (k >= 0 decided)
+        self._undraftable: set[str] = set()  # requests whose proposal raised: decoded without drafts from then on
+        self._sources: list[str | None] | None = None  # per request when proposed one by one after a failure
+
+    def add(self, request_id: str, domain: str | None) -> None:
+        self._domain[request_id] = domain
+
+    def finish(self, request_id: str) -> None:
+        self.proposer.finish(request_id)
+        self.adaptive.forget(request_id)
+        self._domain.pop(request_id, None)
+        self._undraftable.discard(request_id)
+
+    def propose(self) -> dict[str, Tensor | None]:
+        """Set `spec_token_ids` of the running decode requests; returns their draft distributions (q)."""
+        try:
+            return self._propose()
+        finally:
+            self._step_t0 = time.perf_counter()  # the target step runs from here to observe()
+
+    def _propose(self) -> dict[str, Tensor | None]:
+        sched = self.engine.scheduler
+        running = sched.running
+        self._drafted = set()
+        self._source = {}
+        self._propose_s, self._draft_forwards = 0.0, 0
+        for seq in running:
+            seq.spec_token_ids = []
+        batch = len(running)
+        reqs, seqs = [], []
+        max_len = sched.config.max_model_len
+        # still prefilling, or wants per-token logprobs: not drafted
+        eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1 and s.params.logprobs is None
+                    and s.request_id not in self._undraftable]
+        lengths = self.adaptive.lengths([s.request_id for s in eligible], batch)
+        for seq, k in zip(eligible, lengths):
+            self._drafted.add(seq.request_id)
+            # accepted drafts + the bonus token must fit in max_tokens and the model length
+            k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_len - seq.num_tokens - 1)
+            if k <= 0:
+                continue
+            reqs.append(ProposalRequest(seq.token_ids, k, seq.request_id, seq.num_prompt_tokens, seq.params,
+                                        self.engine.runner.generator_for(seq), seq.block_table))
+            seqs.append(seq)
+        if not reqs:
+            return {}
+        if self.config.max_step_rows is not None:
+            reqs, seqs = self._fit_step_rows(reqs, seqs, running)
+            if not reqs:
+                return {}
+        t0 = time.perf_counter()
+        props = self._contained_propose(reqs)
+        self._propose_s = time.perf_counter() - t0
+        # the cost per unit of k: a draft model runs up to max(k) batched forwards, fewer when confidence gates end
+        # the chains early (`last_num_forwards`). The adaptive rule charges k x c for a draft of length k, and with
+        # gates the real cost is (forwards run) x (seconds per forward), so c per allowed token (proposing time /
+        # max k) is the one that makes k x c right; the gates, not k, then decide the chain length. (Charging c
+        # per forward run instead measured the same within noise at batch 1: 1.21-1.27x.)
+        self._draft_forwards = max(r.k for r in reqs)
+        if getattr(self.proposer, "last_max_catchup", 0) > self.config.num_speculative_tokens + 1:
+            # a request's first draft (or one after a pause) prefilled its context: a one-time cost per request,
+            # not the per-forward cost c the adaptive rule weighs a longer draft against (measured: an EAGLE
+            # draft's prompt catch-up put c at 0.61 of a step, its steady forwards cost ~0.1), so the cost
+            # meter skips this step's proposing time
+            self._draft_forwards = 0
+        sources = self._sources if self._sources is not None else getattr(self.proposer, "last_sources", None)
+        self._source = {} if sources is None else {s.request_id: src for s, src in zip(seqs, sources) if src}
+        probs: dict[str, Tensor | None] = {}
+        for i, seq in enumerate(seqs):
+            seq.spec_token_ids = list(props.token_ids[i])
+            if seq.spec_token_ids:
+                probs[seq.request_id] = None if props.probs is None else props.probs[i]
+        return probs
+
+    def _contained_propose(self, reqs: list[ProposalRequest]) -> Proposals:
+        """The proposer's drafts; when it raises, each request is proposed for alone and the ones that still fail
+        are decoded without drafts from then on (drafts only ever save time: the output is the same)."""
+        self._sources = None
+        try:
+            return self.proposer.propose(reqs)
+        except Exception:  # noqa: BLE001
+            log.exception("the proposer failed; proposing for each request alone")
+        token_ids: list[list[int]] = []
+        probs: list[Tensor | None] = []
+        self._sources = []
+        for r in reqs:
+            try:
+                one = self.proposer.propose([r])
+                token_ids.append(list(one.token_ids[0]))
+                probs.append(None if one.probs is None else one.probs[0])
+                self._sources.append((getattr(self.proposer, "last_sources", None) or [None])[0])
+            except Exception:  # noqa: BLE001
+                log.exception("the proposer failed for request %s; it decodes without drafts", r.request_id)
+                self._undraftable.add(r.request_id)
+                self.proposer.finish(r.request_id)
+                token_ids.append([])
+                probs.append(None)
+                self._sources.append(None)
+        return Proposals(token_ids, probs if any(q is not None for q in probs) else None)
+
+    def _fit_step_rows(self, reqs: list[ProposalRequest], seqs: list, running: list
+                       ) -> tuple[list[ProposalRequest], list]:
+        """Cap the step at `max_step_rows` decode rows + draft tokens: drafts go first to the requests with the
+        best acceptance estimate, each cut to what is left (requests left with 0 draft nothing this step)."""
+        left = self.config.max_step_rows - sum(1 for s in running if s.num_tokens - s.num_computed_tokens == 1)
+        order = sorted(range(len(reqs)), key=lambda i: -self.adaptive.alpha(reqs[i].request_id))
+        keep = []
+        for i in order:
+            k = min(reqs[i].k, max(left, 0))
+            if k > 0:
+                reqs[i].k = k
+                keep.append(i)
+                left -= k
+        keep.sort()  # proposal order as scheduled
+        return [reqs[i] for i in keep], [seqs[i] for i in keep]
+
+    def observe(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
+        """Count every verification of this step and feed the adaptive lengths and the cost meter."""
+        if self.cost is not None and self._step_t0 is not None:
+            decode_only = all(r.num_tokens == 1 + len(r.spec_token_ids) for r in sched.scheduled)
+            self.cost.observe(self._propose_s, self._draft_forwards, time.perf_counter() - self._step_t0,
+                              sched.num_scheduled_tokens, len(sched.scheduled), decode_only)
+            self.adaptive.measured_cost_ratio = self.cost.cost_ratio(len(sched.scheduled),
+                                                                     self.config.default_cost_ratio())
+        for req, sampled in zip(sched.scheduled, out.sampled_token_ids):
+            rid = req.seq.request_id
+            if not sampled or rid not in self._drafted:
+                continue
+            n = len(req.spec_token_ids)
+            accepted = len(sampled) - 1
+            self.adaptive.observe(rid, n, accepted)
+            if n == 0:
+                continue
+            self.total.observe(n, accepted)
+            domain = self._domain.get(rid)
+            if domain is not None:
+                self.per_domain.setdefault(domain, SpecDecodeStats()).observe(n, accepted)
+            source = self._source.get(rid)
+            if source is not None:
+                self.per_source.setdefault(source, SpecDecodeStats()).observe(n, accepted)

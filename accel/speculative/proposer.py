@@ -1,0 +1,259 @@
+"""Proposers behind one interface: given each request's verified tokens, propose up to k draft tokens.
+
+    proposer.propose([ProposalRequest(token_ids, k, request_id, ...)]) -> Proposals(token_ids, probs)
+
+`probs` is the distribution each draft token was drawn from (q for the rejection sampler) when the proposer
+has one (a draft model), None otherwise (n-gram lookup: q is the one-hot of the token). Stateful proposers
+keep per-request state keyed by request_id; call `finish(request_id)` when a request ends.
+
+DraftModelProposer runs an HF folder with its own KV cache per request (HF DynamicCache, cropped back to the
+verified prefix after rejections) at batch 1 per request. It is meant for small batches, where speculation
+pays; the runtime disables speculation for large batches anyway. A draft folder may carry `accel_draft.json`
+with `vocab_ids`: the target ids its head may propose (a reduced vocabulary makes the head, the dominant
+cost of a small draft, proportionally cheaper; the folder itself stays a standard LlamaForCausalLM).
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from accel.runtime.sampler import is_greedy, plain_greedy
+from accel.speculative.ngram import propose_ngram
+from accel.speculative.tokenizer_check import check_tokenizers_match
+
+DRAFT_META_FILE = "accel_draft.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json", "vocab.json", "merges.txt")
+
+
+@dataclass
+class ProposalRequest:
+    """One request's input to a proposer.
+
+    token_ids          prompt + verified output tokens (never unverified drafts).
+    k                  how many draft tokens to propose at most (0: none).
+    request_id         key of per-request state in stateful proposers.
+    num_prompt_tokens  where the prompt ends in token_ids (penalties treat prompt and output differently).
+    params             the request's SamplingParams (None: greedy); a draft model samples with the same
+                       processing as the target (accel.runtime.sampler.Sampler.probs).
+    generator          the request's generator for seeded sampling (None: the global RNG).
+    block_table        the target's KV block ids for the request (an EAGLE draft reads the target's features
+                       of verified positions by slot; other proposers ignore it).
+    """
+
+    token_ids: list[int]
+    k: int
+    request_id: str = ""
+    num_prompt_tokens: int | None = None
+    params: object | None = None
+    generator: torch.Generator | None = None
+    block_table: list[int] | None = None
+
+
+@dataclass
+class Proposals:
+    """token_ids[i]: the drafts for request i (0..k_i tokens). probs[i]: [len(token_ids[i]), V] q, or None."""
+
+    token_ids: list[list[int]]
+    probs: list[Tensor] | None = None
+
+
+class Proposer(ABC):
+    @abstractmethod
+    def propose(self, requests: list[ProposalRequest]) -> Proposals:
+        """Draft tokens for each request (same order)."""
+
+    def finish(self, request_id: str) -> None:
+        """Forget a finished request's state (no-op for stateless proposers)."""
+
+
+class NgramProposer(Proposer):
+    """Prompt lookup (see accel.speculative.ngram); stateless and model-free."""
+
+    def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"ngram min_n={min_n}, max_n={max_n} are invalid; allowed: 1 <= min_n <= max_n")
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, requests: list[ProposalRequest]) -> Proposals:
+        return Proposals([propose_ngram(r.token_ids, r.k, self.min_n, self.max_n) for r in requests], probs=None)
+
+
+class NgramFirstProposer(Proposer):
+    """Prompt lookup first, a draft model for the rest: each step, a request whose suffix n-gram occurs earlier in
+    its context takes the lookup's continuation (free to propose, long when the reply copies from the prompt);
+    only the others run the draft model (suffix decoding's fallback to a model draft, as in Snowflake's Arctic
+    Inference). Both kinds ride in one verification: lookup drafts with a one-hot q, the model's with its own.
+
+    Exact for sampling too: which proposer serves a request depends only on its verified tokens, never on a random
+    draw, so each draft is still a proposal conditioned on the context that rejection sampling corrects. A request
+    the draft model skipped catches up on the tokens it missed at its next model draft (stateful drafts roll back
+    to their common prefix with the verified tokens, like after a rejection).
+    """
+
+    def __init__(self, ngram: NgramProposer, draft: Proposer) -> None:
+        self.ngram, self.draft = ngram, draft
+        self.last_num_forwards = 0  # the draft model's sequential forwards in the last call (0: lookup served all)
+        self.last_max_catchup = 0
+        self.last_sources: list[str | None] = []  # per request of the last call: "ngram", "draft" or None (no draft)
+
+    @property
+    def model(self):
+        """The draft model (benchmarks read it to tell a model proposer from a model-free one)."""
+        return self.draft.model
+
+    def propose(self, requests: list[ProposalRequest]) -> Proposals:
+        looked = self.ngram.propose(requests).token_ids
+        rest = [i for i, r in enumerate(requests) if r.k > 0 and not looked[i]]
+        tokens: list[list[int]] = list(looked)
+        probs: list[Tensor | None] = [None] * len(requests)
+        self.last_sources = ["ngram" if t else None for t in looked]
+        self.last_num_forwards = self.last_max_catchup = 0
+        if rest:
+            sub = self.draft.propose([requests[i] for i in rest])
+            for j, i in enumerate(rest):
+                tokens[i] = sub.token_ids[j]
+                probs[i] = None if sub.probs is None else sub.probs[j]
+                self.last_sources[i] = "draft" if tokens[i] else None
+            self.last_num_forwards = getattr(self.draft, "last_num_forwards", 0)
+            self.last_max_catchup = getattr(self.draft, "last_max_catchup", 0)
+        return Proposals(tokens, probs if any(p is not None for p in probs) else None)
+
+    def finish(self, request_id: str) -> None:
+        self.ngram.finish(request_id)
+        self.draft.finish(request_id)
+
+
+@dataclass
+class _DraftState:
+    cache: object  # transformers DynamicCache
+    token_ids: list[int]  # tokens whose K/V the cache holds
+
+
+def load_draft_vocab_ids(draft_dir: str | Path) -> list[int] | None:
+    """The reduced vocabulary of a draft folder (accel_draft.json `vocab_ids`), or None when it has none."""
+    meta = Path(draft_dir) / DRAFT_META_FILE
+    if not meta.exists():
+        return None
+    ids = json.loads(meta.read_text()).get("vocab_ids")
+    return None if ids is None else [int(i) for i in ids]
+
+
+class DraftModelProposer(Proposer):
+    """A small causal LM sharing the target's tokenizer proposes k tokens autoregressively.
+
+    draft: an HF folder (loaded with transformers) or an already loaded model (tests).
+    target_dir: when given, the draft folder's tokenizer must match it (TokenizerMismatchError otherwise).
+    vocab_ids: target ids the draft may propose (default: the folder's accel_draft.json, else all).
+    """
+
+    def __init__(self, draft: str | Path | torch.nn.Module, target_dir: str | Path | None = None,
+                 vocab_ids: list[int] | None = None, dtype: torch.dtype = torch.float32) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if isinstance(draft, (str, Path)):
+            if target_dir is not None:
+                check_tokenizers_match(target_dir, draft)
+            if vocab_ids is None:
+                vocab_ids = load_draft_vocab_ids(draft)
+            draft = AutoModelForCausalLM.from_pretrained(str(draft), dtype=dtype)
+        self.model = draft.eval()
+        self.vocab_size = int(self.model.config.vocab_size)
+        head = self.model.get_output_embeddings().weight.detach()  # [V, H]
+        if vocab_ids is not None:
+            bad = [i for i in vocab_ids if not 0 <= i < self.vocab_size]
+            if bad or not vocab_ids:
+                raise ValueError(f"draft vocab_ids must be a non-empty list of ids in [0, {self.vocab_size}); "
+                                 f"got {len(vocab_ids)} ids, out of range: {bad[:5]}")
+            self.vocab_ids = torch.tensor(vocab_ids, dtype=torch.long)  # [K]
+            self.head = head[self.vocab_ids].contiguous()  # [K, H]: only these rows are ever computed
+        else:
+            self.vocab_ids, self.head = None, head
+        self.states: dict[str, _DraftState] = {}
+
+    def finish(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[ProposalRequest]) -> Proposals:
+        tokens, probs = [], []
+        for r in requests:
+            ids, q = self._propose_one(r)
+            tokens.append(ids)
+            probs.append(q)
+        return Proposals(tokens, probs)
+
+    def full_logits(self, reduced: Tensor) -> Tensor:
+        """Head logits [.., K] -> [.., V] with -inf outside the draft vocabulary (identity without one)."""
+        if self.vocab_ids is None:
+            return reduced
+        out = torch.full((*reduced.shape[:-1], self.vocab_size), float("-inf"), dtype=reduced.dtype)
+        out[..., self.vocab_ids] = reduced
+        return out
+
+    def _forward(self, state: _DraftState, new_ids: list[int]) -> Tensor:
+        """Feed new tokens through the draft, extending its cache; logits of the last one: [V] (full ids)."""
+        inp = torch.tensor([new_ids], dtype=torch.long)  # [1, S]
+        hidden = self.model.model(input_ids=inp, past_key_values=state.cache, use_cache=True).last_hidden_state
+        state.token_ids = state.token_ids + new_ids
+        return self.full_logits(hidden[0, -1] @ self.head.T)  # [V]
+
+    def _state_for(self, r: ProposalRequest) -> tuple[_DraftState, list[int]]:
+        """The request's cache cropped to its longest verified prefix, and the tokens still to feed (>= 1)."""
+        from transformers import DynamicCache
+
+        state = self.states.get(r.request_id)
+        if state is None:
+            state = self.states[r.request_id] = _DraftState(DynamicCache(), [])
+        keep = 0
+        limit = min(len(state.token_ids), len(r.token_ids) - 1)  # always re-feed the last token for its logits
+        while keep < limit and state.token_ids[keep] == r.token_ids[keep]:
+            keep += 1
+        if keep < len(state.token_ids):  # rejected drafts (or a different request): roll the cache back
+            state.cache.crop(keep - len(state.token_ids))  # negative: number of positions to drop
+            state.token_ids = state.token_ids[:keep]
+        return state, list(r.token_ids[keep:])
+
+    def _propose_one(self, r: ProposalRequest) -> tuple[list[int], Tensor]:
+        if r.k < 0:
+            raise ValueError(f"k={r.k} is invalid for request {r.request_id!r}; allowed: >= 0")
+        if not r.token_ids:
+            raise ValueError(f"request {r.request_id!r} has no tokens; a draft needs at least one")
+        if r.k == 0:
+            return [], torch.empty(0, self.vocab_size)
+        state, feed = self._state_for(r)
+        drafts: list[int] = []
+        qs: list[Tensor] = []
+        logits = self._forward(state, feed)
+        for step in range(r.k):
+            q = self._dist(logits, r, drafts)  # [V]
+            tok = int(q.argmax()) if is_greedy(r.params) else _draw(q, r.generator)
+            drafts.append(tok)
+            qs.append(q)
+            if step + 1 < r.k:
+                logits = self._forward(state, [tok])
+        return drafts, torch.stack(qs)
+
+    def _dist(self, logits: Tensor, r: ProposalRequest, drafts: list[int]) -> Tensor:
+        """q for one position: the target's sampling processing applied to the draft's logits."""
+        if plain_greedy(r.params):
+            return torch.zeros_like(logits).scatter_(0, logits.argmax().view(1), 1.0)
+        from accel.runtime.sampler import Sampler
+
+        n_prompt = len(r.token_ids) if r.num_prompt_tokens is None else r.num_prompt_tokens
+        prompt, output = r.token_ids[:n_prompt], r.token_ids[n_prompt:] + drafts
+        return Sampler().probs(logits[None].float(), [r.params], [prompt], [output])[0]
+
+
+
+
+def _draw(q: Tensor, generator: torch.Generator | None) -> int:
+    """One index from q [V] by the exponential race (as the runtime sampler does)."""
+    e = torch.empty_like(q).exponential_(generator=generator).clamp_min_(1e-20)
+    return int((q / e).argmax())

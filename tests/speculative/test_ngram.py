@@ -1,0 +1,52 @@
+"""Prompt-lookup proposals pinned on small token sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from accel.speculative.ngram import propose_ngram
+
+
+@pytest.mark.parametrize("tokens, k, min_n, max_n, expected", [
+    # docstring example: suffix "2 3 4" seen at position 1 -> propose what followed
+    ([1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4], 3, 2, 4, [5, 6, 7]),
+    # proposals stop at k
+    ([1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4], 1, 2, 4, [5]),
+    # the most recent occurrence wins: "7 8" followed by 1 then later by 2
+    ([7, 8, 1, 0, 7, 8, 2, 0, 7, 8], 2, 2, 2, [2, 0]),
+    # the longest n wins over a more recent shorter match: "5 7 8" -> 3; "7 8" alone more recently -> 4
+    ([5, 7, 8, 3, 9, 7, 8, 4, 5, 7, 8], 1, 2, 3, [3]),
+    # falls back to smaller n when the longer suffix never occurred
+    ([5, 7, 8, 3, 9, 7, 8, 4, 6, 7, 8], 1, 2, 3, [4]),
+    # no match at all
+    ([1, 2, 3, 4], 3, 2, 4, []),
+    # min_n respected: unigram "4" occurred but min_n = 2
+    ([4, 9, 3, 4], 2, 2, 4, []),
+    ([4, 9, 3, 4], 2, 1, 4, [9, 3]),
+    # overlapping repetition: the most recent match is right before the suffix -> only the tokens that exist
+    ([1, 2, 1, 2, 1, 2], 5, 2, 2, [1, 2]),
+    ([3, 3, 3, 3], 4, 2, 3, [3]),
+    # too short for any n-gram
+    ([1], 3, 1, 2, []),
+    ([], 3, 1, 2, []),
+    # k = 0 proposes nothing
+    ([1, 2, 1, 2], 0, 1, 2, []),
+])
+def test_exact_proposals(tokens, k, min_n, max_n, expected):
+    assert propose_ngram(tokens, k, min_n, max_n) == expected
+
+
+def test_accepts_numpy_and_returns_python_ints():
+    out = propose_ngram(np.array([1, 2, 3, 1, 2]), 2, 2, 2)
+    assert out == [3, 1] and all(type(t) is int for t in out)
+
+
+@pytest.mark.parametrize("k, min_n, max_n, msg", [
+    (-1, 2, 4, "k=-1"),
+    (2, 0, 4, "min_n=0"),
+    (2, 3, 2, "min_n=3, max_n=2"),
+])
+def test_bad_arguments(k, min_n, max_n, msg):
+    with pytest.raises(ValueError, match=msg):
+        propose_ngram([1, 2, 3], k, min_n, max_n)
