@@ -308,13 +308,13 @@ class _Timed:
         self.seconds += time.perf_counter() - t0
         # a draft model runs up to max(k) batched forwards per call (fewer when every chain ended early);
         # n-gram lookup counts one "forward" per call
-        self.forwards += self.inner.last_num_forwards if hasattr(self.inner, "model") else 1
+        self.forwards += out.num_forwards if hasattr(self.inner, "model") else 1
         return out
 
     def finish(self, request_id: str) -> None:
         self.inner.finish(request_id)
 
-    def __getattr__(self, name: str):  # the engine reads proposer state (last_max_catchup)
+    def __getattr__(self, name: str):  # the proposer's own attributes (model, ...)
         return getattr(self.inner, name)
 
 

@@ -157,9 +157,12 @@ class Engine:
         self._ids = itertools.count()
         self.spec = None
         if config.speculative is not None or proposer is not None:
-            from accel.speculative.engine_spec import SpecDecoder
+            from accel.speculative.engine_spec import SpecDecoder, build_proposer
 
-            self.spec = SpecDecoder(config.speculative or SpeculativeConfig(), self, proposer)
+            spec = config.speculative or SpeculativeConfig()
+            proposer = proposer or build_proposer(spec, config.model, num_blocks, config.block_size, self.runner.device,
+                                                  self.runner.dtype, target_runner=self.runner)
+            self.spec = SpecDecoder(spec, proposer, max_model_len)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs) -> Engine:
@@ -234,7 +237,10 @@ class Engine:
     # ---- the step --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns an output for every request that got tokens or finished."""
-        draft_probs = self.spec.propose() if self.spec is not None else None
+        draft_probs = None
+        if self.spec is not None:
+            drafts, draft_probs = self.spec.propose(self.scheduler.running, self.runner.generator_for)
+            self.scheduler.update_draft_token_ids(drafts)
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self.runner.swap(sched.swap_out, sched.swap_in)  # preemptions may still have to move K/V

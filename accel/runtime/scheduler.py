@@ -115,6 +115,12 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- the step ------------------------------------------------------------------------------------
+    def update_draft_token_ids(self, drafts: dict[str, list[int]]) -> None:
+        """Draft tokens for this step's verification, by request id (vLLM's `update_draft_token_ids`): each running
+        request gets its own or none. They take lookahead KV slots only if `schedule` finds them free."""
+        for seq in self.running:
+            seq.spec_token_ids = list(drafts.get(seq.request_id, ()))
+
     def schedule(self) -> SchedulerOutput:
         self.num_steps += 1
         budget = self.config.max_num_batched_tokens

@@ -248,11 +248,11 @@ class EagleProposer(PagedDraftProposer):
                 feats.append(self._real_features(r.block_table, base + seq.num_computed_tokens,
                                                  base + seq.num_tokens))
                 self.num_real[r.request_id] = seq.num_tokens
-        self.last_max_catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
+        catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
         path = [1.0] * len(requests)
-        self.last_num_forwards = 0
+        forwards = 0
         while active:
-            self.last_num_forwards += 1
+            forwards += 1
             scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
             hidden = self.model(ids, pos, meta, self.runner.kv_caches, features=torch.cat(feats))  # [T, H]
@@ -270,7 +270,8 @@ class EagleProposer(PagedDraftProposer):
                     feats.append(last[b: b + 1])
             active = nxt
         probs = [torch.stack(q) if q else None for q in qs]
-        return Proposals(drafts, probs if any(p is not None for p in probs) else None)
+        return Proposals(drafts, probs if any(p is not None for p in probs) else None, num_forwards=forwards,
+                         max_catchup=catchup)
 
 
 def _linear_weight(mod: nn.Module) -> Tensor:

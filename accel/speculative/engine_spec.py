@@ -1,8 +1,9 @@
 """The engine's speculative-decoding loop: who drafts how much before each step, and what was accepted after.
 
-    Engine.step():  drafts = spec.propose()      # running decode requests get 0..k draft tokens
+    Engine.step():  drafts, q = spec.propose(running, generator_for)  # 0..k draft tokens per decode request
+                    scheduler.update_draft_token_ids(drafts)
                     sched  = scheduler.schedule()  # drafts ride in the same batch as everything else
-                    out    = runner.execute(sched, drafts)   # verification: accepted drafts + 1 token
+                    out    = runner.execute(sched, q)   # verification: accepted drafts + 1 token
                     scheduler.update_from_output(...)        # rollback of rejected drafts' KV slots
                     spec.observe(sched, out)     # counters (request, domain, global), adaptive length
 
@@ -10,17 +11,24 @@ The draft length per request comes from `AdaptiveSpeculation` (Leviathan's formu
 acceptance, off above `disable_above_batch_size` running requests) and is capped so that accepted drafts plus
 the bonus token never pass max_tokens or the model length. Requests that ask for logprobs are not drafted
 (their per-token logprobs would need every verified position's distribution; not implemented).
+
+`SpecDecoder` knows the running requests the engine hands it and the proposer it was built with; it never sees
+the engine, the scheduler or the runner, and the proposer reports its own cost (forwards run, catch-up) in the
+`Proposals` it returns.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput
+from accel.runtime.sequence import Sequence
 from accel.speculative.adaptive import AdaptiveSpeculation, CostMeter
 from accel.speculative.config import SpeculativeConfig
 from accel.speculative.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer
@@ -62,23 +70,21 @@ def build_proposer(config: SpeculativeConfig, target_dir: str | None, num_blocks
 class SpecDecoder:
     """Speculation state of one engine: proposer, adaptive lengths, acceptance counters."""
 
-    def __init__(self, config: SpeculativeConfig, engine, proposer: Proposer | None = None) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int) -> None:
         self.config = config
-        self.engine = engine
-        self.proposer = proposer or build_proposer(config, engine.config.model, engine.kv.pool.num_blocks,
-                                                   engine.config.block_size, engine.runner.device,
-                                                   engine.runner.dtype, target_runner=engine.runner)
+        self.proposer = proposer
+        self.max_model_len = max_model_len
+        self.last: Proposals | None = None  # the last step's proposals (benchmarks and tests read their stats)
         self.adaptive = AdaptiveSpeculation(config.adaptive_config())
         self.cost = CostMeter()  # the draft's cost, measured on this engine
         self._propose_s, self._draft_forwards, self._step_t0 = 0.0, 0, None
         self.total = SpecDecodeStats()
         self.per_domain: dict[str, SpecDecodeStats] = {}
-        self.per_source: dict[str, SpecDecodeStats] = {}  # proposers that report `last_sources` (NgramFirstProposer)
+        self.per_source: dict[str, SpecDecodeStats] = {}  # proposals that carry `sources` (NgramFirstProposer)
         self._source: dict[str, str] = {}  # request id -> which proposer drafted it this step
         self._domain: dict[str, str | None] = {}
         self._drafted: set[str] = set()  # requests asked for drafts this step (k >= 0 decided)
         self._undraftable: set[str] = set()  # requests whose proposal raised: decoded without drafts from then on
-        self._sources: list[str | None] | None = None  # per request when proposed one by one after a failure
 
     def add(self, request_id: str, domain: str | None) -> None:
         self._domain[request_id] = domain
@@ -89,24 +95,24 @@ class SpecDecoder:
         self._domain.pop(request_id, None)
         self._undraftable.discard(request_id)
 
-    def propose(self) -> dict[str, Tensor | None]:
-        """Set `spec_token_ids` of the running decode requests; returns their draft distributions (q)."""
+    def propose(self, running: list[Sequence], generator_for: Callable[[Sequence], torch.Generator | None]
+                ) -> tuple[dict[str, list[int]], dict[str, Tensor | None]]:
+        """Drafts for the running decode requests: (draft token ids, their distributions q) by request id, for
+        `Scheduler.update_draft_token_ids` and the runner's verification. `generator_for`: a request's seeded
+        generator (shared with the proposer, so draws stay per request)."""
         try:
-            return self._propose()
+            return self._propose(running, generator_for)
         finally:
             self._step_t0 = time.perf_counter()  # the target step runs from here to observe()
 
-    def _propose(self) -> dict[str, Tensor | None]:
-        sched = self.engine.scheduler
-        running = sched.running
+    def _propose(self, running: list[Sequence], generator_for
+                 ) -> tuple[dict[str, list[int]], dict[str, Tensor | None]]:
         self._drafted = set()
         self._source = {}
         self._propose_s, self._draft_forwards = 0.0, 0
-        for seq in running:
-            seq.spec_token_ids = []
         batch = len(running)
         reqs, seqs = [], []
-        max_len = sched.config.max_model_len
+        max_len = self.max_model_len
         # still prefilling, or wants per-token logprobs: not drafted
         eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1 and s.params.logprobs is None
                     and s.request_id not in self._undraftable]
@@ -118,63 +124,63 @@ class SpecDecoder:
             if k <= 0:
                 continue
             reqs.append(ProposalRequest(seq.token_ids, k, seq.request_id, seq.num_prompt_tokens, seq.params,
-                                        self.engine.runner.generator_for(seq), seq.block_table))
+                                        generator_for(seq), seq.block_table))
             seqs.append(seq)
         if not reqs:
-            return {}
+            return {}, {}
         if self.config.max_step_rows is not None:
             reqs, seqs = self._fit_step_rows(reqs, seqs, running)
             if not reqs:
-                return {}
+                return {}, {}
         t0 = time.perf_counter()
-        props = self._contained_propose(reqs)
+        props = self.last = self._contained_propose(reqs)
         self._propose_s = time.perf_counter() - t0
         # the cost per unit of k: a draft model runs up to max(k) batched forwards, fewer when confidence gates end
-        # the chains early (`last_num_forwards`). The adaptive rule charges k x c for a draft of length k, and with
+        # the chains early (`Proposals.num_forwards`). The adaptive rule charges k x c for a draft of length k, and with
         # gates the real cost is (forwards run) x (seconds per forward), so c per allowed token (proposing time /
         # max k) is the one that makes k x c right; the gates, not k, then decide the chain length. (Charging c
         # per forward run instead measured the same within noise at batch 1: 1.21-1.27x.)
         self._draft_forwards = max(r.k for r in reqs)
-        if getattr(self.proposer, "last_max_catchup", 0) > self.config.num_speculative_tokens + 1:
+        if props.max_catchup > self.config.num_speculative_tokens + 1:
             # a request's first draft (or one after a pause) prefilled its context: a one-time cost per request,
             # not the per-forward cost c the adaptive rule weighs a longer draft against (measured: an EAGLE
             # draft's prompt catch-up put c at 0.61 of a step, its steady forwards cost ~0.1), so the cost
             # meter skips this step's proposing time
             self._draft_forwards = 0
-        sources = self._sources if self._sources is not None else getattr(self.proposer, "last_sources", None)
-        self._source = {} if sources is None else {s.request_id: src for s, src in zip(seqs, sources) if src}
+        self._source = {} if props.sources is None else {s.request_id: src for s, src in zip(seqs, props.sources)
+                                                           if src}
+        drafts: dict[str, list[int]] = {}
         probs: dict[str, Tensor | None] = {}
         for i, seq in enumerate(seqs):
-            seq.spec_token_ids = list(props.token_ids[i])
-            if seq.spec_token_ids:
+            if props.token_ids[i]:
+                drafts[seq.request_id] = list(props.token_ids[i])
                 probs[seq.request_id] = None if props.probs is None else props.probs[i]
-        return probs
+        return drafts, probs
 
     def _contained_propose(self, reqs: list[ProposalRequest]) -> Proposals:
         """The proposer's drafts; when it raises, each request is proposed for alone and the ones that still fail
         are decoded without drafts from then on (drafts only ever save time: the output is the same)."""
-        self._sources = None
         try:
             return self.proposer.propose(reqs)
         except Exception:  # noqa: BLE001
             log.exception("the proposer failed; proposing for each request alone")
         token_ids: list[list[int]] = []
         probs: list[Tensor | None] = []
-        self._sources = []
+        sources: list[str | None] = []
         for r in reqs:
             try:
                 one = self.proposer.propose([r])
                 token_ids.append(list(one.token_ids[0]))
                 probs.append(None if one.probs is None else one.probs[0])
-                self._sources.append((getattr(self.proposer, "last_sources", None) or [None])[0])
+                sources.append((one.sources or [None])[0])
             except Exception:  # noqa: BLE001
                 log.exception("the proposer failed for request %s; it decodes without drafts", r.request_id)
                 self._undraftable.add(r.request_id)
                 self.proposer.finish(r.request_id)
                 token_ids.append([])
                 probs.append(None)
-                self._sources.append(None)
-        return Proposals(token_ids, probs if any(q is not None for q in probs) else None)
+                sources.append(None)
+        return Proposals(token_ids, probs if any(q is not None for q in probs) else None, sources=sources)
 
     def _fit_step_rows(self, reqs: list[ProposalRequest], seqs: list, running: list
                        ) -> tuple[list[ProposalRequest], list]:

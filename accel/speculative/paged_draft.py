@@ -78,10 +78,6 @@ class PagedDraftProposer(Proposer):
         self.seqs: dict[str, Sequence] = {}
         self.min_path_confidence: float | None = None  # SpeculativeConfig.draft_min_path_confidence
         self.min_first_confidence: float | None = None  # SpeculativeConfig.draft_min_first_confidence
-        # the longest catch-up span of the last propose call (tokens a request fed its first forward): a request's
-        # first draft prefills its whole context, a one-time cost the engine keeps out of the per-forward cost
-        self.last_max_catchup = 0
-        self.last_num_forwards = 0  # sequential draft forwards of the last propose call (chains may end early)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, num_blocks: int, block_size: int = 16,
@@ -139,11 +135,11 @@ class PagedDraftProposer(Proposer):
             seq = self._prepare(r) if r.k > 0 else None
             if seq is not None:
                 active.append((i, seq))
-        self.last_max_catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
+        catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
         path = [1.0] * len(requests)
-        self.last_num_forwards = 0
+        forwards = 0
         while active:
-            self.last_num_forwards += 1
+            forwards += 1
             scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
             hidden = self.model(ids, pos, meta, self.runner.kv_caches)  # [T, H]
@@ -160,7 +156,8 @@ class PagedDraftProposer(Proposer):
                     nxt.append((i, seq))
             active = nxt
         probs = [torch.stack(q) if q else None for q in qs]
-        return Proposals(drafts, probs if any(p is not None for p in probs) else None)
+        return Proposals(drafts, probs if any(p is not None for p in probs) else None, num_forwards=forwards,
+                         max_catchup=catchup)
 
     def _take(self, tokens: list[int], q: Tensor | None, top: list[float] | None, b: int, i: int,
               path: list[float], drafts: list[list[int]], qs: list[list[Tensor]],

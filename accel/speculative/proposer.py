@@ -58,10 +58,19 @@ class ProposalRequest:
 
 @dataclass
 class Proposals:
-    """token_ids[i]: the drafts for request i (0..k_i tokens). probs[i]: [len(token_ids[i]), V] q, or None."""
+    """token_ids[i]: the drafts for request i (0..k_i tokens). probs[i]: [len(token_ids[i]), V] q, or None.
+
+    num_forwards  sequential draft-model forwards this call ran (chains may end early; 0: no model ran).
+    max_catchup   the longest span a request fed its first forward: a request's first draft (or one after a
+                  pause) prefills its context, a one-time cost the engine keeps out of the per-forward cost.
+    sources       per request, which proposer drafted it ("ngram", "draft", None: nothing), where several do.
+    """
 
     token_ids: list[list[int]]
     probs: list[Tensor] | None = None
+    num_forwards: int = 0
+    max_catchup: int = 0
+    sources: list[str | None] | None = None
 
 
 class Proposer(ABC):
@@ -99,9 +108,6 @@ class NgramFirstProposer(Proposer):
 
     def __init__(self, ngram: NgramProposer, draft: Proposer) -> None:
         self.ngram, self.draft = ngram, draft
-        self.last_num_forwards = 0  # the draft model's sequential forwards in the last call (0: lookup served all)
-        self.last_max_catchup = 0
-        self.last_sources: list[str | None] = []  # per request of the last call: "ngram", "draft" or None (no draft)
 
     @property
     def model(self):
@@ -113,17 +119,16 @@ class NgramFirstProposer(Proposer):
         rest = [i for i, r in enumerate(requests) if r.k > 0 and not looked[i]]
         tokens: list[list[int]] = list(looked)
         probs: list[Tensor | None] = [None] * len(requests)
-        self.last_sources = ["ngram" if t else None for t in looked]
-        self.last_num_forwards = self.last_max_catchup = 0
+        sources: list[str | None] = ["ngram" if t else None for t in looked]
+        sub = Proposals([])
         if rest:
             sub = self.draft.propose([requests[i] for i in rest])
             for j, i in enumerate(rest):
                 tokens[i] = sub.token_ids[j]
                 probs[i] = None if sub.probs is None else sub.probs[j]
-                self.last_sources[i] = "draft" if tokens[i] else None
-            self.last_num_forwards = getattr(self.draft, "last_num_forwards", 0)
-            self.last_max_catchup = getattr(self.draft, "last_max_catchup", 0)
-        return Proposals(tokens, probs if any(p is not None for p in probs) else None)
+                sources[i] = "draft" if tokens[i] else None
+        return Proposals(tokens, probs if any(p is not None for p in probs) else None, num_forwards=sub.num_forwards,
+                         max_catchup=sub.max_catchup, sources=sources)
 
     def finish(self, request_id: str) -> None:
         self.ngram.finish(request_id)

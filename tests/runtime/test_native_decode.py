@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from accel.quant import cpu_kernels
 from accel.quant.schemes import uniform_plan

@@ -200,3 +200,13 @@ def test_rejected_draft_tokens_are_rolled_back():
     assert (a.spec.num_drafts, a.spec.num_draft_tokens, a.spec.num_accepted_tokens) == (1, 3, 1)
     assert a.spec.num_accepted_tokens_per_pos == [1, 0, 0]
     assert a.spec_token_ids == []
+
+
+def test_draft_token_ids_ride_the_next_step_of_their_own_request():
+    s = make()
+    for r in (req("a", 3, max_tokens=8), req("b", 2, max_tokens=8)):
+        s.add(r)
+    step(s)  # both prefilled
+    s.update_draft_token_ids({"a": [9, 9], "gone": [1]})
+    rows = {r.seq.request_id: (r.num_tokens, r.spec_token_ids) for r in s.schedule().scheduled}
+    assert rows == {"a": (3, [9, 9]), "b": (1, [])}

@@ -21,7 +21,7 @@ from accel.runtime.sampling_params import SamplingParams
 from accel.speculative.adaptive import AdaptiveSpeculation
 from accel.speculative.config import SpeculativeConfig
 from accel.speculative.paged_draft import PagedDraftProposer
-from accel.speculative.proposer import NgramProposer, Proposals, ProposalRequest, Proposer
+from accel.speculative.proposer import Proposals, ProposalRequest, Proposer
 from accel.speculative.tokenizer_check import TokenizerMismatchError
 from tests.runtime.helpers import hf_greedy, make_hf_model, mixed_prompts, tiny_config
 

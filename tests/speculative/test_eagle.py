@@ -333,9 +333,9 @@ def test_cost_meter_leaves_out_a_first_draft_that_prefills_the_context(tmp_path,
     engine.add_request(PROMPTS[2], SamplingParams(max_tokens=10, temperature=0))
     engine.step()  # prefill
     engine.step()  # first draft: the draft catches up on the whole prompt (a one-time cost)
-    assert engine.spec.proposer.last_max_catchup == len(PROMPTS[2]) and engine.spec.cost.propose_ratio is None
+    assert engine.spec.last.max_catchup == len(PROMPTS[2]) and engine.spec.cost.propose_ratio is None
     engine.step()  # steady state: accepted drafts + the bonus token
-    assert engine.spec.proposer.last_max_catchup <= 2 and engine.spec.cost.propose_ratio is not None
+    assert engine.spec.last.max_catchup <= 2 and engine.spec.cost.propose_ratio is not None
 
 
 def test_context_window_caps_the_first_catch_up_and_keeps_outputs_exact(tmp_path, tiny_model_dir):
@@ -352,7 +352,7 @@ def test_context_window_caps_the_first_catch_up_and_keeps_outputs_exact(tmp_path
     engine.step()  # prefill
     engine.step()  # first draft: catches up on the last 5 positions only
     proposer = engine.spec.proposer
-    assert proposer.last_max_catchup == 5 and proposer.base[next(iter(proposer.base))] == len(long_prompt) - 5
+    assert engine.spec.last.max_catchup == 5 and proposer.base[next(iter(proposer.base))] == len(long_prompt) - 5
     while engine.has_unfinished():
         engine.step()
     out, engine = _run(tiny_model_dir, PROMPTS, params, spec)

@@ -138,7 +138,8 @@ def test_first_token_gate_proposes_an_unsure_first_token_and_ends_its_chain_with
 
     # path gate above both first tokens, first-token gate below both: one token each, and one draft forward
     prop.min_path_confidence, prop.min_first_confidence = hi * 1.01, lo * 0.99
-    assert again().token_ids == [d[:1] for d in full.token_ids] and prop.last_num_forwards == 1
+    one = again()
+    assert one.token_ids == [d[:1] for d in full.token_ids] and one.num_forwards == 1
     # first-token gate between the two: only the surer request drafts
     prop.min_first_confidence = (lo + hi) / 2
     assert again().token_ids == [d[:1] if f == hi else [] for d, f in zip(full.token_ids, firsts)]

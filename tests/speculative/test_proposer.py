@@ -154,12 +154,11 @@ class _RecordingDraft(Proposer):
     def __init__(self) -> None:
         self.asked: list[str] = []
         self.finished: list[str] = []
-        self.last_num_forwards = 0
 
     def propose(self, requests):
         self.asked += [r.request_id for r in requests]
-        self.last_num_forwards = max(r.k for r in requests)
-        return Proposals([[7] * r.k for r in requests], [torch.full((r.k, 10), 0.1) for r in requests])
+        return Proposals([[7] * r.k for r in requests], [torch.full((r.k, 10), 0.1) for r in requests],
+                         num_forwards=max(r.k for r in requests))
 
     def finish(self, request_id):
         self.finished.append(request_id)
@@ -176,11 +175,11 @@ def test_ngram_first_serves_lookup_matches_and_sends_the_rest_to_the_draft():
     assert draft.asked == ["open"]  # the draft model never sees lookup-served or k = 0 requests
     assert props.probs[0] is None and props.probs[2] is None  # lookup drafts: one-hot q for the verifier
     assert props.probs[1].shape == (3, 10)
-    assert hybrid.last_sources == ["ngram", "draft", None]
-    assert hybrid.last_num_forwards == 3 and hybrid.model == "draft-model"
+    assert props.sources == ["ngram", "draft", None]
+    assert props.num_forwards == 3 and hybrid.model == "draft-model"
     # all served by lookup: the draft model does not run, no q at all
     props = hybrid.propose([reqs[0]])
-    assert props.probs is None and draft.asked == ["open"] and hybrid.last_num_forwards == 0
+    assert props.probs is None and draft.asked == ["open"] and props.num_forwards == 0
     hybrid.finish("open")
     assert draft.finished == ["open"]
 
@@ -190,3 +189,19 @@ def test_ngram_first_is_refused_without_a_draft_model():
 
     with pytest.raises(ValueError, match="draft_ngram_first=True needs a draft model"):
         SpeculativeConfig(method="ngram", draft_ngram_first=True)
+
+
+def test_spec_decoder_drafts_from_the_running_requests_it_is_handed_and_writes_nothing():
+    from accel.runtime.sampling_params import SamplingParams
+    from accel.runtime.sequence import Sequence
+    from accel.speculative.config import SpeculativeConfig
+    from accel.speculative.engine_spec import SpecDecoder
+
+    cfg = SpeculativeConfig(method="ngram", adaptive=False, num_speculative_tokens=3, ngram_min_n=1, ngram_max_n=2,
+                            disable_above_batch_size=None, max_step_rows=None)
+    dec = SpecDecoder(cfg, NgramProposer(1, 2), max_model_len=64)  # no engine, scheduler or runner
+    seq = Sequence("a", [1, 2, 3, 4, 1, 2], SamplingParams(max_tokens=10, temperature=0))
+    seq.num_computed_tokens = seq.num_tokens - 1  # decoding: one new token per step
+    drafts, q = dec.propose([seq], lambda s: None)
+    assert drafts == {"a": [3, 4, 1]} and q == {"a": None}
+    assert seq.spec_token_ids == [] and dec.last.token_ids == [[3, 4, 1]]  # the scheduler applies drafts
