@@ -194,10 +194,6 @@ class DistillConfig(Strict):
     model_written_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     """kind eagle only: share of the prompts that are user turns the target writes itself (Magpie-style; the
     calibration pool alone holds ~200 distinct questions among the prompts 30 minutes reply to)."""
-    chain_weight: Annotated[float, Field(ge=0.0)] = 0.0
-    """kind eagle only: weight of the second chain step's loss (the draft fed its own first guess, EAGLE-3's
-    training-time test); 0 trains the first step only (at 30 CPU-minutes the halved step count cost more
-    first-token agreement than the second token gained; see train_eagle)."""
     gen_fraction: Annotated[float, Field(ge=0.05, le=0.95)] = 0.4
     """kind eagle only: share of the budget spent generating the target's replies; the rest trains. A continuation
     (init_from) has a trained draft already, so fresh data is worth more than steps (0.6)."""

@@ -184,7 +184,7 @@ def stage_draft(ctx: StageContext) -> dict:
             from accel.draft_training.eagle_train import train_eagle
 
             res = train_eagle(model_path(ctx), ctx.out_dir / "draft", model_written_fraction=d.model_written_fraction,
-                              chain_weight=d.chain_weight, gen_fraction=d.gen_fraction, init_from=d.init_from,
+                              gen_fraction=d.gen_fraction, init_from=d.init_from,
                               **common)
         else:
             from accel.draft_training.distill import train_draft

@@ -13,7 +13,7 @@ from typing import Any
 
 from accel.report.doc import render_html, render_markdown
 from accel.report.machine import machine_info, package_versions
-from accel.report.schema import ReportInputError, RunReport, SpecCounters, SpecStats, Variant, report_from_bench
+from accel.report.schema import ReportInputError, RunReport, Variant, report_from_bench
 from accel.report.sections import build_document
 
 
@@ -34,5 +34,5 @@ def build_report(result_json: dict[str, Any] | RunReport, out_dir: str | Path) -
     return md_path, html_path
 
 
-__all__ = ["build_report", "machine_info", "package_versions", "RunReport", "Variant", "SpecStats", "SpecCounters",
+__all__ = ["build_report", "machine_info", "package_versions", "RunReport", "Variant",
            "ReportInputError", "report_from_bench"]

@@ -14,9 +14,8 @@
           "speed": {"batch1": <BenchResult JSON>, "batch16": <BenchResult JSON>},  # workload -> result
           "sweep": <SweepResult JSON> | null,   # throughput vs concurrency, optional
           "spec": {"num_drafts": 10, "num_draft_tokens": 40, "num_accepted_tokens": 25,
-                   "num_accepted_tokens_per_pos": [9, 7, 5, 4],
-                   "per_domain": {"code": {"num_drafts": 5, "num_draft_tokens": 20, "num_accepted_tokens": 15}}}
-                  | null,
+                   "num_accepted_tokens_per_pos": [9, 7, 5, 4]} | null,
+          "spec_per_domain": {"code": {"num_drafts": 5, "num_draft_tokens": 20, "num_accepted_tokens": 15}},
           "size_mb": 513.0 | null, "avg_bits": 32.0 | null
         }, ...
       ],
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from accel.bench.latency import BenchResult, SweepResult
+from accel.speculative.stats import SpecDecodeStats
 
 SCHEME_BITS = {"int4": 4, "int4f": 4, "int8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
 
@@ -42,41 +42,13 @@ class ReportInputError(ValueError):
 
 
 @dataclass
-class SpecCounters:
-    """Raw speculative-decoding counters (vLLM names); rates are derived, never stored."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
-
-
-@dataclass
-class SpecStats(SpecCounters):
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
-    per_domain: dict[str, SpecCounters] = field(default_factory=dict)
-
-    def acceptance_per_position(self) -> list[float]:
-        """Fraction of drafts whose token at position k was accepted (vLLM's per-position acceptance)."""
-        if not self.num_drafts:
-            return [0.0 for _ in self.num_accepted_tokens_per_pos]
-        return [a / self.num_drafts for a in self.num_accepted_tokens_per_pos]
-
-
-@dataclass
 class Variant:
     name: str
     quality: dict[str, Any] = field(default_factory=dict)
     speed: dict[str, BenchResult] = field(default_factory=dict)
     sweep: SweepResult | None = None
-    spec: SpecStats | None = None
+    spec: SpecDecodeStats | None = None
+    spec_per_domain: dict[str, SpecDecodeStats] = field(default_factory=dict)
     size_mb: float | None = None
     avg_bits: float | None = None
 
@@ -128,29 +100,19 @@ def _variant(v: Any, i: int) -> Variant:
             sweep = SweepResult.from_dict(sweep)
         except (TypeError, KeyError) as e:
             raise ReportInputError(f"{where}.sweep is not a SweepResult: {e}") from None
-    return Variant(name=v["name"], quality=quality, speed=speed, sweep=sweep, spec=_spec(v.get("spec"), where),
+    return Variant(name=v["name"], quality=quality, speed=speed, sweep=sweep, spec=_spec(v.get("spec"), f"{where}.spec"),
+                   spec_per_domain={d: _spec(c, f"{where}.spec_per_domain.{d}")
+                                    for d, c in (v.get("spec_per_domain") or {}).items()},
                    size_mb=v.get("size_mb"), avg_bits=v.get("avg_bits"))
 
 
-def _spec(s: Any, where: str) -> SpecStats | None:
-    if s is None:
-        return None
-    if isinstance(s, SpecStats):
+def _spec(s: Any, where: str) -> SpecDecodeStats | None:
+    if s is None or isinstance(s, SpecDecodeStats):
         return s
     try:
-        per_domain = {k: SpecCounters(**c) for k, c in (s.get("per_domain") or {}).items()}
-        stats = SpecStats(num_drafts=int(s["num_drafts"]), num_draft_tokens=int(s["num_draft_tokens"]),
-                          num_accepted_tokens=int(s["num_accepted_tokens"]),
-                          num_accepted_tokens_per_pos=[int(x) for x in s.get("num_accepted_tokens_per_pos", [])],
-                          per_domain=per_domain)
-    except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise ReportInputError(f"{where}.spec needs integer counters num_drafts, num_draft_tokens, "
-                               f"num_accepted_tokens (and optional num_accepted_tokens_per_pos, per_domain): {e}"
-                               ) from None
-    if stats.num_accepted_tokens > stats.num_draft_tokens:
-        raise ReportInputError(f"{where}.spec: num_accepted_tokens {stats.num_accepted_tokens} exceeds "
-                               f"num_draft_tokens {stats.num_draft_tokens}")
-    return stats
+        return SpecDecodeStats.from_dict(s)
+    except ValueError as e:
+        raise ReportInputError(f"{where}: {e}") from None
 
 
 def _sensitivity(s: Any) -> dict[str, dict[str, float]] | None:

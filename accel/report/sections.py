@@ -172,13 +172,14 @@ def throughput_section(report: RunReport) -> Section | None:
 
 def spec_section(report: RunReport) -> Section | None:
     specs = [(v.name, v.spec) for v in report.variants if v.spec is not None]
+    domains = {v.name: v.spec_per_domain for v in report.variants if v.spec is not None and v.spec_per_domain}
     if not specs:
         return None
     rows = [[n, fmt(s.num_drafts), fmt(s.num_draft_tokens), fmt(s.num_accepted_tokens), fmt(s.acceptance_rate),
              fmt(s.mean_acceptance_length)] for n, s in specs]
     blocks = [Table(["variant", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance rate",
                      "mean acceptance length"], rows, "Speculative decoding counters")]
-    per_pos = {n: s.acceptance_per_position() for n, s in specs if s.num_accepted_tokens_per_pos}
+    per_pos = {n: s.acceptance_rate_per_pos for n, s in specs if s.num_accepted_tokens_per_pos}
     if per_pos:
         blocks.append(Figure("acceptance-position", plots.acceptance_per_position(per_pos),
                              "Acceptance per draft position"))
@@ -186,14 +187,14 @@ def spec_section(report: RunReport) -> Section | None:
         blocks.append(Table(["variant"] + [f"pos {i + 1}" for i in range(width)],
                             [[n] + [fmt(x) for x in r] + [""] * (width - len(r)) for n, r in per_pos.items()],
                             "Accepted / drafts per position"))
-    per_dom = {n: {d: c.acceptance_rate or 0.0 for d, c in s.per_domain.items()} for n, s in specs if s.per_domain}
+    per_dom = {n: {d: c.acceptance_rate or 0.0 for d, c in by_dom.items()} for n, by_dom in domains.items()}
     if per_dom:
         blocks.append(Figure("acceptance-domain", plots.acceptance_per_domain(per_dom), "Acceptance rate per domain"))
         blocks.append(Table(["variant", "domain", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
                              "acceptance rate", "mean acceptance length"],
                             [[n, d, fmt(c.num_drafts), fmt(c.num_draft_tokens), fmt(c.num_accepted_tokens),
                               fmt(c.acceptance_rate), fmt(c.mean_acceptance_length)]
-                             for n, s in specs for d, c in sorted(s.per_domain.items())], "Acceptance per domain"))
+                             for n, by_dom in domains.items() for d, c in sorted(by_dom.items())], "Acceptance per domain"))
     return Section("Speculative decoding", blocks)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,9 @@ from accel.runtime.model import CausalLM, fuse_projections, load_model
 from accel.runtime.model_runner import KV_CACHE_DTYPES, ModelRunner, RunnerConfig, kv_bytes_per_block
 from accel.runtime.sampling_params import SamplingParams
 from accel.runtime.scheduler import QueueFullError, Scheduler, SchedulerConfig
-from accel.runtime.sequence import FinishReason, RequestMetrics, Sequence, SpecDecodeCounters
+from accel.runtime.sequence import FinishReason, RequestMetrics, Sequence
 from accel.speculative.config import SpeculativeConfig
+from accel.speculative.engine_spec import SpecDecoder, build_proposer
 from accel.speculative.stats import SpecDecodeStats
 
 __all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullError", "stream_generate"]
@@ -97,7 +99,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
-    spec_decode: SpecDecodeCounters | None = None  # None unless the request was verified against drafts
+    spec_decode: SpecDecodeStats | None = None  # None unless the request was verified against drafts
     error: str | None = None  # finish_reason "error": what failed (this request only; the others go on)
 
 
@@ -141,11 +143,12 @@ class Engine:
             raise ValueError(f"the KV cache budget holds {num_blocks} blocks; give it at least one block's bytes")
         max_model_len = config.max_model_len or model.config.max_position_embeddings
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        spec = config.speculative or (SpeculativeConfig() if proposer is not None else None)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_waiting=config.max_waiting, max_wait_steps=config.max_wait_steps, max_model_len=max_model_len,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
-            preemption_mode=config.preemption_mode),
+            preemption_mode=config.preemption_mode, max_step_rows=spec.max_step_rows if spec else None),
             self.kv)
         self.runner = ModelRunner(model, RunnerConfig(config.block_size, num_blocks, config.kv_cache_dtype))
         if hasattr(model, "prepare_cpu_decode"):
@@ -156,10 +159,7 @@ class Engine:
         self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()
         self.spec = None
-        if config.speculative is not None or proposer is not None:
-            from accel.speculative.engine_spec import SpecDecoder, build_proposer
-
-            spec = config.speculative or SpeculativeConfig()
+        if spec is not None:
             proposer = proposer or build_proposer(spec, config.model, num_blocks, config.block_size, self.runner.device,
                                                   self.runner.dtype, target_runner=self.runner)
             self.spec = SpecDecoder(spec, proposer, max_model_len)
@@ -239,8 +239,10 @@ class Engine:
         """Run one scheduler step; returns an output for every request that got tokens or finished."""
         draft_probs = None
         if self.spec is not None:
-            drafts, draft_probs = self.spec.propose(self.scheduler.running, self.runner.generator_for)
+            drafts, draft_probs = self.spec.propose(self.scheduler.running, self.runner.generator_for,
+                                                    self.scheduler.draft_budget())
             self.scheduler.update_draft_token_ids(drafts)
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self.runner.swap(sched.swap_out, sched.swap_in)  # preemptions may still have to move K/V
@@ -249,7 +251,7 @@ class Engine:
         results = [self._fail(self._states[rid], error) for rid, error in out.failed.items()]
         touched = self.scheduler.update_from_output(sched, out)
         if self.spec is not None:
-            self.spec.observe(sched, out)
+            self.spec.observe(sched, out, time.perf_counter() - t0)
         by_id = dict(zip(out.request_ids, range(len(out.request_ids))))
         for seq in touched:
             st = self._states[seq.request_id]

@@ -38,6 +38,9 @@ class SchedulerConfig:
     max_wait_steps: int = 256  # starvation bound: after this many waiting steps a request cannot be passed
     max_model_len: int = 8192  # prompt + output tokens of one request
     num_lookahead_tokens: int = 0  # KV slots reserved per step for draft tokens (speculative decoding)
+    # decode rows + draft tokens one step may carry (None: no cap beyond the token budget); on a CPU a step
+    # costs about the same up to ~16 rows and grows with every row beyond
+    max_step_rows: int | None = None
     # cap on one request's prefill chunk per step, so a long prompt leaves budget to admit others (None: no cap)
     long_prefill_token_threshold: int | None = None
     # "recompute": a preempted request drops its K/V and recomputes them; "swap": its K/V are copied to host
@@ -52,6 +55,8 @@ class SchedulerConfig:
             raise ValueError(f"preemption_mode={self.preemption_mode!r} is invalid; allowed: {PREEMPTION_MODES}")
         if self.num_lookahead_tokens < 0:
             raise ValueError(f"num_lookahead_tokens={self.num_lookahead_tokens} is invalid; allowed: >= 0")
+        if self.max_step_rows is not None and self.max_step_rows < 2:
+            raise ValueError(f"max_step_rows={self.max_step_rows} is invalid; allowed: None or >= 2")
 
 
 class Scheduler:
@@ -115,11 +120,28 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- the step ------------------------------------------------------------------------------------
+    def draft_budget(self) -> int | None:
+        """Draft tokens the next step may carry: `max_step_rows` less the running decode rows (None: no cap)."""
+        if self.config.max_step_rows is None:
+            return None
+        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
+        return max(0, self.config.max_step_rows - decoding)
+
     def update_draft_token_ids(self, drafts: dict[str, list[int]]) -> None:
         """Draft tokens for this step's verification, by request id (vLLM's `update_draft_token_ids`): each running
-        request gets its own or none. They take lookahead KV slots only if `schedule` finds them free."""
+        request gets its own or none. Drafts are granted in the order given until `draft_budget` is spent (the
+        drafter puts the likeliest accepted first); they take lookahead KV slots only if `schedule` finds them
+        free."""
+        left = self.draft_budget()
         for seq in self.running:
-            seq.spec_token_ids = list(drafts.get(seq.request_id, ()))
+            seq.spec_token_ids = []
+        for request_id, token_ids in drafts.items():
+            seq = self.requests.get(request_id)
+            if seq is None or seq.status != SequenceStatus.RUNNING:
+                continue
+            seq.spec_token_ids = list(token_ids if left is None else token_ids[:left])
+            if left is not None:
+                left -= len(seq.spec_token_ids)
 
     def schedule(self) -> SchedulerOutput:
         self.num_steps += 1
@@ -252,7 +274,7 @@ class Scheduler:
             num_rejected = len(req.spec_token_ids) - (len(sampled) - 1)
             seq.num_computed_tokens -= num_rejected
             if req.spec_token_ids:
-                seq.spec.record(len(req.spec_token_ids), len(sampled) - 1)
+                seq.spec.observe(len(req.spec_token_ids), len(sampled) - 1)
             seq.spec_token_ids = []
             for token_id in sampled:
                 seq.output_token_ids.append(token_id)

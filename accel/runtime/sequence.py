@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from accel.runtime.sampling_params import SamplingParams
+from accel.speculative.stats import SpecDecodeStats
 
 
 class SequenceStatus(enum.Enum):
@@ -74,25 +75,6 @@ class RequestMetrics:
 
 
 @dataclass
-class SpecDecodeCounters:
-    """Raw speculative-decoding counters of one request (names follow vLLM's metrics)."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # [k]: drafts whose k-th token was accepted
-
-    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += num_draft_tokens
-        self.num_accepted_tokens += num_accepted
-        if len(self.num_accepted_tokens_per_pos) < num_draft_tokens:
-            self.num_accepted_tokens_per_pos += [0] * (num_draft_tokens - len(self.num_accepted_tokens_per_pos))
-        for k in range(num_accepted):
-            self.num_accepted_tokens_per_pos[k] += 1
-
-
-@dataclass
 class Sequence:
     """A request: prompt + generated tokens, how far the KV cache has caught up, and its state."""
 
@@ -114,7 +96,7 @@ class Sequence:
     num_cached_prompt_tokens: int = 0  # prompt tokens served by the prefix cache at (last) admission
     waited_steps: int = 0  # scheduler steps spent waiting since arrival / last preemption
     metrics: RequestMetrics = field(init=False)
-    spec: SpecDecodeCounters = field(default_factory=SpecDecodeCounters)
+    spec: SpecDecodeStats = field(default_factory=SpecDecodeStats)  # this request's acceptance counters
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

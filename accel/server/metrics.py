@@ -9,9 +9,9 @@ Names without a vLLM equivalent use the `accel:` prefix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from accel.speculative.stats import SpecDecodeStats
 
 # vLLM's bucket edges (vllm/v1/metrics/loggers.py), so histograms compare bucket by bucket
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -22,23 +22,10 @@ LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
-@dataclass
-class SpecCounters:
-    """One request's speculative-decoding counters, normalised from whatever the engine attached."""
-
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    num_accepted_tokens_per_pos: list[int]
-
-
-def spec_counters(output) -> SpecCounters | None:
-    """The spec-decode counters on a RequestOutput (attribute `spec_decode`), or None when not speculating."""
-    spec = getattr(output, "spec_decode", None)
-    if spec is None or not getattr(spec, "num_drafts", 0):
-        return None
-    return SpecCounters(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
-                        list(getattr(spec, "num_accepted_tokens_per_pos", None) or []))
+def spec_counters(output) -> SpecDecodeStats | None:
+    """A RequestOutput's speculative-decoding counters, or None when it was not verified against drafts."""
+    spec = output.spec_decode
+    return spec if spec is not None and spec.num_drafts else None
 
 
 class ServerMetrics:

@@ -11,6 +11,7 @@ import re
 
 from accel.runtime.sampling_params import MAX_STOP_STRINGS, SEED_MAX, SEED_MIN, SamplingParams
 from accel.server.metrics import spec_counters
+from accel.speculative.stats import SpecDecodeStats
 from accel.server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -160,14 +161,7 @@ def usage(outs: list) -> UsageInfo:
     n_prompt = len(outs[0].prompt_token_ids)
     n_out = sum(len(o.token_ids) for o in outs)
     specs = [s for s in (spec_counters(o) for o in outs) if s is not None]
-    spec = None
-    if specs:
-        width = max(len(s.num_accepted_tokens_per_pos) for s in specs)
-        spec = SpecDecodeUsage(
-            num_drafts=sum(s.num_drafts for s in specs), num_draft_tokens=sum(s.num_draft_tokens for s in specs),
-            num_accepted_tokens=sum(s.num_accepted_tokens for s in specs),
-            num_accepted_tokens_per_pos=[sum(s.num_accepted_tokens_per_pos[k] for s in specs
-                                             if k < len(s.num_accepted_tokens_per_pos)) for k in range(width)])
+    spec = SpecDecodeUsage(**sum(specs, SpecDecodeStats()).counters()) if specs else None
     return UsageInfo(
         prompt_tokens=n_prompt, completion_tokens=n_out, total_tokens=n_prompt + n_out,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=getattr(outs[0], "num_cached_tokens", 0) or 0),

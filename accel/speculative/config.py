@@ -54,8 +54,8 @@ class SpeculativeConfig:
                                 (Leviathan's formula); False: always k_max.
     disable_above_batch_size    no speculation while at least this many requests run (None: never off; "auto":
                                 DISABLE_ABOVE_BATCH_SIZE of the method).
-    max_step_rows               decode rows + draft tokens one step may carry (None: no cap). Drafts go to the
-                                requests with the best recent acceptance until the step holds this many rows: on
+    max_step_rows               decode rows + draft tokens one step may carry (None: no cap); the scheduler holds
+                                the step to it, drafts of the best recent acceptance first: on
                                 CPU a step costs about the same up to ~16 rows (streaming the weights dominates)
                                 and grows with every row beyond (compute-bound); n-gram at batch 16 fell to 0.85x
                                 of no speculation without the cap.

@@ -1,15 +1,16 @@
 """The engine's speculative-decoding loop: who drafts how much before each step, and what was accepted after.
 
-    Engine.step():  drafts, q = spec.propose(running, generator_for)  # 0..k draft tokens per decode request
-                    scheduler.update_draft_token_ids(drafts)
-                    sched  = scheduler.schedule()  # drafts ride in the same batch as everything else
-                    out    = runner.execute(sched, q)   # verification: accepted drafts + 1 token
+    Engine.step():  drafts, q = spec.propose(running, generator_for, scheduler.draft_budget())
+                    scheduler.update_draft_token_ids(drafts)  # 0..k draft tokens per decode request
+                    sched  = scheduler.schedule()            # drafts ride in the same batch as everything else
+                    out    = runner.execute(sched, q)        # verification: accepted drafts + 1 token
                     scheduler.update_from_output(...)        # rollback of rejected drafts' KV slots
-                    spec.observe(sched, out)     # counters (request, domain, global), adaptive length
+                    spec.observe(sched, out, step_seconds)   # counters, adaptive lengths, the draft's cost
 
 The draft length per request comes from `AdaptiveSpeculation` (Leviathan's formula on the request's recent
 acceptance, off above `disable_above_batch_size` running requests) and is capped so that accepted drafts plus
-the bonus token never pass max_tokens or the model length. Requests that ask for logprobs are not drafted
+the bonus token never pass max_tokens or the model length. The scheduler owns the step's row budget
+(`draft_budget`); `SpecDecoder` decides who gets it: the requests with the best recent acceptance first. Requests that ask for logprobs are not drafted
 (their per-token logprobs would need every verified position's distribution; not implemented).
 
 `SpecDecoder` knows the running requests the engine hands it and the proposer it was built with; it never sees
@@ -77,7 +78,7 @@ class SpecDecoder:
         self.last: Proposals | None = None  # the last step's proposals (benchmarks and tests read their stats)
         self.adaptive = AdaptiveSpeculation(config.adaptive_config())
         self.cost = CostMeter()  # the draft's cost, measured on this engine
-        self._propose_s, self._draft_forwards, self._step_t0 = 0.0, 0, None
+        self._propose_s, self._draft_forwards = 0.0, 0
         self.total = SpecDecodeStats()
         self.per_domain: dict[str, SpecDecodeStats] = {}
         self.per_source: dict[str, SpecDecodeStats] = {}  # proposals that carry `sources` (NgramFirstProposer)
@@ -95,18 +96,12 @@ class SpecDecoder:
         self._domain.pop(request_id, None)
         self._undraftable.discard(request_id)
 
-    def propose(self, running: list[Sequence], generator_for: Callable[[Sequence], torch.Generator | None]
-                ) -> tuple[dict[str, list[int]], dict[str, Tensor | None]]:
+    def propose(self, running: list[Sequence], generator_for: Callable[[Sequence], torch.Generator | None],
+                budget: int | None = None) -> tuple[dict[str, list[int]], dict[str, Tensor | None]]:
         """Drafts for the running decode requests: (draft token ids, their distributions q) by request id, for
         `Scheduler.update_draft_token_ids` and the runner's verification. `generator_for`: a request's seeded
-        generator (shared with the proposer, so draws stay per request)."""
-        try:
-            return self._propose(running, generator_for)
-        finally:
-            self._step_t0 = time.perf_counter()  # the target step runs from here to observe()
-
-    def _propose(self, running: list[Sequence], generator_for
-                 ) -> tuple[dict[str, list[int]], dict[str, Tensor | None]]:
+        generator (shared with the proposer, so draws stay per request). `budget`: draft tokens the step may
+        carry (the scheduler's `draft_budget`; None: no cap)."""
         self._drafted = set()
         self._source = {}
         self._propose_s, self._draft_forwards = 0.0, 0
@@ -128,8 +123,8 @@ class SpecDecoder:
             seqs.append(seq)
         if not reqs:
             return {}, {}
-        if self.config.max_step_rows is not None:
-            reqs, seqs = self._fit_step_rows(reqs, seqs, running)
+        if budget is not None:
+            reqs, seqs = self._fit_budget(reqs, seqs, budget)
             if not reqs:
                 return {}, {}
         t0 = time.perf_counter()
@@ -182,27 +177,27 @@ class SpecDecoder:
                 sources.append(None)
         return Proposals(token_ids, probs if any(q is not None for q in probs) else None, sources=sources)
 
-    def _fit_step_rows(self, reqs: list[ProposalRequest], seqs: list, running: list
-                       ) -> tuple[list[ProposalRequest], list]:
-        """Cap the step at `max_step_rows` decode rows + draft tokens: drafts go first to the requests with the
-        best acceptance estimate, each cut to what is left (requests left with 0 draft nothing this step)."""
-        left = self.config.max_step_rows - sum(1 for s in running if s.num_tokens - s.num_computed_tokens == 1)
+    def _fit_budget(self, reqs: list[ProposalRequest], seqs: list, budget: int
+                    ) -> tuple[list[ProposalRequest], list]:
+        """Spend the step's draft budget on the requests with the best acceptance estimate first, each cut to
+        what is left (requests left with 0 draft nothing this step)."""
         order = sorted(range(len(reqs)), key=lambda i: -self.adaptive.alpha(reqs[i].request_id))
         keep = []
         for i in order:
-            k = min(reqs[i].k, max(left, 0))
+            k = min(reqs[i].k, budget)
             if k > 0:
                 reqs[i].k = k
                 keep.append(i)
-                left -= k
+                budget -= k
         keep.sort()  # proposal order as scheduled
         return [reqs[i] for i in keep], [seqs[i] for i in keep]
 
-    def observe(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
-        """Count every verification of this step and feed the adaptive lengths and the cost meter."""
-        if self.cost is not None and self._step_t0 is not None:
+    def observe(self, sched: SchedulerOutput, out: ModelRunnerOutput, step_seconds: float) -> None:
+        """Count every verification of this step and feed the adaptive lengths and the cost meter
+        (`step_seconds`: the target's step, scheduling to sampled tokens)."""
+        if self.cost is not None:
             decode_only = all(r.num_tokens == 1 + len(r.spec_token_ids) for r in sched.scheduled)
-            self.cost.observe(self._propose_s, self._draft_forwards, time.perf_counter() - self._step_t0,
+            self.cost.observe(self._propose_s, self._draft_forwards, step_seconds,
                               sched.num_scheduled_tokens, len(sched.scheduled), decode_only)
             self.adaptive.measured_cost_ratio = self.cost.cost_ratio(len(sched.scheduled),
                                                                      self.config.default_cost_ratio())

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SpecDecodeStats:
-    """Raw speculative-decoding counters; see the module docstring."""
+    """Raw speculative-decoding counters of one request, domain, proposer or run; see the module docstring.
+
+    The one counters class: requests carry it (`RequestOutput.spec_decode`), the engine sums it per run, domain
+    and proposer, the server turns it into vLLM's metrics and usage block, and the report reads it back."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
@@ -67,23 +70,32 @@ class SpecDecodeStats:
         """[j]: fraction of drafts whose position j was accepted (vLLM's per-position rate)."""
         return [c / self.num_drafts for c in self.num_accepted_tokens_per_pos] if self.num_drafts else []
 
+    def counters(self) -> dict:
+        """The raw counters (vLLM metric names without the `vllm:spec_decode_` prefix)."""
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos)}
+
     def to_dict(self) -> dict:
-        """Counters (vLLM metric names without the `vllm:spec_decode_` prefix) plus the derived rates."""
-        return {
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
-            "acceptance_rate": self.acceptance_rate,
-            "mean_acceptance_length": self.mean_acceptance_length,
-        }
+        """The counters plus the derived rates."""
+        return {**self.counters(), "acceptance_rate": self.acceptance_rate,
+                "mean_acceptance_length": self.mean_acceptance_length}
 
     @classmethod
     def from_dict(cls, data: dict) -> SpecDecodeStats:
-        """Inverse of `to_dict` (derived fields are ignored: they are recomputed from the counters)."""
-        return cls(num_drafts=int(data["num_drafts"]), num_draft_tokens=int(data["num_draft_tokens"]),
-                   num_accepted_tokens=int(data["num_accepted_tokens"]),
-                   num_accepted_tokens_per_pos=[int(x) for x in data.get("num_accepted_tokens_per_pos", [])])
+        """Inverse of `to_dict` (derived fields are ignored: they are recomputed from the counters). Raises
+        ValueError naming the counter that is missing or inconsistent."""
+        try:
+            stats = cls(num_drafts=int(data["num_drafts"]), num_draft_tokens=int(data["num_draft_tokens"]),
+                        num_accepted_tokens=int(data["num_accepted_tokens"]),
+                        num_accepted_tokens_per_pos=[int(x) for x in data.get("num_accepted_tokens_per_pos") or []])
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            raise ValueError(f"speculative-decoding counters need integers num_drafts, num_draft_tokens, "
+                             f"num_accepted_tokens (and optional num_accepted_tokens_per_pos): {e!r}") from None
+        if not 0 <= stats.num_accepted_tokens <= stats.num_draft_tokens:
+            raise ValueError(f"num_accepted_tokens={stats.num_accepted_tokens} is invalid; allowed: 0 to "
+                             f"num_draft_tokens={stats.num_draft_tokens}")
+        return stats
 
 
 def _check_alpha_gamma(alpha: float, gamma: int) -> None:

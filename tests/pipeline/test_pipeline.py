@@ -241,7 +241,7 @@ def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp
                        speculation={"method": "distilled", "num_speculative_tokens": 3,
                                     "distill": {"kind": kind, "num_layers": 1, "time_budget_minutes": 0.5,
                                                 "num_prompts": 4, "max_new_tokens": 8,
-                                                "model_written_fraction": 0.25, "chain_weight": 0.5}},
+                                                "model_written_fraction": 0.25}},
                        eval={"speed": False, "variants": ["baseline", "baseline+spec"]})
     data["name"] = "tiny-distilled"
     data["quantization"] = {"enabled": False}

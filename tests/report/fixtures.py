@@ -53,9 +53,9 @@ def run_result() -> dict:
                          "task_accuracy": 0.37},
              "speed": {"batch1": bench(1, 0.045, 0.015, seed=2)},
              "spec": {"num_drafts": 100, "num_draft_tokens": 400, "num_accepted_tokens": 230,
-                      "num_accepted_tokens_per_pos": [90, 70, 45, 25],
-                      "per_domain": {"code": {"num_drafts": 50, "num_draft_tokens": 200, "num_accepted_tokens": 150},
-                                     "prose": {"num_drafts": 50, "num_draft_tokens": 200, "num_accepted_tokens": 80}}}},
+                      "num_accepted_tokens_per_pos": [90, 70, 45, 25]},
+             "spec_per_domain": {"code": {"num_drafts": 50, "num_draft_tokens": 200, "num_accepted_tokens": 150},
+                                 "prose": {"num_drafts": 50, "num_draft_tokens": 200, "num_accepted_tokens": 80}}},
             # dominated: slower than int8 and worse quality
             {"name": "int4-bad", "quality": {"kl_mean": 0.05}, "speed": {"batch1": bench(1, 0.05, 0.035)}},
         ],

@@ -45,8 +45,8 @@ def test_spec_counters_are_derived():
     spec = r.variants[2].spec
     assert spec.acceptance_rate == pytest.approx(230 / 400)
     assert spec.mean_acceptance_length == pytest.approx(1 + 230 / 100)
-    assert spec.acceptance_per_position() == pytest.approx([0.9, 0.7, 0.45, 0.25])
-    assert spec.per_domain["code"].acceptance_rate == pytest.approx(0.75)
+    assert spec.acceptance_rate_per_pos == pytest.approx([0.9, 0.7, 0.45, 0.25])
+    assert r.variants[2].spec_per_domain["code"].acceptance_rate == pytest.approx(0.75)
 
 
 def test_run_report_round_trip():
@@ -69,7 +69,8 @@ def test_machine_info_parsing():
     (lambda d: d.update(variants="x"), "'variants' must be a list"),
     (lambda d: d["variants"][1].pop("name"), r"variants\[1\] must be an object with a non-empty 'name'"),
     (lambda d: d.update(plan={"m": "int3"}), r"plan\['m'\] = 'int3' is not a scheme"),
-    (lambda d: d["variants"][2]["spec"].update(num_accepted_tokens=401), "exceeds num_draft_tokens 400"),
+    (lambda d: d["variants"][2]["spec"].update(num_accepted_tokens=401),
+     r"variants\[2\] \(mixed\+spec\).spec: num_accepted_tokens=401 is invalid; allowed: 0 to num_draft_tokens=400"),
     (lambda d: d["variants"][0]["speed"].update(bad={"x": 1}), r"variants\[0\] \(fp32\).speed.bad"),
 ])
 def test_bad_input_names_the_field(mutate, match):

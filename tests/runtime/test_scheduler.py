@@ -210,3 +210,19 @@ def test_draft_token_ids_ride_the_next_step_of_their_own_request():
     s.update_draft_token_ids({"a": [9, 9], "gone": [1]})
     rows = {r.seq.request_id: (r.num_tokens, r.spec_token_ids) for r in s.schedule().scheduled}
     assert rows == {"a": (3, [9, 9]), "b": (1, [])}
+
+
+def test_the_scheduler_holds_a_step_to_max_step_rows_granting_drafts_in_the_order_given():
+    s = make(max_step_rows=6)
+    for i, r in enumerate((req("a", 3, max_tokens=16), req("b", 2, max_tokens=16), req("c", 2, max_tokens=16))):
+        s.add(r)
+    assert s.draft_budget() == 6  # nothing decodes yet
+    step(s)  # all three prefilled: three decode rows
+    assert s.draft_budget() == 3
+    s.update_draft_token_ids({"c": [5, 5], "a": [9, 9, 9]})  # c first: the drafter ranks it likelier accepted
+    rows = {r.seq.request_id: (r.num_tokens, r.spec_token_ids) for r in s.schedule().scheduled}
+    assert rows == {"a": (2, [9]), "b": (1, []), "c": (3, [5, 5])}
+    assert sum(n for n, _ in rows.values()) == 6
+    assert make().draft_budget() is None
+    with pytest.raises(ValueError, match="max_step_rows=1 is invalid"):
+        SchedulerConfig(max_step_rows=1)

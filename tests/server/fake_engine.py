@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from accel.runtime.engine import EngineStats, RequestOutput
 from accel.runtime.scheduler import QueueFullError
 from accel.runtime.sequence import RequestMetrics
+from accel.speculative.stats import SpecDecodeStats
 
 EOS = 0
 
@@ -66,18 +67,10 @@ class _Req:
     reported_chars: int = 0
 
 
-@dataclass
-class SpecCounts:
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    num_accepted_tokens_per_pos: list[int]
-
-
-def _spec(num_output_tokens: int) -> SpecCounts:
+def _spec(num_output_tokens: int) -> SpecDecodeStats:
     """Made-up counters: one 2-token draft per output token, first position always accepted, second never."""
     n = num_output_tokens
-    return SpecCounts(num_drafts=n, num_draft_tokens=2 * n, num_accepted_tokens=n, num_accepted_tokens_per_pos=[n, 0])
+    return SpecDecodeStats(num_drafts=n, num_draft_tokens=2 * n, num_accepted_tokens=n, num_accepted_tokens_per_pos=[n, 0])
 
 
 class FakeEngine:

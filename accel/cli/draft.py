@@ -1,4 +1,4 @@
-"""`accel draft ...`: train a distilled draft model (registered as a sub-app by accel/cli.py). Thin."""
+"""`accel draft train`: distil a draft model from the target (the training lives in accel.draft_training)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,6 @@ def draft_train(
     model_written_fraction: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="kind eagle: share of prompts the target writes itself (Magpie-style user turns).")
     ] = 0.5,
-    chain_weight: Annotated[float, typer.Option(
-        min=0.0, help="kind eagle: weight of the second chain step's loss (EAGLE-3 training-time test; 0: off).")
-    ] = 0.0,
     gen_fraction: Annotated[float, typer.Option(
         min=0.05, max=0.95, help="kind eagle: share of the budget spent generating the target's replies (the rest "
                                  "trains).")] = 0.4,
@@ -80,7 +77,7 @@ def draft_train(
 
         r = train_eagle(target_path, out, time_budget_minutes=minutes, calibration_dir=calibration_dir,
                         num_prompts=num_prompts, max_new_tokens=max_new_tokens, learning_rate=learning_rate,
-                        draft_vocab_size=vocab, model_written_fraction=model_written_fraction, chain_weight=chain_weight,
+                        draft_vocab_size=vocab, model_written_fraction=model_written_fraction,
                         gen_fraction=gen_fraction, seed=seed, init_from=init_from)
         typer.echo(f"eagle draft: {r.out_dir} (vocab {r.draft_vocab_size}, coverage {r.vocab_coverage:.3f}); "
                    f"{r.num_prompts} replies ({r.num_model_written_prompts} to model-written turns), {r.num_train_positions} positions, {r.num_steps} steps; held-out "

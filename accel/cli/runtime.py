@@ -1,0 +1,151 @@
+"""`accel serve`, `accel generate` and `accel bench`: the runtime's commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from accel.cli.common import QUANT_CHOICES, QUANT_HELP, console, err_console, fail, int_pair, quant_kwargs
+
+
+def serve(
+    model: Annotated[str, typer.Argument(help="Model name, HF folder, .gguf file or exported checkpoint.")],
+    host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes it beyond this machine.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(envvar="ACCEL_API_KEY", help="Require this Bearer key.")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="Speculative decoding: a draft model folder sharing the "
+                                                      "tokenizer, or 'ngram' for prompt lookup.")] = None,
+    num_speculative_tokens: Annotated[int, typer.Option(min=1, max=16, help="Draft tokens per step.")] = 4,
+    draft_min_path_confidence: Annotated[Optional[float], typer.Option(
+        help="A draft model proposes a token only while the product of its probabilities along the chain is at "
+             "least this (0 < p < 1; EAGLE-2's path score).")] = None,
+    draft_min_first_confidence: Annotated[Optional[float], typer.Option(
+        help="The gate for a chain's first token only (0 < p < 1; default: --draft-min-path-confidence).")] = None,
+    draft_ngram_first: Annotated[bool, typer.Option(
+        help="With a draft model: prompt lookup first, the model only for requests it finds nothing for.")] = False,
+    served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send.")] = None,
+    max_queue: Annotated[int, typer.Option(min=1, help="Waiting requests before 429.")] = 256,
+    max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
+    kv_cache_memory_gb: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    skip_verify: Annotated[bool, typer.Option(help="Serve an export even when its files do not match its "
+                                                   "accel.json (checked by default).")] = False,
+    quant: Annotated[Optional[str], typer.Option(help=QUANT_HELP)] = None,
+    quant_group_size: Annotated[int, typer.Option(help="INT4 group size for --quant int4 / int4f.")] = 64,
+) -> None:
+    """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API."""
+    from accel.models import ModelNotFoundError, resolve_model
+    from accel.server import run_server
+
+    if quant not in QUANT_CHOICES:
+        fail(f"--quant {quant!r} is invalid; allowed: {', '.join(q for q in QUANT_CHOICES if q)}")
+    try:
+        quant_fields = quant_kwargs(resolve_model(model), quant, quant_group_size) if quant else {}
+    except (ModelNotFoundError, ValueError) as e:
+        fail(str(e))
+    try:
+        run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+                   draft=draft, num_speculative_tokens=num_speculative_tokens,
+                   draft_min_path_confidence=draft_min_path_confidence,
+                   draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first,
+                   max_queue=max_queue, max_num_seqs=max_num_seqs, skip_verify=skip_verify,
+                   kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device, **quant_fields)
+    except (ModelNotFoundError, ValueError) as e:
+        fail(str(e))
+
+
+def generate(
+    model: Annotated[str, typer.Argument(help="Model name, HF folder or .gguf file.")],
+    prompt: Annotated[str, typer.Argument(help="The prompt (a user message unless --raw).")],
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option()] = 1.0,
+    top_k: Annotated[Optional[int], typer.Option()] = None,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+    raw: Annotated[bool, typer.Option(help="Send the prompt as is, without the chat template.")] = False,
+    quant: Annotated[Optional[str], typer.Option(help=QUANT_HELP)] = None,
+    quant_group_size: Annotated[int, typer.Option(help="INT4 group size for --quant int4 / int4f.")] = 64,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """Generate text for one prompt with the embedded runtime, streaming to the terminal."""
+    import time
+
+    from accel.models import ModelNotFoundError, resolve_model
+    from accel.runtime.engine import Engine, stream_generate
+    from accel.runtime.sampling_params import SamplingParams
+
+    if quant not in QUANT_CHOICES:
+        fail(f"--quant {quant!r} is invalid; allowed: {', '.join(q for q in QUANT_CHOICES if q)}")
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        path = resolve_model(model)
+    except (ValueError, ModelNotFoundError) as e:
+        fail(str(e))
+    engine = Engine.from_pretrained(path, device=device, max_num_seqs=1, **quant_kwargs(path, quant, quant_group_size))
+    tok = engine.tokenizer
+    if tok is None:
+        fail(f"{path} has no tokenizer files; accel generate needs one")
+    text = prompt if raw or not tok.chat_template else tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    t0 = time.perf_counter()
+    first, n = None, 0
+    for delta in stream_generate(engine, tok(text, add_special_tokens=False).input_ids, params):
+        first = first or time.perf_counter()
+        n += 1
+        print(delta, end="", flush=True)
+    print()
+    ttft = f"TTFT {1000 * (first - t0):.0f} ms" if first is not None else "no text generated"
+    rate = (n - 1) / (time.perf_counter() - first) if first is not None and n > 1 else 0.0
+    err_console.print(f"[dim]{ttft}, {n} text chunks, {rate:.1f} chunks/s after the first[/]")
+
+
+def bench(
+    url: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible server (ours, vLLM, "
+                                                    "llama.cpp); omit to run the runtime in-process.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model name sent to the server, or the model to load "
+                                                      "in-process.")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(min=1, help="Requests in flight.")] = None,
+    rate: Annotated[Optional[float], typer.Option(min=0.0, help="Arrivals per second instead of a concurrency.")] = None,
+    arrival: Annotated[str, typer.Option(help="poisson or gamma.")] = "poisson",
+    burstiness: Annotated[float, typer.Option(min=0.01, help="Gamma shape (1 = Poisson).")] = 1.0,
+    num_requests: Annotated[int, typer.Option(min=1)] = 32,
+    prompt_tokens: Annotated[str, typer.Option(help="MIN,MAX prompt tokens (long-tailed).")] = "16,1024",
+    output_tokens: Annotated[str, typer.Option(help="MIN,MAX output tokens.")] = "16,256",
+    warmup: Annotated[int, typer.Option(min=0, help="Requests sent first and left out of the stats.")] = 2,
+    slo_ttft_ms: Annotated[Optional[float], typer.Option(help="TTFT SLO for goodput.")] = None,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option(help="TPOT SLO for goodput.")] = None,
+    sweep: Annotated[Optional[str], typer.Option(help="Comma-separated concurrencies to sweep (finds the knee).")] = None,
+    endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    api_key: Annotated[Optional[str], typer.Option(envvar="ACCEL_API_KEY")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Write the result JSON here.")] = None,
+    report: Annotated[Optional[Path], typer.Option(help="Write a Markdown + HTML report into this folder.")] = None,
+) -> None:
+    """Load-test the runtime in-process or any OpenAI-compatible endpoint with one workload."""
+    import sys
+
+    from accel.bench.loadgen import bench as run
+
+    if url is None and model is None:
+        fail("give --url (a server) or --model (run in-process)")
+    if arrival not in ("poisson", "gamma"):
+        fail(f"--arrival {arrival!r} is invalid; allowed: poisson, gamma")
+    if endpoint not in ("completions", "chat"):
+        fail(f"--endpoint {endpoint!r} is invalid; allowed: completions, chat")
+    if concurrency is not None and rate is not None:
+        fail("give --concurrency or --rate, not both")
+    try:
+        sweep_list = [int(x) for x in sweep.split(",")] if sweep else None
+    except ValueError:
+        fail(f"--sweep {sweep!r} is invalid; expected comma-separated integers")
+    res = run(url=url, model=model or "default", concurrency=concurrency, rate=rate, arrival=arrival,
+              burstiness=burstiness, num_requests=num_requests, prompt_tokens=int_pair(prompt_tokens, "prompt-tokens"),
+              output_tokens=int_pair(output_tokens, "output-tokens"), warmup=warmup, slo_ttft_ms=slo_ttft_ms,
+              slo_tpot_ms=slo_tpot_ms, seed=seed, sweep=sweep_list, out=out, api_key=api_key, endpoint=endpoint)
+    if report is not None:
+        from accel.report import build_report, report_from_bench
+
+        md, html = build_report(report_from_bench(res, command=" ".join(sys.argv)), report)
+        console.print(f"report: {md} {html}")
