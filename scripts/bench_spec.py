@@ -1,6 +1,6 @@
 """Speculative decoding in the runtime on the real model: each proposer against no speculation, back to back.
 
-    nice -n 19 .venv/bin/python scripts/bench_spec.py --draft runs/draft-smollm2 --prompts 8 --max-new-tokens 96
+    nice -n 19 .venv/bin/python scripts/bench_spec.py --draft-model runs/draft-smollm2 --prompts 8 --max-new-tokens 96
 
 Two prompt sets from eval/text (held out from calibration): input-grounded (summarize / extract / rewrite a
 given passage) and open-ended chat turns. For batch 1 (prompts one after another) and batch 16 (all at once),
@@ -86,14 +86,14 @@ def run_interleaved(engines: dict, prompts: list[list[int]], params, batch: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--draft", default=None, help="draft folder (e.g. from `accel draft train`)")
-    ap.add_argument("--draft-b", default=None,
+    ap.add_argument("--draft-model", default=None, help="draft folder (e.g. from `accel draft train`)")
+    ap.add_argument("--draft-model-b", default=None,
                     help="a second draft folder for methods named draftb+...: two drafts compared in one paired run")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per set at batch 1 (batch 16 uses 16)")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--sets", default="input-grounded,open-ended")
     ap.add_argument("--methods", default="off,ngram,draft",
-                    help="off, off2 (A/A control), ngram, draft, draftb (the --draft-b folder); a method may set "
+                    help="off, off2 (A/A control), ngram, draft, draftb (the --draft-model-b folder); a method may set "
                          "SpeculativeConfig fields of its own: draft:draft_min_path_confidence=0.35+draft_quantization=int8")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--quant", choices=["int8", "int4", "int4f"], default=None,
@@ -156,7 +156,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, stop_token_ids=eos)
     warm_params = SamplingParams(max_tokens=16, temperature=0, stop_token_ids=eos)
     def draft_of(method: str) -> str | None:
-        return args.draft_b if method.split(":")[0] == "draftb" else args.draft
+        return args.draft_model_b if method.split(":")[0] == "draftb" else args.draft_model
 
     methods = [m for m in args.methods.split(",") if not m.startswith("draft") or draft_of(m)]
     defaults = {"num_speculative_tokens": args.num_speculative_tokens, "adaptive": not args.no_adaptive,

@@ -15,16 +15,12 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes it beyond this machine.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     api_key: Annotated[Optional[str], typer.Option(envvar="ACCEL_API_KEY", help="Require this Bearer key.")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="Speculative decoding: a draft model folder sharing the "
-                                                      "tokenizer, or 'ngram' for prompt lookup.")] = None,
-    num_speculative_tokens: Annotated[int, typer.Option(min=1, max=16, help="Draft tokens per step.")] = 4,
-    draft_min_path_confidence: Annotated[Optional[float], typer.Option(
-        help="A draft model proposes a token only while the product of its probabilities along the chain is at "
-             "least this (0 < p < 1; EAGLE-2's path score).")] = None,
-    draft_min_first_confidence: Annotated[Optional[float], typer.Option(
-        help="The gate for a chain's first token only (0 < p < 1; default: --draft-min-path-confidence).")] = None,
-    draft_ngram_first: Annotated[bool, typer.Option(
-        help="With a draft model: prompt lookup first, the model only for requests it finds nothing for.")] = False,
+    speculative_config: Annotated[Optional[str], typer.Option(
+        help="Speculative decoding, as vLLM's flag: a JSON object of the speculative config's fields, e.g. "
+             "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or '{\"draft_model\": \"runs/default/draft\"}' "
+             "(fields: method, num_speculative_tokens, ngram_min_n, ngram_max_n, draft_model, draft_quantization, "
+             "adaptive, disable_above_batch_size, max_step_rows, draft_min_path_confidence, "
+             "draft_min_first_confidence, draft_ngram_first).")] = None,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send.")] = None,
     max_queue: Annotated[int, typer.Option(min=1, help="Waiting requests before 429.")] = 256,
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
@@ -38,18 +34,18 @@ def serve(
     """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API."""
     from accel.models import ModelNotFoundError, resolve_model
     from accel.server import run_server
+    from accel.server.serve import speculative_config as parse_speculative_config
 
     if quant not in QUANT_CHOICES:
         fail(f"--quant {quant!r} is invalid; allowed: {', '.join(q for q in QUANT_CHOICES if q)}")
     try:
         quant_fields = quant_kwargs(resolve_model(model), quant, quant_group_size) if quant else {}
+        spec = None if speculative_config is None else parse_speculative_config(speculative_config)
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))
     try:
         run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                   draft=draft, num_speculative_tokens=num_speculative_tokens,
-                   draft_min_path_confidence=draft_min_path_confidence,
-                   draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first,
+                   speculative=spec,
                    max_queue=max_queue, max_num_seqs=max_num_seqs, skip_verify=skip_verify,
                    kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device, **quant_fields)
     except (ModelNotFoundError, ValueError) as e:

@@ -9,6 +9,7 @@ then the listener closes and uvicorn waits a little longer for connections.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import sys
@@ -55,36 +56,47 @@ def make_server(async_engine: AsyncEngine, model_name: str, host: str = "127.0.0
     return _DrainingServer(config, async_engine, drain_timeout_s)
 
 
-def speculative_config(draft: str, num_speculative_tokens: int = 4, draft_min_path_confidence: float | None = None,
-                       draft_min_first_confidence: float | None = None, draft_ngram_first: bool = False):
-    """`--draft` -> SpeculativeConfig: "ngram" is prompt lookup, anything else a draft model (registry name or
-    folder); the other arguments are SpeculativeConfig's fields of the same names (the confidence gates and
-    draft_ngram_first need a draft model: refused for n-gram)."""
+def speculative_config(spec: str | dict):
+    """`--speculative-config`, a JSON object of SpeculativeConfig's fields (as vLLM's flag), -> SpeculativeConfig;
+    `draft_model` may be a registry name or a folder, and implies method "draft". Raises ValueError naming the bad
+    field or value (ModelNotFoundError for a draft that is not there)."""
+    import dataclasses
+
     from accel.speculative.config import SpeculativeConfig
 
-    gates = dict(draft_min_path_confidence=draft_min_path_confidence,
-                 draft_min_first_confidence=draft_min_first_confidence, draft_ngram_first=draft_ngram_first)
-    if draft == "ngram":
-        return SpeculativeConfig(method="ngram", num_speculative_tokens=num_speculative_tokens, **gates)
-    return SpeculativeConfig(method="draft", draft_model=str(_resolve(draft)),
-                             num_speculative_tokens=num_speculative_tokens, **gates)
+    example = '{"method": "ngram", "num_speculative_tokens": 4}'
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"speculative config {spec!r} is not JSON ({e.msg}); expected an object such as "
+                             f"'{example}'") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"speculative config {spec!r} is invalid; expected a JSON object such as '{example}'")
+    allowed = [f.name for f in dataclasses.fields(SpeculativeConfig)]
+    unknown = sorted(set(spec) - set(allowed))
+    if unknown:
+        raise ValueError(f"speculative config fields {unknown} are unknown; allowed: {', '.join(allowed)}")
+    if spec.get("draft_model"):
+        spec = {"method": "draft", **spec, "draft_model": str(_resolve(str(spec["draft_model"])))}
+    try:
+        return SpeculativeConfig(**spec)
+    except TypeError as e:  # a value of the wrong type met a comparison
+        raise ValueError(f"speculative config {json.dumps(spec)} has a value of the wrong type ({e})") from None
 
 
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-               draft: str | None = None, num_speculative_tokens: int = 4,
-               draft_min_path_confidence: float | None = None, draft_min_first_confidence: float | None = None,
-               draft_ngram_first: bool = False,
-               served_model_name: str | None = None, max_queue: int = 256,
+               speculative=None, served_model_name: str | None = None, max_queue: int = 256,
                kv_pressure_threshold: float = 0.95, drain_timeout_s: float = 30.0, log_level: str = "info",
                skip_verify: bool = False, **engine_kwargs) -> None:
     """Serve `model` (a model name known to accel.models, or an HF folder / exported checkpoint) until stopped.
 
     engine_kwargs are EngineConfig fields (max_num_seqs, num_kv_blocks, max_model_len, dtype, ...).
-    `draft`: speculative decoding with a draft model (name or folder sharing the target's tokenizer; refused
-    otherwise) or "ngram" (prompt lookup); acceptance counters go into each response's usage and /metrics.
+    `speculative`: a SpeculativeConfig, or its JSON / dict (`speculative_config`); acceptance counters go into each
+    response's usage and /metrics.
     An accel export (a folder with accel.json) is served only when every file matches its manifest's sha256
     (`skip_verify` serves it anyway); a damaged folder raises ModelLoadError naming the file.
     """
@@ -93,9 +105,9 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
     path = _resolve(model)
     if not skip_verify:
         verify_before_serving(path)
-    if draft is not None:
-        engine_kwargs["speculative"] = speculative_config(draft, num_speculative_tokens, draft_min_path_confidence,
-                                                          draft_min_first_confidence, draft_ngram_first)
+    if speculative is not None:
+        engine_kwargs["speculative"] = speculative if not isinstance(speculative, (str, dict)) \
+            else speculative_config(speculative)
     name = served_model_name or (model if not Path(model).exists() else Path(model).name)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
     # plain HF folders and accel exports (compressed-tensors), built on the thread that will step them

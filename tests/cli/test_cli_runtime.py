@@ -55,8 +55,9 @@ def test_eval_unknown_domain_is_a_clear_error(tiny_model_dir):
 
 
 def test_serve_refuses_a_bad_draft_confidence_before_loading(tiny_model_dir):
-    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--draft", "ngram", "--draft-min-path-confidence", "0.5"])
+    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--speculative-config",
+                              '{"method": "ngram", "draft_min_path_confidence": 0.5}'])
     assert res.exit_code == 2 and "needs a draft model" in res.output
-    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--draft", str(tiny_model_dir),
-                              "--draft-min-path-confidence", "0"])
-    assert res.exit_code == 2 and "draft_min_path_confidence=0.0" in res.output and "(0, 1)" in res.output
+    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--speculative-config",
+                              json.dumps({"draft_model": str(tiny_model_dir), "draft_min_path_confidence": 0})])
+    assert res.exit_code == 2 and "draft_min_path_confidence=0 is invalid" in res.output and "(0, 1)" in res.output

@@ -142,5 +142,5 @@ def test_cli_pull_unknown_model_exits_2(home):
 
 
 def test_cli_serve_unknown_draft_exits_2_naming_it(home, tiny_model_dir):
-    res = CliRunner().invoke(app, ["serve", str(tiny_model_dir), "--draft", "no-such-draft"])
+    res = CliRunner().invoke(app, ["serve", str(tiny_model_dir), "--speculative-config", '{"draft_model": "no-such-draft"}'])
     assert res.exit_code == 2 and "no-such-draft" in res.output

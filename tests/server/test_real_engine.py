@@ -3,6 +3,7 @@ integration test on the real SmolLM2-135M."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import httpx
@@ -148,7 +149,8 @@ def test_run_server_subprocess_sigint_drains_in_flight_then_exits(tiny_dir):
 
 
 def test_draft_speculation_in_the_server_reports_acceptance_in_usage_and_metrics(tiny_dir):
-    # `accel serve --draft DIR` builds this SpeculativeConfig; the model drafting for itself accepts every greedy draft,
+    # `accel serve --speculative-config '{"draft_model": DIR, ...}'` builds this SpeculativeConfig; the model drafting
+    # for itself accepts every greedy draft,
     # and the text is identical to no speculation
     from accel.server.serve import speculative_config
 
@@ -157,7 +159,7 @@ def test_draft_speculation_in_the_server_reports_acceptance_in_usage_and_metrics
     plain = Engine.from_pretrained(tiny_dir, num_kv_blocks=64, block_size=16, max_model_len=256)
     expected = plain.generate(prompt, SamplingParams(**kw))[0].text
     engine = Engine.from_pretrained(tiny_dir, num_kv_blocks=64, block_size=16, max_model_len=256,
-                                    speculative=speculative_config(str(tiny_dir), 3))
+                                    speculative=speculative_config({"draft_model": str(tiny_dir), "num_speculative_tokens": 3}))
     with serve_in_thread(engine, model_name="tiny") as running:
         r = httpx.post(running.base_url + "/v1/completions", timeout=60,
                        json={"model": "tiny", "prompt": prompt, **kw})
@@ -171,20 +173,20 @@ def test_draft_speculation_in_the_server_reports_acceptance_in_usage_and_metrics
         assert drafts and float(drafts[0].split()[-1]) == spec["num_drafts"]
 
 
-def test_speculative_config_from_the_draft_flag(tiny_dir):
+def test_speculative_config_from_the_flag_uses_the_config_field_names(tiny_dir):
     from accel.server.serve import speculative_config
 
-    assert speculative_config("ngram", 5).method == "ngram"
-    cfg = speculative_config(str(tiny_dir), 2)
+    assert speculative_config('{"method": "ngram", "num_speculative_tokens": 5}').num_speculative_tokens == 5
+    cfg = speculative_config({"draft_model": str(tiny_dir), "num_speculative_tokens": 2})
     assert cfg.method == "draft" and cfg.draft_model == str(tiny_dir) and cfg.num_speculative_tokens == 2
-    assert cfg.draft_min_path_confidence is None
-    assert speculative_config(str(tiny_dir), 2, 0.3).draft_min_path_confidence == 0.3
+    cfg = speculative_config(json.dumps({"draft_model": str(tiny_dir), "draft_min_path_confidence": 0.35,
+                                         "draft_min_first_confidence": 0.2, "draft_ngram_first": True}))
+    assert (cfg.draft_min_path_confidence, cfg.draft_min_first_confidence, cfg.draft_ngram_first) == (0.35, 0.2, True)
     with pytest.raises(ValueError, match="draft_min_path_confidence=0.3 needs a draft model"):
-        speculative_config("ngram", 5, 0.3)
-    assert speculative_config(str(tiny_dir), 2, None, None, True).draft_ngram_first is True
-    with pytest.raises(ValueError, match="draft_ngram_first=True needs a draft model"):
-        speculative_config("ngram", 5, None, None, True)
-    cfg = speculative_config(str(tiny_dir), 2, 0.35, 0.2)
-    assert (cfg.draft_min_path_confidence, cfg.draft_min_first_confidence) == (0.35, 0.2)
-    with pytest.raises(ValueError, match="draft_min_first_confidence=0.2 needs a draft model"):
-        speculative_config("ngram", 5, None, 0.2)
+        speculative_config({"method": "ngram", "draft_min_path_confidence": 0.3})
+    with pytest.raises(ValueError, match=r"fields \['draft'\] are unknown; allowed: method, num_speculative_tokens"):
+        speculative_config({"draft": "x"})
+    with pytest.raises(ValueError, match="is not JSON"):
+        speculative_config("ngram")
+    with pytest.raises(ValueError, match="wrong type"):
+        speculative_config({"num_speculative_tokens": "four"})
