@@ -24,7 +24,6 @@ import json
 import math
 import random
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
