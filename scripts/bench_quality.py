@@ -1,0 +1,147 @@
+"""Quality and file size of accel exports next to llama.cpp's quantizations of the same weights, scored the same
+way: `llama-perplexity -c 128 --kl-divergence` (non-overlapping 128-token chunks of the held-out eval text, the
+second half of each scored; accel.eval.chunked does the same for the exports).
+
+    .venv/bin/python scripts/bench_quality.py runs/default/checkpoint runs/int8/checkpoint \
+        [--peers Q8_0,Q4_K_M,Q4_1] [--n-ctx 128] [--chunks 150] [--threads 2]
+
+Base: the original fp32 model (accel's model zoo) for accel rows, its F32 GGUF for llama.cpp rows (the same
+weights; both PPLs are printed as a check that the two tokenizers and chunkings agree). Exports are loaded with
+transformers, the loader whose weights vLLM and accel also run. llama.cpp comes from scripts/peers (built once
+per machine, see bench_peers.py). Not in CI (it builds llama.cpp); tests/test_bench_quality.py covers the parsing
+and the table with a fake peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_PAIRS = {"Q8_0": "int8", "Q4_K_M": "int4km", "Q4_1": "int4", "F32": "fp32"}  # GGUF type -> bench_peers pair
+
+
+def parse_kld(output: str) -> dict[str, float]:
+    """`llama-perplexity --kl-divergence` output -> mean KLD, same top-1 (fraction), PPL ratio and PPL."""
+    patterns = {"kld_mean": r"Mean\s+KLD:\s+([-0-9.]+)", "same_top1": r"Same top p:\s+([0-9.]+)",
+                "ppl_ratio": r"Mean PPL\(Q\)/PPL\(base\)\s*:\s*([0-9.]+)", "ppl": r"Mean PPL\(Q\)\s*:\s*([0-9.]+)",
+                "ppl_base": r"Mean PPL\(base\)\s*:\s*([0-9.]+)"}
+    out = {}
+    for key, pattern in patterns.items():
+        m = re.search(pattern, output)
+        if m is None:
+            raise ValueError(f"llama-perplexity printed no {key!r} line ({pattern}); its output ends with "
+                             f"{output[-300:]!r}")
+        out[key] = float(m.group(1))
+    out["same_top1"] /= 100.0
+    return out
+
+
+def render(rows: list[dict]) -> str:
+    """One Markdown table: model file, size, mean KLD, same top-1, PPL ratio, scored tokens."""
+    lines = ["| model file | size | mean KLD vs original | same top-1 | PPL ratio | scored tokens |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['size_mib']:.0f} MiB | {r['kld_mean']:.4f} | {100 * r['same_top1']:.1f}% | "
+                     f"{r['ppl_ratio']:.3f} | {r['num_tokens']} |")
+    return "\n".join(lines)
+
+
+def model_file_mib(path: Path) -> float:
+    """The weights' bytes: a GGUF file, or the safetensors files of a checkpoint folder."""
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) / 2**20
+
+
+def llama_perplexity(bin_dir: Path, args: list[str], threads: int) -> str:
+    res = subprocess.run([str(bin_dir / "llama-perplexity"), "-t", str(threads), *args], capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"llama-perplexity {' '.join(args)} failed: {res.stderr[-500:]}")
+    return res.stdout + res.stderr
+
+
+def peer_rows(peers: list[str], text_file: Path, n_ctx: int, chunks: int, threads: int) -> list[dict]:
+    from bench_peers import PAIRS, llama_bin, make_ggufs
+
+    bin_dir = llama_bin()
+    files = make_ggufs(bin_dir, ["fp32"] + [PEER_PAIRS[p] for p in peers])
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base.kld"
+        llama_perplexity(bin_dir, ["-m", str(files["F32"]), "-f", str(text_file), "-c", str(n_ctx), "-b", str(n_ctx),
+                                   "--chunks", str(chunks), "--kl-divergence-base", str(base)], threads)
+        for kind in peers:
+            assert PAIRS[PEER_PAIRS[kind]][2] == kind
+            out = parse_kld(llama_perplexity(bin_dir, ["-m", str(files[kind]), "--kl-divergence-base", str(base),
+                                                       "--kl-divergence"], threads))
+            rows.append({"name": f"llama.cpp {kind}", "size_mib": model_file_mib(files[kind]),
+                         "num_tokens": chunks * (n_ctx // 2 - 1), **out})
+    return rows
+
+
+def accel_rows(exports: list[Path], text: str, n_ctx: int, chunks: int) -> tuple[list[dict], float]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from accel.eval.chunked import make_chunks, score_chunks
+    from accel.models import resolve_model
+
+    base_dir = resolve_model("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    adds_bos = tok.bos_token_id is not None and tok("a").input_ids[:1] == [tok.bos_token_id]
+    ids = tok(text, add_special_tokens=False).input_ids
+    batch = make_chunks(ids, n_ctx, chunks, tok.bos_token_id if adds_bos else None)
+    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()  # noqa: E731
+    models = {str(p): load(p) for p in exports}
+    t0 = time.perf_counter()
+    scores = score_chunks(load(base_dir), models, batch,
+                          on_batch=lambda n: print(f"\r  scored {n}/{batch.shape[0]} chunks", end="", file=sys.stderr))
+    print(f"\r  scored {batch.shape[0]} chunks in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    rows = [{"name": f"accel {p}", "size_mib": model_file_mib(p), "kld_mean": s.kld_mean, "same_top1": s.same_top1,
+             "ppl_ratio": s.ppl_ratio, "num_tokens": s.num_tokens} for p, s in zip(exports, scores.values())]
+    return rows, next(iter(scores.values())).ppl_base if scores else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("exports", nargs="*", type=Path, help="accel export folders (e.g. runs/default/checkpoint)")
+    ap.add_argument("--peers", default="Q8_0,Q4_K_M,Q4_1", help=f"GGUF types, of {', '.join(PEER_PAIRS)}; '' for none")
+    ap.add_argument("--n-ctx", type=int, default=128)
+    ap.add_argument("--chunks", type=int, default=150, help="chunks scored (round-robin over the eval domains)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    peers = [p for p in args.peers.split(",") if p]
+    bad = [p for p in peers if p not in PEER_PAIRS]
+    if bad:
+        ap.error(f"--peers {bad} are invalid; allowed: {', '.join(PEER_PAIRS)}")
+    missing = [str(p) for p in args.exports if not (p / "config.json").is_file()]
+    if missing:
+        ap.error(f"{missing} are not checkpoint folders (no config.json)")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from accel.eval.chunked import held_out_text
+
+    text = held_out_text(ROOT / "eval" / "text")
+    rows, ppl_base = accel_rows(args.exports, text, args.n_ctx, args.chunks) if args.exports else ([], None)
+    if peers:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write(text)
+        rows += peer_rows(peers, Path(f.name), args.n_ctx, args.chunks, args.threads)
+        Path(f.name).unlink()
+    print(render(rows))
+    peer_base = next((r["ppl_base"] for r in rows if "ppl_base" in r), None)
+    print(f"\nbase PPL: accel fp32 {ppl_base if ppl_base is not None else '-'}, llama.cpp F32 "
+          f"{peer_base if peer_base is not None else '-'} (n_ctx {args.n_ctx}, {args.chunks} chunks)")
+
+
+if __name__ == "__main__":
+    main()
