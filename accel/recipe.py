@@ -117,7 +117,6 @@ class QuantizationConfig(Strict):
     int4_group_size: Literal[32, 64, 128] = 64
     budget: BudgetConfig = BudgetConfig()
     sensitivity: SensitivityConfig = SensitivityConfig()
-    embeddings: Literal["fp16", "int8"] = "fp16"
     lm_head: Scheme = "int8"
     overrides: dict[str, Scheme] = {}
     """regex on module names -> scheme, applied after allocation (e.g. 'layers\\.0\\.': fp16)."""

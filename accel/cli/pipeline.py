@@ -96,8 +96,13 @@ def export_verify(
 
     if target is not None and target not in TARGETS:
         fail(f"--target {target!r} is invalid; allowed: {', '.join(TARGETS)}")
+    from accel.models import accel_home
+    from accel.runlog import third_party_to
+
+    log = accel_home() / "logs" / "export-verify.txt"  # transformers' and compressed-tensors' bars and warnings
     try:
-        res = verify_export(directory, load=load, target=target)
+        with third_party_to(log):
+            res = verify_export(directory, load=load, target=target)
     except VllmCheckUnavailable as e:
         fail(str(e))
     for name, s in res.details.get("loaders", {}).items():

@@ -351,8 +351,7 @@ def render_summary_markdown(summary: dict) -> str:
 
 # The quantization fields each stage reads (finer than the section: changing the method only reruns quantize).
 SENSITIVITY_FIELDS = ("quantization.candidates", "quantization.int4_group_size", "quantization.sensitivity")
-PLAN_FIELDS = SENSITIVITY_FIELDS + ("quantization.budget", "quantization.overrides", "quantization.lm_head",
-                                    "quantization.embeddings")
+PLAN_FIELDS = SENSITIVITY_FIELDS + ("quantization.budget", "quantization.overrides", "quantization.lm_head")
 QUANTIZE_FIELDS = ("quantization.method", "quantization.gptq_dampening", "quantization.calibration_mix",
                    "quantization.calibration_mix_keep",
                    "calibration.num_samples", "calibration.max_seq_len")
@@ -372,7 +371,7 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
                   ("sensitivity.json", "sensitivity.png"), version="2"),  # 2: per fused unit
             Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",)),
             Stage("quantize", stage_quantize, QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
-                  ("checkpoint_quantized",), version="2"),  # 2: INT8 pack-quantized, the lm_head in the checkpoint
+                  ("checkpoint_quantized",), version="3"),  # bumped with the checkpoint's layout (16-bit matrices)
         ]
     stages += [
         Stage("draft", stage_draft, ("speculation",), ("load",), ("draft.json", "draft")),

@@ -23,7 +23,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -60,28 +60,26 @@ class Budget:
 
 @dataclass(frozen=True)
 class Rules:
-    """Explicit rules outside the allocation: lm_head / embeddings schemes and regex overrides (applied last)."""
+    """Explicit rules outside the allocation: the lm_head scheme and regex overrides (applied last)."""
 
     lm_head: str = "int8"
-    embeddings: str = "fp16"
     overrides: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg) -> Rules:
-        return cls(lm_head=cfg.lm_head, embeddings=cfg.embeddings, overrides=dict(cfg.overrides))
+        return cls(lm_head=cfg.lm_head, overrides=dict(cfg.overrides))
 
 
 @dataclass
 class Plan:
     """The bit plan. `schemes` covers the quantizable Linears (members of a unit share one); `units` maps each
-    unit to its members; lm_head / embeddings follow the recipe's rules."""
+    unit to its members; the lm_head follows the recipe's rule (the embedding table is stored at 16 bits)."""
 
     schemes: dict[str, str]
     group_size: int
     avg_bits: float
     estimated_kl: float
     lm_head: str = "fp16"
-    embeddings: str = "fp16"
     measured_kl: float | None = None
     measured_ppl_increase_pct: float | None = None
     promoted: list[str] = field(default_factory=list)
@@ -115,8 +113,8 @@ class Plan:
     def from_json(cls, text_or_path: str | Path) -> Plan:
         p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
         data = json.loads(p.read_text() if p is not None else str(text_or_path))
-        data.pop("counts", None)
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})  # "counts" is derived
 
 
 def average_bits(schemes: dict[str, str], param_counts: dict[str, int], in_features: dict[str, int],
@@ -169,7 +167,7 @@ def cheapest_plan(units: dict[str, list[str]], candidates: Sequence[str], rules:
     schemes = expand_units(unit_schemes, units)
     return Plan(schemes=schemes, group_size=group_size,
                 avg_bits=average_bits(schemes, param_counts, in_features, group_size), estimated_kl=float("nan"),
-                lm_head=rules.lm_head, embeddings=rules.embeddings, units=units)
+                lm_head=rules.lm_head, units=units)
 
 
 def allocate(
@@ -229,7 +227,7 @@ def allocate(
         raise ValueError(f"target_avg_bits {budget.target_avg_bits} is unreachable with candidates {cands} "
                          f"and overrides {rules.overrides}; the lowest is {cur_bits / total_params:.3f}")
     return Plan(schemes=expand_units(schemes, units), group_size=gs, avg_bits=cur_bits / total_params,
-                estimated_kl=cur_kl, lm_head=rules.lm_head, embeddings=rules.embeddings, units=units)
+                estimated_kl=cur_kl, lm_head=rules.lm_head, units=units)
 
 
 # --- accuracy-driven fallback ---------------------------------------------------------------------------------
@@ -355,6 +353,6 @@ def check_and_fallback(
     bar.close()
     return Plan(schemes=schemes, group_size=plan.group_size,
                 avg_bits=average_bits(schemes, param_counts, in_features, plan.group_size),
-                estimated_kl=estimated_kl(sensitivity, schemes), lm_head=plan.lm_head, embeddings=plan.embeddings,
+                estimated_kl=estimated_kl(sensitivity, schemes), lm_head=plan.lm_head,
                 measured_kl=q.mean_kl, measured_ppl_increase_pct=q.ppl_increase_pct,
                 promoted=plan.promoted + promoted, units=plan.units)

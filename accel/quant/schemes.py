@@ -9,8 +9,8 @@ Glossary
     int8: 8 + 16 / in_features   (one fp16 scale per output row)
     int4, int4f: 4 + 32 / group_size    (one fp16 scale + one fp16 zero point per group of `group_size` weights)
     fp16: 16
-- average bits: the parameter-count-weighted mean over the quantizable Linears (lm_head and embeddings are
-  reported apart, they follow explicit recipe rules).
+- average bits: the parameter-count-weighted mean over the quantizable Linears (the lm_head follows the recipe's
+  rule and is reported apart; the embedding table is stored at 16 bits).
 
 Fake quantization (quantize then dequantize in float) reproduces compressed-tensors' numerics exactly for the
 RTN min-max observer (same ranges, same rounding), so the sensitivity measured here is what the library's RTN
@@ -101,7 +101,7 @@ def check_group_size(in_features: int, group_size: int, name: str = "") -> None:
 def quantizable_linears(model: nn.Module) -> list[str]:
     """HF module names of the decoder-block Linears (q/k/v/o, gate/up/down), in model order.
 
-    lm_head and the embeddings are not listed: they follow the recipe's explicit `lm_head` / `embeddings` rules.
+    lm_head and the embeddings are not listed: the lm_head follows the recipe's `lm_head` rule.
     """
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and _BLOCK_LINEAR.search(n)]
     if not names:

@@ -63,3 +63,25 @@ def test_cli_export_verify(tmp_path, tiny_model_dir):
     (out / "config.json").write_text("{}")
     res = CliRunner().invoke(app, ["export", "verify", str(out), "--no-load"])
     assert res.exit_code == 1 and "sha256 mismatch for config.json" in res.output
+
+
+def test_cli_export_verify_sends_third_party_output_to_a_log(tmp_path, tiny_model_dir, monkeypatch):
+    import sys
+
+    from typer.testing import CliRunner
+
+    import accel.export
+    from accel.cli import app
+
+    out = write_export(tmp_path / "export", tiny_model_dir)
+    real = accel.export.verify_export
+
+    def noisy(*args, **kwargs):
+        sys.stderr.write("Decompressing model: 100%|##########| 211/211\n")  # what compressed-tensors' tqdm prints
+        return real(*args, **kwargs)
+
+    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(accel.export, "verify_export", noisy)
+    res = CliRunner().invoke(app, ["export", "verify", str(out), "--no-load"])
+    assert res.exit_code == 0 and "files match" in res.output and "Decompressing" not in res.output
+    assert "Decompressing model" in (tmp_path / "home" / "logs" / "export-verify.txt").read_text()

@@ -42,10 +42,10 @@ def test_max_ppl_increase_uses_log_kl_budget():
 
 
 def test_overrides_are_fixed_and_rules_recorded():
-    rules = Rules(lm_head="fp16", embeddings="int8", overrides={"^c$": "fp16"})
+    rules = Rules(lm_head="fp16", overrides={"^c$": "fp16"})
     plan = allocate(SENS, Budget(max_mean_kl=0.02), P, rules, IN)
     assert plan.schemes == {"a": "int8", "b": "int4", "c": "fp16"}
-    assert (plan.lm_head, plan.embeddings) == ("fp16", "int8")
+    assert plan.lm_head == "fp16"
     assert plan.all_schemes()["lm_head"] == "fp16"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -59,11 +61,18 @@ def _tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0")
 
 
-def _saved_tiny(tmp_path, **kw):
+def _saved_tiny(tmp_path, fp16_values: bool = False, **kw):
+    """A tiny Llama saved and loaded back; `fp16_values`: every weight on the fp16 grid, so the checkpoint's 16-bit
+    storage of unquantized matrices is exact."""
     from transformers import AutoModelForCausalLM
 
     src = tmp_path / "tiny"
-    make_tiny_llama(initializer_range=0.1, **kw).save_pretrained(src)
+    model = make_tiny_llama(initializer_range=0.1, **kw)
+    if fp16_values:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.half().float())
+    model.save_pretrained(src)
     return AutoModelForCausalLM.from_pretrained(src).eval()
 
 
@@ -88,6 +97,13 @@ def test_rtn_oneshot_matches_our_fake_quant_and_loads_into_kernels(tmp_path):
     embed = model.model.embed_tokens.weight.clone()
     with fake_quantized(model, {**plan.schemes, "lm_head": "int8"}, 32):
         ours = model(X).logits  # our RTN fake-quant, the lm_head included
+    stored = copy.deepcopy(model)  # what the checkpoint holds: the unquantized matrices rounded to fp16
+    stored.lm_head.weight = torch.nn.Parameter(stored.lm_head.weight.clone())  # untied, as the library leaves it
+    for name, module in stored.named_modules():
+        if isinstance(module, torch.nn.Embedding) or plan.schemes.get(name) == "fp16":
+            module.weight.copy_(module.weight.half().float())
+    with fake_quantized(stored, {**plan.schemes, "lm_head": "int8"}, 32):
+        ours_stored = stored(X).logits
     res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
     lib = res.model(X).logits
     # our fake quantization reproduces compressed-tensors' RTN numerics
@@ -97,22 +113,28 @@ def test_rtn_oneshot_matches_our_fake_quant_and_loads_into_kernels(tmp_path):
 
     config = json.loads((ck / "config.json").read_text())
     assert config["tie_word_embeddings"] is False  # the quantized lm_head is its own tensor in the checkpoint
+    from safetensors import safe_open
+
+    with safe_open(str(ck / "model.safetensors"), "pt") as f:  # the unquantized matrices at 16 bits, norms as they were
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes["model.embed_tokens.weight"] == "F16" and dtypes["model.norm.weight"] == "F32"
+    assert dtypes["model.layers.0.self_attn.v_proj.weight"] == "F16"  # a 16-bit fallback Linear
     loaded = load_quantized_for_runtime(ck)
     assert isinstance(loaded.model.layers[0].self_attn.q_proj, Int4WeightOnlyLinear)
     assert isinstance(loaded.model.layers[0].self_attn.k_proj, Int8WeightOnlyLinear)
     assert isinstance(loaded.model.layers[0].self_attn.v_proj, torch.nn.Linear)
     assert isinstance(loaded.lm_head, Int8WeightOnlyLinear)  # read from the checkpoint, not applied on load
-    assert torch.equal(loaded.model.embed_tokens.weight, embed)  # the embeddings stay untouched
-    torch.testing.assert_close(loaded(X).logits, ours, **KERNEL_TOL)
+    assert torch.equal(loaded.model.embed_tokens.weight, embed.half().float())  # stored at 16 bits
+    torch.testing.assert_close(loaded(X).logits, ours_stored, **KERNEL_TOL)
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(ck).eval()  # transformers runs the same weights
-    torch.testing.assert_close(hf(X).logits, ours, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(hf(X).logits, ours_stored, atol=1e-4, rtol=1e-4)
 
 
 @torch.no_grad()
 def test_gptq_oneshot_checkpoint_matches_fake_quant_model(tmp_path):
-    model = _saved_tiny(tmp_path)
+    model = _saved_tiny(tmp_path, fp16_values=True)
     ref = model(X).logits
     plan = _mixed_plan(model)
     res = oneshot_quantize(model, plan, CAL, "gptq", processor=_tokenizer())
@@ -152,6 +174,7 @@ def test_int4f_float_zero_point_is_lossless_on_q4_1_weights_and_loads_in_runtime
 
     src = tmp_path / "q41"
     tiny = make_tiny_llama(initializer_range=0.1, tie_word_embeddings=True)
+    tiny.model.embed_tokens.weight.copy_(tiny.model.embed_tokens.weight.half().float())  # stored at 16 bits
     _q4_1_grid(tiny)
     tiny.save_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src).eval()
