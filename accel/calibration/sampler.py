@@ -81,14 +81,17 @@ def stratified_draw(samples: Sequence[TextSample], tokenizer, cfg) -> Calibratio
     if train_total < cfg.num_samples:
         notes.append(f"only {train_total} unit(s) available in the selected strata; drew all of them "
                      f"instead of num_samples={cfg.num_samples}")
+    # the holdout total is shared over the strata like the draw (rounding each stratum's share alone left 32 samples
+    # over 20+ strata with no holdout at all, and a quality budget with nothing to be checked on)
+    want_hold = _round_half_up(train_total * cfg.holdout_fraction)
+    hold_quota, _ = allocate(want_hold, {k: quota.get(k, 0) for k in units},
+                             {k: len(units[k]) - quota.get(k, 0) for k in units})
+    if sum(hold_quota.values()) < want_hold:
+        notes.append(f"the holdout has {sum(hold_quota.values())} unit(s) instead of {want_hold} (strata exhausted)")
     train, holdout, strata = [], [], {}
     for k, pool in units.items():
         order = rng.sample(range(len(pool)), len(pool))
-        n_train = quota.get(k, 0)
-        want_hold = _round_half_up(n_train * cfg.holdout_fraction)
-        n_hold = min(want_hold, len(pool) - n_train)
-        if n_hold < want_hold:
-            notes.append(f"stratum {k}: holdout has {n_hold} unit(s) instead of {want_hold} (stratum exhausted)")
+        n_train, n_hold = quota.get(k, 0), hold_quota.get(k, 0)
         train += [pool[i] for i in order[:n_train]]
         holdout += [pool[i] for i in order[n_train:n_train + n_hold]]
         strata[k] = StratumReport(available=len(pool), drawn=n_train, held_out=n_hold)

@@ -363,7 +363,7 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
     stages = [
         Stage("load", stage_load, ("model",), (), ("model.json",), extra_key=model_fingerprint),
         Stage("calibrate", stage_calibrate, ("calibration",), ("load",),
-              ("calibration.jsonl", "calibration_summary.json")),
+              ("calibration.jsonl", "calibration_summary.json"), version="2"),  # bumped with the draw's rules
     ]
     if q_on:
         stages += [

@@ -79,11 +79,16 @@ def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence =
         plan = cheapest_plan(units, q.candidates, rules, pc, inf, q.int4_group_size)
     else:
         plan = allocate(sens, budget, pc, rules, inf)
-    if budget.kl_limit() is None or not holdout:
+    if budget.kl_limit() is None:
         return plan
     try:
         hold = token_batches(holdout, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
-    except ValueError:  # a holdout shorter than one row: nothing to check against
-        return plan
+    except ValueError:
+        hold = []
+    if not hold:  # a quality budget is checked on held-out text, never assumed
+        raise ValueError(f"the quality budget ({q.budget}) needs held-out calibration text to be checked on: the "
+                         f"holdout has {len(holdout)} unit(s), less than one row of sensitivity.max_seq_len="
+                         f"{q.sensitivity.max_seq_len} tokens; raise calibration.holdout_fraction or num_samples, "
+                         "or lower sensitivity.max_seq_len")
     return check_and_fallback(model, plan, hold, budget, sens, pc, inf, step=max(1, len(units) // 30),
                               fixed=overridden_units(units, q.overrides), progress=progress)

@@ -70,13 +70,14 @@ def test_seed_determinism_and_variation(base_samples, tok):
     assert sorted(ids(0)) != sorted(ids(1))  # a different set, not just a different order
 
 
-def test_holdout_is_per_stratum_and_disjoint(base_samples, tok):
+def test_holdout_is_shared_over_the_strata_like_the_draw_and_disjoint(base_samples, tok):
     d = stratified_draw(base_samples, tok, cfg(holdout_fraction=0.5))
-    # half of the train count, rounded half up: 2 -> 1, 1 -> 1, 3 -> 2; (a, >40) has nothing left after train
-    assert {k: r.held_out for k, r in d.strata.items()} == {A20: 1, A40: 1, A_LONG: 0, B20: 2, B40: 2}
-    assert "stratum ('a', '>40'): holdout has 0 unit(s) instead of 1 (stratum exhausted)" in d.notes
+    # half of the 10 drawn (2, 1, 1, 3, 3 per stratum) by largest remainder; (a, >40) has nothing left after train
+    assert {k: r.held_out for k, r in d.strata.items()} == {A20: 1, A40: 0, A_LONG: 0, B20: 2, B40: 2}
     assert not {u.id for u in d.train} & {u.id for u in d.holdout}
     assert len(d.train) == 10
+    # a tenth of 10 is one unit, though no stratum's own share reaches half a unit
+    assert len(stratified_draw(base_samples, tok, cfg(holdout_fraction=0.1)).holdout) == 1
 
 
 def test_packs_short_samples_with_a_note(tok):

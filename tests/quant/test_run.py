@@ -50,6 +50,8 @@ def test_plan_quantize_and_load_on_a_tiny_model(tmp_path, metric):
     assert all(len({plan.schemes[m] for m in ms}) == 1 for ms in plan.units.values())
     assert plan.measured_kl is not None and plan.measured_kl <= 0.01
     assert Plan.from_json(plan.to_json()) == plan
+    with pytest.raises(ValueError, match="needs held-out calibration text to be checked on: the holdout has 0 unit"):
+        build_plan(model, sens, q, ())  # a quality budget is never left unchecked
     ck = save_checkpoint(oneshot_quantize(model, plan, token_batches(_draw(0, 8), 16, 8), "rtn").model, plan,
                          tmp_path / "ck")
     loaded = load_quantized_for_runtime(ck)
