@@ -3,8 +3,9 @@ variant the recipe lists, as one JSON document (the report's input shape plus a 
 
 - quality: `accel.eval.run_eval` of the quantized checkpoint (accel's INT8/INT4 kernels) against the fp baseline:
   perplexity, KL, top-1 agreement per domain, task accuracy of both.
-- speed: the recipe's workloads (`eval.workloads`) on accel's runtime, in-process, for the baseline and the
-  quantized checkpoint (loaded from the compressed-tensors files, as `accel serve` would).
+- speed: the recipe's workloads (`eval.workloads`) on accel's runtime, in-process, for every variant: the
+  baseline, the quantized checkpoint (loaded from the compressed-tensors files, as `accel serve` would) and the
+  "+spec" variants through an engine that speculates with the recipe's proposer.
 - speculation: greedy acceptance of the recipe's proposer (n-gram or draft model) replayed offline on the
   serving target's greedy continuations of held-out prompts (exactly the counters greedy verification would
   produce; see `accel.draft_training.offline`), with Leviathan's predicted speedup.
@@ -83,15 +84,16 @@ def bench_requests(recipe, tokenizer, root: Path) -> dict[str, list]:
     return {wc.name: build_requests(Workload.from_config(wc), tokenizer, texts=texts) for wc in recipe.eval.workloads}
 
 
-def speed(recipe, model_dir: Path, requests: dict[str, list], progress: bool) -> dict:
-    """{workload name: BenchResult dict} for a model folder (plain or compressed-tensors) on accel's runtime."""
+def speed(recipe, model_dir: Path, requests: dict[str, list], progress: bool, speculative=None) -> dict:
+    """{workload name: BenchResult dict} for a model folder (plain or compressed-tensors) on accel's runtime;
+    with `speculative` (a SpeculativeConfig) the engine speculates: a "+spec" variant's speed is measured, not
+    predicted."""
     from accel.bench.backends import InProcessBackend
     from accel.bench.loadgen import bench_config_from_recipe, run_bench
     from accel.export.load import load_engine
-
     from accel.runtime.sampling_params import SamplingParams
 
-    engine = load_engine(model_dir, **engine_kwargs(recipe))
+    engine = load_engine(model_dir, **engine_kwargs(recipe), speculative=speculative)
     first = next(r for reqs in requests.values() for r in reqs)
     # one warm-up request here (the bench's own warm-up would tokenize its whole default corpus again)
     engine.generate([list(first.prompt_token_ids)], SamplingParams(max_tokens=4, temperature=0.0))
@@ -200,6 +202,7 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
 
     from accel.quant.quantize import load_quantized_for_runtime
     from accel.report import machine_info
+    from accel.speculative.config import SpeculativeConfig
 
     e = recipe.eval
     seconds: dict[str, float] = {}
@@ -220,6 +223,11 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
         sp["baseline"] = speed(recipe, base_path, requests, progress)
         if quant_dir is not None:
             sp["quantized"] = speed(recipe, quant_dir, requests, progress)
+        spec_cfg = SpeculativeConfig.from_recipe(recipe.speculation, str(draft_dir) if draft_dir else None)
+        for name in names:  # a "+spec" variant is measured through the speculating engine, not predicted
+            target = quant_dir if name.startswith("quantized") else base_path
+            if name.endswith("+spec") and spec_cfg is not None:
+                sp[name] = speed(recipe, target, requests, progress, speculative=spec_cfg)
     seconds["speed"] = time.perf_counter() - t
 
     t = time.perf_counter()
