@@ -158,18 +158,6 @@ def overridden_units(units: dict[str, list[str]], overrides: dict[str, str]) -> 
     return [u for u, ms in units.items() if any(re.search(p, n) for p in overrides for n in (u, *ms))]
 
 
-def cheapest_plan(units: dict[str, list[str]], candidates: Sequence[str], rules: Rules, param_counts: dict[str, int],
-                  in_features: dict[str, int], group_size: int) -> Plan:
-    """Every unit at the cheapest candidate (overrides applied): where the held-out check starts when the damage
-    is not in KL units (the proxy metric) and cannot be budgeted."""
-    cheapest = _ordered(candidates)[0]
-    unit_schemes = apply_overrides({u: cheapest for u in units}, rules.overrides, units)
-    schemes = expand_units(unit_schemes, units)
-    return Plan(schemes=schemes, group_size=group_size,
-                avg_bits=average_bits(schemes, param_counts, in_features, group_size), estimated_kl=float("nan"),
-                lm_head=rules.lm_head, units=units)
-
-
 def allocate(
     sensitivity: SensitivityResult,
     budget: Budget,

@@ -8,8 +8,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from accel.quant.allocate import (Budget, Plan, Rules, allocate, check_and_fallback, cheapest_plan,
-                                  overridden_units)
+from accel.quant.allocate import Budget, Plan, Rules, allocate, check_and_fallback, overridden_units
 from accel.quant.schemes import in_features_of, param_counts
 from accel.quant.sensitivity import SensitivityResult
 
@@ -67,18 +66,13 @@ def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, s
 
 def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence = (), progress: bool = False) -> Plan:
     """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units, then
-    the held-out check that promotes units until a quality budget holds (`model`: the fp32 model, unchanged).
-
-    With the proxy metric a quality budget cannot be allocated (its damage is not in KL units): the plan starts
-    from the cheapest candidate and the held-out check promotes units in proxy order."""
+    the held-out check that promotes units until a quality budget holds (`model`: the fp32 model, unchanged). Both
+    sensitivity metrics are in KL units (the proxy estimates the KL), so a quality budget is allocated directly."""
     units = sens.unit_map()
     names = [m for ms in units.values() for m in ms]
     pc, inf = param_counts(model, names), in_features_of(model, names)
     budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
-    if sens.metric == "proxy" and budget.kl_limit() is not None:
-        plan = cheapest_plan(units, q.candidates, rules, pc, inf, q.int4_group_size)
-    else:
-        plan = allocate(sens, budget, pc, rules, inf)
+    plan = allocate(sens, budget, pc, rules, inf)
     if budget.kl_limit() is None:
         return plan
     try:

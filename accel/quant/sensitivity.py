@@ -8,12 +8,9 @@ unit fake-quantized (RTN). To make 120 units x 2 precisions affordable on a CPU,
 is cached from one reference forward; a unit in layer i then only re-runs layers i..L-1 plus the head, so each
 measurement costs (L - i) / L of a forward (about half a forward on average).
 
-metric "proxy": the relative squared output error of the unit on the calibration activations,
-sum_m ||(W_q - W) X||^2 / sum_m ||W X||^2 over its members m (= tr(dW G dW^T) / tr(W G W^T) with G = X^T X the
-input Gram matrix): the relative error of the fused Linear's output. One forward collects every X (or G); no extra
-forwards. It ignores how the error propagates to the logits; `rank_agreement` reports how well it ranks units like
-the KL measure (SmolLM2-135M, 128 tokens, per Linear: Spearman 0.64 int4, 0.59 int8; the absolute output error
-scored ~0.0).
+metric "proxy": the Fisher-weighted output error (`_proxy_damage`), a second-order estimate of the same KL from one
+forward and a few backward passes, in KL units. `rank_agreement` reports how it ranks units against the KL
+measure.
 """
 
 from __future__ import annotations
@@ -145,7 +142,6 @@ def _suffix_logits(model: nn.Module, cache: _LayerCache, start: int) -> torch.Te
     return logits.reshape(-1, logits.shape[-1])
 
 
-@torch.inference_mode()
 def measure_sensitivity(
     model: nn.Module,
     batches: Sequence[torch.Tensor],
@@ -175,6 +171,7 @@ def measure_sensitivity(
                              num_tokens=ntok, seconds=time.perf_counter() - t0, units=units)
 
 
+@torch.inference_mode()
 def _kl_damage(model, batches, units, candidates, group_size, progress):
     quantized = [c for c in candidates if c != "fp16"]
     totals = {u: {c: 0.0 for c in candidates} for u in units}
@@ -196,58 +193,68 @@ def _kl_damage(model, batches, units, candidates, group_size, progress):
     return damage, ntok
 
 
+FISHER_SAMPLES = 4  # next tokens drawn per position for the Fisher estimate (backward passes per batch)
+
+
 def _proxy_damage(model, batches, units, candidates, group_size, progress):
+    """Fisher-weighted output error: KL(P || P_q) ~ 1/2 E_y[(dlog p(y) / dout . dout)^2] per position, with
+    dout = dW x the unit's output change and the gradient taken at tokens y drawn from the model itself (the
+    Fisher of the output distribution). One forward and FISHER_SAMPLES backward passes per batch collect every
+    Linear's inputs X and output gradients; a unit then costs one product with each candidate's dW."""
     names = [m for members in units.values() for m in members]
     modules = dict(model.named_modules())
-    # Per Linear either the raw inputs X [N, I] (while N <= I: ||dW X^T||^2 costs O*I*N) or their Gram matrix
-    # G = X^T X [I, I] (once N > I: tr(dW G dW^T) costs O*I*I), whichever is cheaper.
-    acts: dict[str, torch.Tensor] = {}
-    grams: dict[str, torch.Tensor] = {}
+    inputs: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    grads: dict[str, list[list[torch.Tensor]]] = {n: [] for n in names}  # [batch][sample] -> [N, O]
+    requires = {p: p.requires_grad for p in model.parameters()}
 
     def hook(name):
-        def fn(_mod, args):
-            x = args[0].reshape(-1, args[0].shape[-1]).float()  # [N, I]
-            if name in grams:
-                grams[name] += x.T @ x
-                return
-            x = torch.cat([acts.pop(name), x]) if name in acts else x
-            if x.shape[0] <= x.shape[1]:
-                acts[name] = x
-            else:
-                grams[name] = x.T @ x  # [I, I]
+        def fn(_mod, args, out):
+            inputs[name].append(args[0].detach().reshape(-1, args[0].shape[-1]).float())
+            grads[name].append([])
+            out.register_hook(lambda g: grads[name][-1].append(g.detach().reshape(-1, g.shape[-1]).float()))
         return fn
 
-    handles = [modules[n].register_forward_pre_hook(hook(n)) for n in names]
+    def leaf(_mod, _args, out):  # gradients flow through the activations only, never into the weights
+        return out.detach().requires_grad_(True)
+
+    handles = [modules[n].register_forward_hook(hook(n)) for n in names]
+    handles.append(model.get_input_embeddings().register_forward_hook(leaf))
+    model.requires_grad_(False)
+    gen = torch.Generator().manual_seed(0)
     ntok = 0
     try:
-        for ids in batches:
-            model(ids, use_cache=False)
-            ntok += ids.numel()
+        with torch.enable_grad():
+            for ids in batches:
+                logp = model(ids, use_cache=False).logits.float().log_softmax(-1)  # [B, T, V]
+                ntok += ids.numel()
+                probs = logp.detach().exp().reshape(-1, logp.shape[-1])
+                for k in range(FISHER_SAMPLES):
+                    y = torch.multinomial(probs, 1, generator=gen)  # [B*T, 1]
+                    logp.reshape(-1, logp.shape[-1]).gather(1, y).sum().backward(retain_graph=k + 1 < FISHER_SAMPLES)
+                del logp, probs
     finally:
         for h in handles:
             h.remove()
+        for p_, r in requires.items():
+            p_.requires_grad_(r)
     damage: dict[str, dict[str, float]] = {}
-    with _progress(len(units), "sensitivity (proxy)", progress) as bar:
+    with _progress(len(units), "sensitivity (Fisher)", progress) as bar, torch.no_grad():
         for unit, members in units.items():
             damage[unit] = {}
             for c in candidates:
                 if c == "fp16":
                     damage[unit][c] = 0.0
                     continue
-                # relative squared error of the (fused) output: sum ||dW X^T||^2 / sum ||W X^T||^2 over the
-                # members (= tr(dW G dW^T) / tr(W G W^T)). Relative, because the absolute error ranks layers
-                # unlike the KL (Spearman ~0 on SmolLM2) while the relative one tracks it (~0.6).
-                err = ref = 0.0
-                for n in members:
-                    w = modules[n].weight.float()
-                    dw = fake_quant(w, c, group_size) - w  # [O, I]
-                    if n in acts:
-                        err += float((acts[n] @ dw.T).pow(2).sum())
-                        ref += float((acts[n] @ w.T).pow(2).sum())
-                    else:
-                        err += float(((dw @ grams[n]) * dw).sum())
-                        ref += float(((w @ grams[n]) * w).sum())
-                damage[unit][c] = err / max(ref, 1e-30)
+                total = 0.0
+                for b in range(len(batches)):
+                    s = None  # [samples, N]: first-order change of log p(y) from all members' output changes
+                    for n in members:
+                        w = modules[n].weight.float()
+                        e = inputs[n][b] @ (fake_quant(w, c, group_size) - w).T  # [N, O]
+                        d = torch.stack([(e * g).sum(-1) for g in grads[n][b]])
+                        s = d if s is None else s + d
+                    total += 0.5 * float(s.pow(2).mean(0).sum())
+                damage[unit][c] = total / ntok
             bar.update(1)
     return damage, ntok
 

@@ -116,22 +116,13 @@ def test_spearman_hand_values():
     assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
 
 
-def test_proxy_equals_exact_output_error_both_paths():
-    """Proxy = ||dW X^T||^2 / ||W X^T||^2, whether it keeps X (few tokens) or the Gram matrix (many tokens)."""
-    from accel.quant.schemes import fake_quant
-
+def test_the_fisher_proxy_estimates_the_measured_kl_in_its_own_units():
+    """The proxy is a second-order estimate of the KL the kl metric measures: per unit within a factor ~2.5 here,
+    and it ranks the units alike."""
     m = _model()
-    name = "model.layers.1.mlp.down_proj"  # in_features 128
-    for rows in (2, 6):  # 2 x 16 = 32 tokens <= 128 keeps X; 6 x 16 = 96 then 192 > 128 switches to Gram
-        batches = _batches(n=2, b=rows)
-        xs = []
-        h = m.get_submodule(name).register_forward_pre_hook(lambda _m, a: xs.append(a[0].reshape(-1, 128)))
-        with torch.no_grad():
-            for b in batches:
-                m(b)
-        h.remove()
-        x = torch.cat(xs)
-        w = m.get_submodule(name).weight.detach()
-        want = float((x @ (fake_quant(w, "int4", 32) - w).T).pow(2).sum()) / float((x @ w.T).pow(2).sum())
-        res = measure_sensitivity(m, batches, ["int4"], 32, metric="proxy", progress=False, modules=[name])
-        assert res.damage[name]["int4"] == pytest.approx(want, rel=1e-4)
+    batches = _batches(n=2, b=6)
+    proxy = measure_sensitivity(m, batches, ["int4", "int8"], 32, metric="proxy", progress=False)
+    kl = measure_sensitivity(m, batches, ["int4", "int8"], 32, progress=False)
+    ratios = [proxy.damage[u][c] / kl.damage[u][c] for u in kl.damage for c in ("int4", "int8")]
+    assert all(0.33 < r < 2.5 for r in ratios), ratios
+    assert rank_agreement(kl, proxy)["pooled"] > 0.9
