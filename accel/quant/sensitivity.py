@@ -199,64 +199,65 @@ FISHER_SAMPLES = 4  # next tokens drawn per position for the Fisher estimate (ba
 def _proxy_damage(model, batches, units, candidates, group_size, progress):
     """Fisher-weighted output error: KL(P || P_q) ~ 1/2 E_y[(dlog p(y) / dout . dout)^2] per position, with
     dout = dW x the unit's output change and the gradient taken at tokens y drawn from the model itself (the
-    Fisher of the output distribution). One forward and FISHER_SAMPLES backward passes per batch collect every
-    Linear's inputs X and output gradients; a unit then costs one product with each candidate's dW."""
+    Fisher of the output distribution). Per batch, one forward and FISHER_SAMPLES backward passes collect every
+    Linear's inputs X and output gradients (freed before the next batch: ~3 GB for 1024 tokens of SmolLM2); a unit
+    then costs one product with each candidate's dW (kept across batches)."""
     names = [m for members in units.values() for m in members]
     modules = dict(model.named_modules())
-    inputs: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-    grads: dict[str, list[list[torch.Tensor]]] = {n: [] for n in names}  # [batch][sample] -> [N, O]
-    requires = {p: p.requires_grad for p in model.parameters()}
+    quantized = [c for c in candidates if c != "fp16"]
+    inputs: dict[str, torch.Tensor] = {}
+    grads: dict[str, list[torch.Tensor]] = {}  # per sample, [N, O]
+    delta: dict[tuple[str, str], torch.Tensor] = {}  # (Linear, scheme) -> dW
+    totals = {u: dict.fromkeys(candidates, 0.0) for u in units}
 
     def hook(name):
         def fn(_mod, args, out):
-            inputs[name].append(args[0].detach().reshape(-1, args[0].shape[-1]).float())
-            grads[name].append([])
-            out.register_hook(lambda g: grads[name][-1].append(g.detach().reshape(-1, g.shape[-1]).float()))
+            inputs[name] = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            grads[name] = []
+            out.register_hook(lambda g: grads[name].append(g.detach().reshape(-1, g.shape[-1]).float()))
         return fn
 
     def leaf(_mod, _args, out):  # gradients flow through the activations only, never into the weights
         return out.detach().requires_grad_(True)
 
+    requires = {p: p.requires_grad for p in model.parameters()}
     handles = [modules[n].register_forward_hook(hook(n)) for n in names]
     handles.append(model.get_input_embeddings().register_forward_hook(leaf))
     model.requires_grad_(False)
     gen = torch.Generator().manual_seed(0)
     ntok = 0
     try:
-        with torch.enable_grad():
+        with _progress(len(batches) * len(units), "sensitivity (Fisher)", progress) as bar:
             for ids in batches:
-                logp = model(ids, use_cache=False).logits.float().log_softmax(-1)  # [B, T, V]
+                with torch.enable_grad():
+                    logits = model(ids, use_cache=False).logits
+                    logp = logits.float().log_softmax(-1).reshape(-1, logits.shape[-1])
+                    probs = logp.detach().exp()
+                    for k in range(FISHER_SAMPLES):
+                        y = torch.multinomial(probs, 1, generator=gen)  # [B*T, 1]
+                        logp.gather(1, y).sum().backward(retain_graph=k + 1 < FISHER_SAMPLES)
+                    del logits, logp, probs
                 ntok += ids.numel()
-                probs = logp.detach().exp().reshape(-1, logp.shape[-1])
-                for k in range(FISHER_SAMPLES):
-                    y = torch.multinomial(probs, 1, generator=gen)  # [B*T, 1]
-                    logp.reshape(-1, logp.shape[-1]).gather(1, y).sum().backward(retain_graph=k + 1 < FISHER_SAMPLES)
-                del logp, probs
+                with torch.no_grad():
+                    for unit, members in units.items():
+                        for c in quantized:
+                            s = 0.0  # [samples, N]: first-order change of log p(y) from every member's output change
+                            for n in members:
+                                if (n, c) not in delta:
+                                    w = modules[n].weight.float()
+                                    delta[n, c] = fake_quant(w, c, group_size) - w
+                                e = inputs[n] @ delta[n, c].T  # [N, O]
+                                s = s + torch.stack([(e * g).sum(-1) for g in grads[n]])
+                            totals[unit][c] += 0.5 * float(s.pow(2).mean(0).sum())
+                        bar.update(1)
+                inputs.clear()
+                grads.clear()
     finally:
         for h in handles:
             h.remove()
         for p_, r in requires.items():
             p_.requires_grad_(r)
-    damage: dict[str, dict[str, float]] = {}
-    with _progress(len(units), "sensitivity (Fisher)", progress) as bar, torch.no_grad():
-        for unit, members in units.items():
-            damage[unit] = {}
-            for c in candidates:
-                if c == "fp16":
-                    damage[unit][c] = 0.0
-                    continue
-                total = 0.0
-                for b in range(len(batches)):
-                    s = None  # [samples, N]: first-order change of log p(y) from all members' output changes
-                    for n in members:
-                        w = modules[n].weight.float()
-                        e = inputs[n][b] @ (fake_quant(w, c, group_size) - w).T  # [N, O]
-                        d = torch.stack([(e * g).sum(-1) for g in grads[n][b]])
-                        s = d if s is None else s + d
-                    total += 0.5 * float(s.pow(2).mean(0).sum())
-                damage[unit][c] = total / ntok
-            bar.update(1)
-    return damage, ntok
+    return {u: {c: totals[u][c] / ntok for c in candidates} for u in units}, ntok
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
