@@ -286,6 +286,22 @@ class WorkloadConfig(Strict):
         return self
 
 
+class PeerConfig(Strict):
+    """Another OpenAI-compatible server (llama-server, vLLM, another accel) measured with the same workloads, so it
+    sits in the report's speed tables and plots next to the accel variants:
+
+        eval:
+          peers:
+            - {name: llama.cpp-Q8_0, url: "http://127.0.0.1:8080", model: smollm2}
+    """
+
+    name: Name
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    model: str = "default"
+    """The model name the server serves (sent in each request)."""
+    endpoint: Literal["completions", "chat"] = "completions"
+
+
 class EvalConfig(Strict):
     quality: bool = True
     domains: list[str] | None = None
@@ -300,16 +316,24 @@ class EvalConfig(Strict):
     ]
     variants: list[Literal["baseline", "quantized", "quantized+spec", "baseline+spec"]] = [
         "baseline", "quantized", "quantized+spec"]
+    peers: list[PeerConfig] = []
+
+    @model_validator(mode="after")
+    def _peer_names(self) -> EvalConfig:
+        names = ["baseline", "quantized", "quantized+spec", "baseline+spec"] + [p.name for p in self.peers]
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise ValueError(f"eval.peers names {clash} are taken; allowed: a name unique among the peers and "
+                             "the variants (baseline, quantized, quantized+spec, baseline+spec)")
+        return self
 
 
 class ExportConfig(Strict):
     enabled: bool = True
-    format: Literal["compressed-tensors"] = "compressed-tensors"
     target: Literal["accel", "transformers", "vllm"] = "transformers"
     """The loader that must accept every layer of the export; the `loader` gate blocks the export otherwise (e.g.
     vllm refuses int4f's float zero points). Every loader's view is in the export's accel.json either way."""
     include_draft: bool = True
-    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
 
 class GatesConfig(Strict):

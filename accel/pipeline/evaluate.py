@@ -108,6 +108,21 @@ def speed(recipe, model_dir: Path, requests: dict[str, list], progress: bool, sp
     return out
 
 
+def peer_speed(recipe, peer, requests: dict[str, list], progress: bool) -> dict:
+    """{workload name: BenchResult dict} of an OpenAI-compatible server (`eval.peers`), the same requests and
+    client as the accel variants' in-process runs (text prompts: the peer may tokenize differently)."""
+    from accel.bench.backends import OpenAIBackend
+    from accel.bench.loadgen import bench_config_from_recipe, run_bench
+
+    backend = OpenAIBackend(peer.url, peer.model, endpoint=peer.endpoint)
+    out = {}
+    for wc in recipe.eval.workloads:
+        d = run_bench(backend, bench_config_from_recipe(wc, warmup=1), requests[wc.name], progress=progress).to_dict()
+        d["records"] = []
+        out[wc.name] = d
+    return out
+
+
 def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path | None, root: Path) -> dict | None:
     """Offline greedy acceptance of the recipe's proposer against `target` (an HF model), or None."""
     from accel.draft_training.offline import evaluate_proposer, target_continuations
@@ -228,6 +243,8 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
             target = quant_dir if name.startswith("quantized") else base_path
             if name.endswith("+spec") and spec_cfg is not None:
                 sp[name] = speed(recipe, target, requests, progress, speculative=spec_cfg)
+        for peer in e.peers:
+            sp[peer.name] = peer_speed(recipe, peer, requests, progress)
     seconds["speed"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -250,6 +267,8 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
             v["spec"] = {k: s[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
                                            "num_accepted_tokens_per_pos")}
         variants.append(v)
+    # peers: speed only (their quality is scored on llama.cpp's scale by scripts/bench_quality.py)
+    variants += [{"name": p.name, "quality": {}, "speed": sp[p.name], "size_mb": None} for p in e.peers if p.name in sp]
     spec = spec_by_target.get("quantized") or spec_by_target.get("baseline")
     return {"name": recipe.name, "variants": variants, "spec": spec, "summary": summarize(recipe, q, sp, spec),
             "seconds": {k: round(v, 2) for k, v in seconds.items()}, "machine": machine_info()}
