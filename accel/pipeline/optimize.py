@@ -117,17 +117,20 @@ def stage_calibrate(ctx: StageContext) -> dict:
 
 def stage_sensitivity(ctx: StageContext) -> dict:
     from accel.quant.heatmap import plot_heatmap
-    from accel.quant.run import token_batches
+    from accel.quant.run import int4_candidates, token_batches
     from accel.quant.sensitivity import measure_sensitivity
 
     q = ctx.recipe.quantization
     _set_threads(ctx.recipe)
     batches = token_batches(calibration_draw(ctx).train, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
-    sens = measure_sensitivity(fresh_model(ctx), batches, q.candidates, q.int4_group_size, q.sensitivity.metric,
-                               _progress(ctx))
+    model = fresh_model(ctx)
+    target = ctx.recipe.export.target if ctx.recipe.export.enabled else None
+    candidates, int4f_ratio = int4_candidates(model, q.candidates, q.int4_group_size, target)
+    sens = measure_sensitivity(model, batches, candidates, q.int4_group_size, q.sensitivity.metric, _progress(ctx))
     sens.to_json(ctx.out_dir / "sensitivity.json")
     plot_heatmap(sens, ctx.out_dir / "sensitivity.png")
-    return {"metric": sens.metric, "num_units": len(sens.damage), "num_tokens": sens.num_tokens}
+    return {"metric": sens.metric, "num_units": len(sens.damage), "num_tokens": sens.num_tokens,
+            "candidates": candidates, "int4f_error_ratio": int4f_ratio}
 
 
 def stage_plan(ctx: StageContext) -> dict:
@@ -350,7 +353,8 @@ def render_summary_markdown(summary: dict) -> str:
 
 
 # The quantization fields each stage reads (finer than the section: changing the method only reruns quantize).
-SENSITIVITY_FIELDS = ("quantization.candidates", "quantization.int4_group_size", "quantization.sensitivity")
+SENSITIVITY_FIELDS = ("quantization.candidates", "quantization.int4_group_size", "quantization.sensitivity",
+                      "export.enabled", "export.target")  # the export's loaders decide int4 vs int4f
 PLAN_FIELDS = SENSITIVITY_FIELDS + ("quantization.budget", "quantization.overrides", "quantization.lm_head")
 QUANTIZE_FIELDS = ("quantization.method", "quantization.gptq_dampening", "quantization.calibration_mix",
                    "quantization.calibration_mix_keep",

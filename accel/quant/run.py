@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from accel.quant.allocate import Budget, Plan, Rules, allocate, check_and_fallback, overridden_units
-from accel.quant.schemes import in_features_of, param_counts
+from accel.quant.schemes import fake_quant, in_features_of, param_counts, quantizable_linears
 from accel.quant.sensitivity import SensitivityResult
 
 
@@ -62,6 +62,30 @@ def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, s
     total = sum(b.shape[0] for b in batches)
     return damage_weighted_batches(model, {**plan.schemes, "lm_head": plan.lm_head}, plan.group_size, train,
                                    cal.max_seq_len, total, base=source_tokens, keep=q.calibration_mix_keep)
+
+
+INT4F_WINS_BELOW = 0.5  # int4f replaces int4 when its weight error is under half of int4's
+
+
+@torch.no_grad()
+def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int, export_target: str | None
+                    ) -> tuple[list[str], float | None]:
+    """The candidates with "int4" replaced by the float-zero-point "int4f" where that reproduces the weights
+    better: weights already on a float-min grid (GGUF Q4_1 / Q4_K releases) are exact at int4f and ~8% off with an
+    integer zero point. Not when the export must load in vLLM (no float-zero-point kernel). Returns (candidates,
+    int4f error / int4 error over the quantizable Linears, None when not compared)."""
+    cands = list(candidates)
+    if "int4" not in cands or "int4f" in cands or export_target == "vllm":
+        return cands, None
+    err_int = err_float = 0.0
+    for name in quantizable_linears(model):
+        w = model.get_submodule(name).weight.float()
+        err_int += float((fake_quant(w, "int4", group_size) - w).pow(2).sum())
+        err_float += float((fake_quant(w, "int4f", group_size) - w).pow(2).sum())
+    ratio = err_float / max(err_int, 1e-30)
+    if ratio < INT4F_WINS_BELOW:
+        cands[cands.index("int4")] = "int4f"
+    return cands, ratio
 
 
 def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence = (), progress: bool = False) -> Plan:
