@@ -78,6 +78,12 @@ def available() -> bool:
     return _module() is not None
 
 
+def vnni_prefill(in_features: int) -> bool:
+    """True when int8_linear / int4_linear run the AVX512-VNNI prefill GEMM for inputs this wide (K % 32 == 0, and
+    whole blocks of 32 per INT4 group): it beats dequantize + fp32 GEMM at every number of rows."""
+    return available() and in_features % 32 == 0 and _module().has_vnni()
+
+
 def int4_repack(q: Tensor) -> Tensor:
     """Unpacked int4 values q [N, K] in [0, 15] (K % 16 == 0) -> the int4 kernel's layout uint8 [N, K / 2]:
     per 16 inputs, byte i = q[c_i] | q[c_{i+8}] << 4."""
@@ -90,6 +96,11 @@ def int4_linear(x: Tensor, packed: Tensor, scale_min: Tensor, group_size: int) -
     """x [M, K] fp32 against w[n, k] = q * scale_min[n, g, 0] + scale_min[n, g, 1] (q from `int4_repack`;
     scale_min fp32 or fp16) -> [M, N] fp32."""
     return _module().int4_linear(x, packed, scale_min, group_size)
+
+
+def int4_dequant(packed: Tensor, scale_min: Tensor, group_size: int, start: int, end: int) -> Tensor:
+    """Rows [start, end) of the weight `int4_linear` multiplies by, in fp32 [end - start, K]."""
+    return _module().int4_dequant(packed, scale_min, group_size, start, end)
 
 
 def paged_decode_attention(out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,

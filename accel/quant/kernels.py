@@ -19,13 +19,16 @@ scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstrin
 
   "avx2"                    CPU, fp32 activations, M < dequant_min_rows, when accel's own AVX2 kernels compiled
                             (accel/quant/cpu_kernels.py): int8 2-3x faster than int8pack at M = 1-32, and exact
-                            in fp32 (no bf16 cast of the activations); int4 likewise against int4pack.
-  "int8pack" / "int4pack"   CPU, M < dequant_min_rows (int8: 64, int4: 128): aten._weight_int8pack_mm /
+                            in fp32 (no bf16 cast of the activations); int4 likewise against int4pack. Where the
+                            CPU has AVX512-VNNI, calls of more than 32 rows run its prefill GEMM (1.5-1.6x oneDNN's
+                            prepacked fp32 GEMM at 512 rows), so nothing is dequantized at any M.
+  "int8pack" / "int4pack"   CPU, M < dequant_min_rows (int8: 1024, int4: 64): aten._weight_int8pack_mm /
                             aten._weight_int4pack_mm_for_cpu with bf16 activations. The weight is read as 1 / 0.5
                             byte per element, which is what wins memory-bound decode. Their fp32-activation
                             variants exist but are 5-50x slower (not vectorised), so x is cast to bf16 and back
                             (~3e-3 relative error per matmul).
-  "gemm"                    CPU, M >= dequant_min_rows: dequantize to fp32 on the fly, chunked over output rows,
+  "gemm"                    CPU without VNNI, M >= dequant_min_rows: dequantize to fp32 on the fly (INT4 natively,
+                            `int4_dequant`), chunked over output rows,
                             then MKL sgemm (compute-bound prefill; bf16 GEMM is 5-10x slower than fp32 on a CPU
                             without native bf16): 0.6-0.9x the speed of fp32 nn.Linear at M >= 64 (noisy). We do NOT
                             cache a dequantized fp32 copy: it would hold 5 (int8) / 4.5 (int4) bytes per weight,
@@ -38,6 +41,7 @@ scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstrin
 
 from __future__ import annotations
 
+import math
 from typing import Self
 
 import torch
@@ -50,12 +54,13 @@ SCHEMES = ("int8", "int4", "int4f", "fp16", "bf16", "fp32")
 INT4_SCHEMES = ("int4", "int4f")  # int4f: float (not integer) zero point per group, see quantize_int4_groupwise
 FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-# Rows of x at which the CPU switches from the native kernels to dequantize + fp32 GEMM (see module docstring).
+# Rows of x at which a CPU without AVX512-VNNI switches from the native kernels to dequantize + fp32 GEMM (see
+# module docstring); with VNNI the native prefill GEMM is faster at every M and nothing is dequantized.
 # INT8 (8 rows per weight pass): native faster at every M up to the 512-token prefill budget (SmolLM2 shapes, 2
 # threads: gate_up M=128 3.2 vs 5.4 ms, M=512 10.0 vs 12.5; down_proj M=512 a tie), so only larger batches
-# dequantize. INT4: native faster up to ~128 rows, dequantize + GEMM above.
+# dequantize. INT4: native faster below ~64 rows, dequantize (natively, `int4_dequant`) + GEMM from there.
 INT8_DEQUANT_MIN_ROWS = 1024
-INT4_DEQUANT_MIN_ROWS = 128
+INT4_DEQUANT_MIN_ROWS = 64
 # fp16 scale / min pairs where they differ from the fp32 ones by at most this fraction of the group's range: fp32
 # rounding noise (a Q4_1 release's int4f layers deviate ~4e-8), far below the activations' 16-bit rounding
 FP16_GRID_TOLERANCE = 2.0**-20
@@ -192,10 +197,10 @@ class Int8WeightOnlyLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 dequant_min_rows: int = INT8_DEQUANT_MIN_ROWS) -> None:
+                 dequant_min_rows: int | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.dequant_min_rows = dequant_min_rows
+        self.dequant_min_rows = dequant_min_rows  # None: INT8_DEQUANT_MIN_ROWS, or never with the VNNI GEMM
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
@@ -231,7 +236,7 @@ class Int8WeightOnlyLinear(nn.Module):
         """Which path forward takes for `rows` activation rows: "avx2", "int8pack", "gemm" or "generic"."""
         if device.type != "cpu":
             return "generic"
-        if rows >= self.dequant_min_rows:
+        if rows >= _dequant_min_rows(self.dequant_min_rows, INT8_DEQUANT_MIN_ROWS, self.in_features, dtype):
             return "gemm"
         if dtype == torch.float32 and self.in_features % 8 == 0 and cpu_kernels.available():
             return "avx2"
@@ -286,7 +291,7 @@ class Int4WeightOnlyLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, group_size: int = 64, bias: bool = False,
-                 dequant_min_rows: int = INT4_DEQUANT_MIN_ROWS, float_zero: bool = False) -> None:
+                 dequant_min_rows: int | None = None, float_zero: bool = False) -> None:
         super().__init__()
         _check_group_size(in_features, group_size)
         if in_features % 2:
@@ -353,7 +358,8 @@ class Int4WeightOnlyLinear(nn.Module):
         """Which path forward takes for `rows` activation rows: "avx2", "int4pack", "gemm" or "generic"."""
         if device.type != "cpu":
             return "generic"
-        if rows >= self.dequant_min_rows:
+        width = self.in_features if self.group_size % 32 == 0 else 1  # the VNNI GEMM needs whole blocks per group
+        if rows >= _dequant_min_rows(self.dequant_min_rows, INT4_DEQUANT_MIN_ROWS, width, dtype):
             return "gemm"
         if dtype == torch.float32 and self.group_size % 16 == 0 and cpu_kernels.available():
             return "avx2"
@@ -398,6 +404,9 @@ class Int4WeightOnlyLinear(nn.Module):
         return F.linear(x2, self._dequant_rows(0, self.out_features).to(x2.dtype))
 
     def _dequant_rows(self, start: int, end: int) -> Tensor:
+        if self.qweight.device.type == "cpu" and self.group_size % 16 == 0 and cpu_kernels.available():
+            packed, scale_min = self.avx2_operands()
+            return cpu_kernels.int4_dequant(packed, scale_min, self.group_size, start, end)
         return dequantize_int4_groupwise(unpack_int4(self.qweight[start:end]), self.scales[start:end],
                                          self.zeros[start:end], self.group_size)
 
@@ -479,6 +488,14 @@ def pack_float_linears(model: nn.Module) -> list[str]:
                 setattr(mod, child_name, PackedLinear(child))
                 swapped.append(f"{name}.{child_name}" if name else child_name)
     return swapped
+
+
+def _dequant_min_rows(explicit: int | None, default: int, in_features: int, dtype: torch.dtype) -> int | float:
+    """The row count from which a CPU Linear dequantizes to fp32 and runs a GEMM: the module's own setting, else
+    never where the native VNNI prefill GEMM runs, else `default`."""
+    if explicit is not None:
+        return explicit
+    return math.inf if dtype == torch.float32 and cpu_kernels.vnni_prefill(in_features) else default
 
 
 def _chunked_dequant_matmul(x2: Tensor, out_features: int, dequant_rows) -> Tensor:

