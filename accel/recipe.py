@@ -317,6 +317,8 @@ class EvalConfig(Strict):
     variants: list[Literal["baseline", "quantized", "quantized+spec", "baseline+spec"]] = [
         "baseline", "quantized", "quantized+spec"]
     peers: list[PeerConfig] = []
+    repeats: Annotated[int, Field(ge=1, le=20)] = 3
+    """Runs of each workload per variant: the report shows the median run and the spread of tok/s over all."""
 
     @model_validator(mode="after")
     def _peer_names(self) -> EvalConfig:

@@ -48,6 +48,7 @@ BROKEN = [
     ({"quantization": {"budget": {"max_mean_kl": 0.1, "target_avg_bits": 5}}},
      ["quantization.budget", "exactly one budget"]),
     ({"quantization": {"budget": {"max_mean_kl": -1}}}, ["quantization.budget.max_mean_kl", "-1", "greater than 0"]),
+    ({"eval": {"repeats": 0}}, ["eval.repeats", "0", "greater than or equal to 1"]),
     ({"quantization": {"overrides": {"(": "int8"}}}, ["quantization.overrides", "not a valid regex"]),
     ({"calibration": {"num_samples": "many"}}, ["calibration.num_samples", "'many'", "integer"]),
     ({"calibration": {"num_samples": 0}}, ["calibration.num_samples", "greater than or equal to 1"]),

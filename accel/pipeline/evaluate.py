@@ -98,14 +98,21 @@ def speed(recipe, model_dir: Path, requests: dict[str, list], progress: bool, sp
     # one warm-up request here (the bench's own warm-up would tokenize its whole default corpus again)
     engine.generate([list(first.prompt_token_ids)], SamplingParams(max_tokens=4, temperature=0.0))
     backend = InProcessBackend(engine)
-    out = {}
-    for wc in recipe.eval.workloads:
-        res = run_bench(backend, bench_config_from_recipe(wc, warmup=0), requests[wc.name], progress=progress)
-        d = res.to_dict()
-        d["records"] = []  # per-request records stay out of eval.json (the distributions are kept)
-        out[wc.name] = d
+    out = {wc.name: _repeated(recipe, lambda: run_bench(backend, bench_config_from_recipe(wc, warmup=0),
+                                                        requests[wc.name], progress=progress))
+           for wc in recipe.eval.workloads}
     del engine, backend
     return out
+
+
+def _repeated(recipe, run) -> dict:
+    """`eval.repeats` runs of one workload -> the median run's BenchResult dict, with every run's tok/s in
+    `repeats` (per-request records stay out of eval.json; the distributions are kept)."""
+    runs = sorted((run() for _ in range(recipe.eval.repeats)), key=lambda r: r.output_throughput)
+    d = runs[len(runs) // 2].to_dict()
+    d["records"] = []
+    d["repeats"] = [r.output_throughput for r in runs]
+    return d
 
 
 def peer_speed(recipe, peer, requests: dict[str, list], progress: bool) -> dict:
@@ -115,12 +122,9 @@ def peer_speed(recipe, peer, requests: dict[str, list], progress: bool) -> dict:
     from accel.bench.loadgen import bench_config_from_recipe, run_bench
 
     backend = OpenAIBackend(peer.url, peer.model, endpoint=peer.endpoint)
-    out = {}
-    for wc in recipe.eval.workloads:
-        d = run_bench(backend, bench_config_from_recipe(wc, warmup=1), requests[wc.name], progress=progress).to_dict()
-        d["records"] = []
-        out[wc.name] = d
-    return out
+    return {wc.name: _repeated(recipe, lambda: run_bench(backend, bench_config_from_recipe(wc, warmup=1),
+                                                         requests[wc.name], progress=progress))
+            for wc in recipe.eval.workloads}
 
 
 def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path | None, root: Path) -> dict | None:

@@ -28,6 +28,15 @@ def _p(d: Dist | None, key: str) -> float | None:
     return getattr(d, key) if d is not None else None
 
 
+def _tok_s(r: BenchResult | None) -> str:
+    """Output tok/s of the median run, with the min-max over the repeats where there were several."""
+    if r is None:
+        return fmt(None)
+    if r.repeats and len(r.repeats) > 1:
+        return f"{fmt(r.output_throughput)} ({fmt(min(r.repeats))}-{fmt(max(r.repeats))})"
+    return fmt(r.output_throughput)
+
+
 def summary_section(report: RunReport) -> Section:
     wls = _workloads(report)
     wl = wls[0] if wls else None
@@ -46,10 +55,11 @@ def summary_section(report: RunReport) -> Section:
             r = v.speed.get(wl)
             speedup = (r.output_throughput / ref.output_throughput
                        if r is not None and ref is not None and ref.output_throughput > 0 else None)
-            row += [fmt(r.output_throughput if r else None), f"{speedup:.2f}x" if speedup else "n/a",
+            row += [_tok_s(r), f"{speedup:.2f}x" if speedup else "n/a",
                     fmt(_p(r.ttft_ms if r else None, "p50")), fmt(_p(r.tpot_ms if r else None, "p50"))]
         rows.append(row)
-    blocks = [Table(headers, rows, "Variants (speedup = output tokens/s over the first variant)")]
+    blocks = [Table(headers, rows, "Variants (speedup = output tokens/s over the first variant; tok/s: the median "
+                                   "run, min-max over the repeats in brackets)")]
     return Section("Summary", blocks)
 
 

@@ -164,3 +164,11 @@ def test_report_in_chromium_via_chromedriver(rendered, tmp_path):
     page = browser.selenium_inspect(bad.as_uri(), tmp_path / "profile2")
     assert page["images"] == [["x", 0]]
     assert sum(e["level"] == "SEVERE" for e in page["log"]) >= 2  # the missing image and console.error
+
+
+def test_summary_shows_the_spread_of_repeated_runs(tmp_path):
+    result = run_result()
+    speed = result["variants"][0]["speed"]["batch1"]
+    speed["repeats"] = [speed["output_throughput"] - 10, speed["output_throughput"], speed["output_throughput"] + 5]
+    md, _ = build_report(result, tmp_path)
+    assert "| 140.4 (130.4-145.4) | 1.00x |" in md.read_text()
