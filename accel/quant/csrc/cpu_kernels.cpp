@@ -372,13 +372,29 @@ static inline void vnni_rows(const int16_t* xq, int64_t K, const int32_t* wp, __
       const int64_t kp = b * 16 + j;
       const __m512i w0 = _mm512_loadu_si512(wp + kp * VT), w1 = _mm512_loadu_si512(wp + kp * VT + 16);
       for (int m = 0; m < MB; ++m) {
-        const __m512i x = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xq + m * K + 2 * kp));
+        int32_t pair;  // the activation pair (xq[2kp], xq[2kp + 1]) as one int32 lane value
+        std::memcpy(&pair, xq + m * K + 2 * kp, sizeof(pair));
+        const __m512i x = _mm512_set1_epi32(pair);
         s[m][0] = _mm512_dpwssd_epi32(s[m][0], w0, x);
         s[m][1] = _mm512_dpwssd_epi32(s[m][1], w1, x);
       }
     }
     for (int m = 0; m < MB; ++m)
       for (int v = 0; v < 2; ++v) acc[m][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][v]), bscale(m, b, v), acc[m][v]);
+  }
+}
+
+// run(std::integral_constant<int, MB>, m0) over the activation rows in blocks of 6 (the register tile), then the rest
+template <typename F>
+static inline void vnni_row_blocks(int64_t M, const F& run) {
+  int64_t m0 = 0;
+  for (; m0 + 6 <= M; m0 += 6) run(std::integral_constant<int, 6>{}, m0);
+  switch (M - m0) {
+    case 5: run(std::integral_constant<int, 5>{}, m0); break;
+    case 4: run(std::integral_constant<int, 4>{}, m0); break;
+    case 3: run(std::integral_constant<int, 3>{}, m0); break;
+    case 2: run(std::integral_constant<int, 2>{}, m0); break;
+    case 1: run(std::integral_constant<int, 1>{}, m0); break;
   }
 }
 
@@ -414,15 +430,7 @@ static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8
       for (int m = 0; m < MB; ++m)
         for (int v = 0; v < 2; ++v) store_tile(y + m0 * N, N, n0, m, v, _mm512_mul_ps(acc[m][v], rs[v]));
     };
-    int64_t m0 = 0;
-    for (; m0 + 6 <= M; m0 += 6) run(std::integral_constant<int, 6>{}, m0);
-    switch (M - m0) {
-      case 5: run(std::integral_constant<int, 5>{}, m0); break;
-      case 4: run(std::integral_constant<int, 4>{}, m0); break;
-      case 3: run(std::integral_constant<int, 3>{}, m0); break;
-      case 2: run(std::integral_constant<int, 2>{}, m0); break;
-      case 1: run(std::integral_constant<int, 1>{}, m0); break;
-    }
+    vnni_row_blocks(M, run);
   });
 }
 
@@ -469,15 +477,7 @@ static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, in
       for (int m = 0; m < MB; ++m)
         for (int v = 0; v < 2; ++v) store_tile(y + m0 * N, N, n0, m, v, acc[m][v]);
     };
-    int64_t m0 = 0;
-    for (; m0 + 6 <= M; m0 += 6) run(std::integral_constant<int, 6>{}, m0);
-    switch (M - m0) {
-      case 5: run(std::integral_constant<int, 5>{}, m0); break;
-      case 4: run(std::integral_constant<int, 4>{}, m0); break;
-      case 3: run(std::integral_constant<int, 3>{}, m0); break;
-      case 2: run(std::integral_constant<int, 2>{}, m0); break;
-      case 1: run(std::integral_constant<int, 1>{}, m0); break;
-    }
+    vnni_row_blocks(M, run);
   });
 }
 #pragma GCC pop_options
