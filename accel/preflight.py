@@ -10,6 +10,7 @@ with its field path.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def preflight(recipe: Recipe, project_root: Path | None = None) -> list[str]:
         problems += [p] if p else []
     if s.method == "distilled" and s.distill.init_from is not None:
         problems += _check_eagle_draft(s.distill.init_from)
+    problems += _check_gguf_peers(recipe)
     for field, device in (("model.device", recipe.model.device), ("runtime.device", recipe.runtime.device)):
         if device == "cuda":
             import torch
@@ -44,6 +46,23 @@ def preflight(recipe: Recipe, project_root: Path | None = None) -> list[str]:
             if not torch.cuda.is_available():
                 problems.append(f"{field}: 'cuda' was asked for but torch sees no CUDA device here; allowed on "
                                 "this machine: auto, cpu")
+    return problems
+
+
+def _check_gguf_peers(recipe: Recipe) -> list[str]:
+    """The GGUF files and the llama-perplexity binary the peers' quality scoring runs."""
+    from accel.eval.gguf import llama_perplexity_path
+
+    e = recipe.eval
+    files = [(f"eval.peers[{i}].gguf", p.gguf) for i, p in enumerate(e.peers) if p.gguf]
+    if not files:
+        return []
+    problems = [f"{field}: {path!r} is not a file; allowed: a .gguf file" for field, path in
+                files + [("eval.gguf_base", e.gguf_base)] if not Path(path).expanduser().is_file()]
+    binary = llama_perplexity_path(e.llama_perplexity)
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        problems.append(f"eval.llama_perplexity: {str(binary)!r} is not an executable llama-perplexity; allowed: its "
+                        "path, or build it once with `bash scripts/peers/build_llama_cpp.sh`")
     return problems
 
 
@@ -106,13 +125,15 @@ def _check_linear_shapes(recipe: Recipe, model_dir: Path) -> list[str]:
         return []
     q = recipe.quantization
     problems = []
-    gs = q.int4_group_size
     int4 = set(INT4_SCHEMES) & (set(q.candidates) | set(q.overrides.values()))
-    bad = sorted({k for k, _ in shapes.values() if k % gs})
-    if int4 and bad:
-        divisors = [g for g in (32, 64, 128) if all(k % g == 0 for k, _ in shapes.values())]
-        problems.append(f"quantization.int4_group_size: {gs} does not divide the input size {bad} of some Linears "
-                        f"of {model_dir.name}; allowed here: {divisors or 'none (drop int4 from candidates)'}")
+    for gs in q.int4_group_sizes:
+        bad = sorted({k for k, _ in shapes.values() if k % gs})
+        if int4 and bad:
+            divisors = [g for g in (32, 64, 128) if all(k % g == 0 for k, _ in shapes.values())]
+            problems.append(f"quantization.int4_group_size: {gs} does not divide the input size {bad} of some "
+                            f"Linears of {model_dir.name}; allowed here: "
+                            f"{divisors or 'none (drop int4 from candidates)'}")
+    gs = max(q.int4_group_sizes)  # the cheapest plan's INT4 metadata
     target = q.budget.target_avg_bits
     if target is not None:
         cheapest = min(q.candidates, key=SCHEMES.index)

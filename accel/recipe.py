@@ -115,7 +115,9 @@ class QuantizationConfig(Strict):
     enabled: bool = True
     method: Literal["gptq", "rtn", "awq", "smoothquant+gptq"] = "gptq"
     candidates: list[Scheme] = ["int4", "int8", "fp16"]
-    int4_group_size: Literal[32, 64, 128] = 64
+    int4_group_size: Literal[32, 64, 128] | list[Literal[32, 64, 128]] = 64
+    """INT4 group size. A list lets the allocator choose: it allocates at each size and keeps the plan that meets a
+    quality budget with the fewest bits, or a size budget with the least estimated KL."""
     budget: BudgetConfig = BudgetConfig()
     sensitivity: SensitivityConfig = SensitivityConfig()
     lm_head: Scheme = "int8"
@@ -139,12 +141,24 @@ class QuantizationConfig(Strict):
             raise ValueError(f"candidates must be a non-empty list without repeats, got {v}")
         return v
 
+    @field_validator("int4_group_size")
+    @classmethod
+    def _group_sizes(cls, v):
+        if isinstance(v, list) and (not v or len(set(v)) != len(v)):
+            raise ValueError("int4_group_size must be 32, 64 or 128, or a non-empty list of them without repeats")
+        return v
+
+    @property
+    def int4_group_sizes(self) -> list[int]:
+        """The group sizes the allocator may choose from (one when int4_group_size is a number)."""
+        return list(self.int4_group_size) if isinstance(self.int4_group_size, list) else [self.int4_group_size]
+
     @model_validator(mode="after")
     def _reachable_bits(self) -> QuantizationConfig:
         # the nominal floor of the cheapest candidate; accel.preflight checks the exact one on the model's shapes
         target = self.budget.target_avg_bits
-        floors = {"int4": 4 + 32 / self.int4_group_size, "int4f": 4 + 32 / self.int4_group_size, "int8": 8.0,
-                  "fp16": 16.0}
+        g = max(self.int4_group_sizes)
+        floors = {"int4": 4 + 20 / g, "int4f": 4 + 32 / g, "int8": 8.0, "fp16": 16.0}
         cheapest = min(self.candidates, key=floors.__getitem__)
         if target is not None and target < floors[cheapest]:
             raise ValueError(f"budget.target_avg_bits {target} is unreachable with candidates {self.candidates}: "
@@ -287,19 +301,30 @@ class WorkloadConfig(Strict):
 
 
 class PeerConfig(Strict):
-    """Another OpenAI-compatible server (llama-server, vLLM, another accel) measured with the same workloads, so it
-    sits in the report's speed tables and plots next to the accel variants:
+    """Another engine next to the accel variants, in the report's tables and Pareto plot:
+    - `url`: an OpenAI-compatible server (llama-server, vLLM, another accel) measured with the same workloads;
+    - `gguf`: its model file, scored by llama.cpp's llama-perplexity against `eval.gguf_base` on the held-out text
+      the way `llama-perplexity -c 128 --kl-divergence` scores (accel's variants are scored the same way then).
 
         eval:
+          gguf_base: ~/models/SmolLM2-135M-Instruct.F32.gguf
           peers:
-            - {name: llama.cpp-Q8_0, url: "http://127.0.0.1:8080", model: smollm2}
+            - {name: llama.cpp-Q8_0, url: "http://127.0.0.1:8080", gguf: ~/models/SmolLM2-135M-Instruct.Q8_0.gguf}
     """
 
     name: Name
-    url: Annotated[str, Field(pattern=r"^https?://")]
+    url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    gguf: str | None = None
     model: str = "default"
     """The model name the server serves (sent in each request)."""
     endpoint: Literal["completions", "chat"] = "completions"
+
+    @model_validator(mode="after")
+    def _something_to_measure(self) -> PeerConfig:
+        if self.url is None and self.gguf is None:
+            raise ValueError(f"peer {self.name!r} has nothing to measure; allowed: a url (speed), a gguf (quality), "
+                             "or both")
+        return self
 
 
 class EvalConfig(Strict):
@@ -317,6 +342,10 @@ class EvalConfig(Strict):
     variants: list[Literal["baseline", "quantized", "quantized+spec", "baseline+spec"]] = [
         "baseline", "quantized", "quantized+spec"]
     peers: list[PeerConfig] = []
+    gguf_base: str | None = None
+    """The original model as a GGUF file: llama-perplexity's KL reference for the peers' `gguf` files."""
+    llama_perplexity: str | None = None
+    """The llama-perplexity binary (default: the one scripts/peers/build_llama_cpp.sh builds in $ACCEL_HOME/peers)."""
     repeats: Annotated[int, Field(ge=1, le=20)] = 3
     """Runs of each workload per variant: the report shows the median run and the spread of tok/s over all."""
 
@@ -327,6 +356,9 @@ class EvalConfig(Strict):
         if clash:
             raise ValueError(f"eval.peers names {clash} are taken; allowed: a name unique among the peers and "
                              "the variants (baseline, quantized, quantized+spec, baseline+spec)")
+        if any(p.gguf for p in self.peers) and not self.gguf_base:
+            raise ValueError("eval.peers with a gguf need eval.gguf_base, the original model as a GGUF file (the KL "
+                             "reference llama-perplexity scores them against)")
         return self
 
 

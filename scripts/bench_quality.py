@@ -15,33 +15,15 @@ and the table with a fake peer.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
-import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_PAIRS = {"Q8_0": "int8", "Q4_K_M": "int4km", "Q4_1": "int4", "F32": "fp32"}  # GGUF type -> bench_peers pair
-
-
-def parse_kld(output: str) -> dict[str, float]:
-    """`llama-perplexity --kl-divergence` output -> mean KLD, same top-1 (fraction), PPL ratio and PPL."""
-    patterns = {"kld_mean": r"Mean\s+KLD:\s+([-0-9.]+)", "same_top1": r"Same top p:\s+([0-9.]+)",
-                "ppl_ratio": r"Mean PPL\(Q\)/PPL\(base\)\s*:\s*([0-9.]+)", "ppl": r"Mean PPL\(Q\)\s*:\s*([0-9.]+)",
-                "ppl_base": r"Mean PPL\(base\)\s*:\s*([0-9.]+)"}
-    out = {}
-    for key, pattern in patterns.items():
-        m = re.search(pattern, output)
-        if m is None:
-            raise ValueError(f"llama-perplexity printed no {key!r} line ({pattern}); its output ends with "
-                             f"{output[-300:]!r}")
-        out[key] = float(m.group(1))
-    out["same_top1"] /= 100.0
-    return out
 
 
 def render(rows: list[dict]) -> str:
@@ -60,45 +42,30 @@ def model_file_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in files) / 2**20
 
 
-def llama_perplexity(bin_dir: Path, args: list[str], threads: int) -> str:
-    res = subprocess.run([str(bin_dir / "llama-perplexity"), "-t", str(threads), *args], capture_output=True,
-                         text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"llama-perplexity {' '.join(args)} failed: {res.stderr[-500:]}")
-    return res.stdout + res.stderr
-
-
-def peer_rows(peers: list[str], text_file: Path, n_ctx: int, chunks: int, threads: int) -> list[dict]:
+def peer_rows(peers: list[str], text: str, n_ctx: int, chunks: int, threads: int) -> list[dict]:
     from bench_peers import PAIRS, llama_bin, make_ggufs
+
+    from accel.eval.gguf import LLAMA_PERPLEXITY, score_ggufs
 
     bin_dir = llama_bin()
     files = make_ggufs(bin_dir, ["fp32"] + [PEER_PAIRS[p] for p in peers])
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base.kld"
-        llama_perplexity(bin_dir, ["-m", str(files["F32"]), "-f", str(text_file), "-c", str(n_ctx), "-b", str(n_ctx),
-                                   "--chunks", str(chunks), "--kl-divergence-base", str(base)], threads)
-        for kind in peers:
-            assert PAIRS[PEER_PAIRS[kind]][2] == kind
-            out = parse_kld(llama_perplexity(bin_dir, ["-m", str(files[kind]), "--kl-divergence-base", str(base),
-                                                       "--kl-divergence"], threads))
-            rows.append({"name": f"llama.cpp {kind}", "size_mib": model_file_mib(files[kind]),
-                         "num_tokens": chunks * (n_ctx // 2 - 1), **out})
-    return rows
+    assert all(PAIRS[PEER_PAIRS[kind]][2] == kind for kind in peers)
+    scores = score_ggufs(bin_dir / LLAMA_PERPLEXITY, files["F32"], {kind: files[kind] for kind in peers}, text,
+                         n_ctx, chunks, threads)
+    return [{"name": f"llama.cpp {kind}", "size_mib": model_file_mib(files[kind]), **asdict(s)}
+            for kind, s in scores.items()]
 
 
 def accel_rows(exports: list[Path], text: str, n_ctx: int, chunks: int) -> tuple[list[dict], float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from accel.eval.chunked import make_chunks, score_chunks
+    from accel.eval.chunked import score_chunks, text_chunks
     from accel.models import resolve_model
 
     base_dir = resolve_model("smollm2-135m")
     tok = AutoTokenizer.from_pretrained(base_dir)
-    adds_bos = tok.bos_token_id is not None and tok("a").input_ids[:1] == [tok.bos_token_id]
-    ids = tok(text, add_special_tokens=False).input_ids
-    batch = make_chunks(ids, n_ctx, chunks, tok.bos_token_id if adds_bos else None)
+    batch = text_chunks(tok, text, n_ctx, chunks)
     load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()  # noqa: E731
     models = {str(p): load(p) for p in exports}
     t0 = time.perf_counter()
@@ -133,10 +100,7 @@ def main() -> None:
     text = held_out_text(ROOT / "eval" / "text")
     rows, ppl_base = accel_rows(args.exports, text, args.n_ctx, args.chunks) if args.exports else ([], None)
     if peers:
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write(text)
-        rows += peer_rows(peers, Path(f.name), args.n_ctx, args.chunks, args.threads)
-        Path(f.name).unlink()
+        rows += peer_rows(peers, text, args.n_ctx, args.chunks, args.threads)
     print(render(rows))
     peer_base = next((r["ppl_base"] for r in rows if "ppl_base" in r), None)
     print(f"\nbase PPL: accel fp32 {ppl_base if ppl_base is not None else '-'}, llama.cpp F32 "

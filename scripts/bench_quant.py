@@ -4,14 +4,14 @@ Prints (and writes --out JSON, updated after every stage):
   1. sensitivity: proxy for all 210 Linears, KL for the Linears of every --kl-layer-stride-th decoder layer,
      Spearman rank correlation proxy vs KL, and the time of each;
   2. plans: all-INT8 (RTN), a mixed plan at <= --target-bits average bits (GPTQ, int4 group 64 + int8) and
-     uniform INT4 GPTQ at group 32 (4 + 32/32 = 5.0 bits: the same average bits as the mixed plan's budget);
+     uniform INT4 GPTQ at group 32 (4 + 20/32 = 4.6 bits);
   3. the same mixed plan calibrated on a stratified vs a random draw of the same size;
   3b. INT4 with a float zero point per group ("int4f", group 32, RTN: data-free), the GGUF Q4_1 form, at 5.0 bits;
   4. held-out eval text (eval/text, never calibration data): PPL increase %, mean KL, top-1 agreement, per domain.
 Every number is measured in this run against the fp32 model measured in the same run.
 
-Bits: parameter-weighted mean over the 210 block Linears; int4 = 4 + 32/g (fp16 scale + zero per group),
-int8 = 8 + 16/in_features, fp16 = 16. lm_head (tied to the embeddings) stays fp32 in every variant here.
+Bits: parameter-weighted mean over the 210 block Linears; int4 = 4 + 20/g (fp16 scale + 4-bit zero per group),
+int4f = 4 + 32/g, int8 = 8 + 16/in_features, fp16 = 16. lm_head (tied to the embeddings) stays fp32 in every variant here.
 
   .venv/bin/python scripts/bench_quant.py --out /tmp/bench_quant.json            # quick (busy 2-core box)
   .venv/bin/python scripts/bench_quant.py --full --out runs/bench_quant.json     # the sizes
@@ -214,7 +214,8 @@ def main():
     variants: dict[str, dict[str, torch.Tensor]] = {}
     with torch.no_grad():
         variants["int8_rtn"] = {n: fake_quant(mods[n].weight, "int8", 64) for n in names}
-    uni = Plan(schemes={n: "int4" for n in names}, group_size=32, avg_bits=5.0, estimated_kl=0.0, lm_head="fp16")
+    uni = Plan(schemes={n: "int4" for n in names}, group_size=32, avg_bits=4 + 20 / 32, estimated_kl=0.0,
+               lm_head="fp16")
     if a.method == "rtn":
         # RTN is data-free: the draws differ only through the sensitivity table that drives the allocation.
         with timed("sensitivity proxy on the random draw"):
@@ -229,7 +230,8 @@ def main():
                                 ("int4g32_rtn", uni)):
                 variants[label] = {n: fake_quant(mods[n].weight, s, plan.group_size)
                                    for n, s in plan.schemes.items() if s != "fp16"}
-        bits = {"mixed_rtn_stratified": mixed.avg_bits, "mixed_rtn_random": mixed_r.avg_bits, "int4g32_rtn": 5.0}
+        bits = {"mixed_rtn_stratified": mixed.avg_bits, "mixed_rtn_random": mixed_r.avg_bits,
+                "int4g32_rtn": uni.avg_bits}
         pair = ("mixed_rtn_stratified", "mixed_rtn_random")
     else:
         from accel.quant.domain_weighting import damage_weighted_batches
@@ -251,7 +253,7 @@ def main():
                 variants[label] = dequantized_weights(ck)
             save(a.out)
         bits = {"mixed_gptq_stratified": mixed.avg_bits, "mixed_gptq_random": mixed.avg_bits,
-                "mixed_gptq_stratified_damage": mixed.avg_bits, "int4g32_gptq_stratified": 5.0}
+                "mixed_gptq_stratified_damage": mixed.avg_bits, "int4g32_gptq_stratified": uni.avg_bits}
         pair = ("mixed_gptq_stratified_damage", "mixed_gptq_random")
     # The allocator's plan for candidates [int4f, int8, fp16] at 5.0 bits with group 32 is all-int4f (4 + 32/32 = 5.0
     # leaves no room for int8); RTN because the weights already lie on a Q4_1 grid that int4f reproduces.

@@ -45,6 +45,8 @@ def _cases(tmp_path):
         ({"calibration": {"domains": ["klingon"]}}, ["calibration.source", "klingon", "available domains"]),
         ({"quantization": {"candidates": ["int4", "int8", "fp16"], "int4_group_size": 128}},
          ["quantization.int4_group_size", "128", "does not divide", "allowed here: [32, 64]"]),
+        ({"quantization": {"int4_group_size": [32, 128]}},
+         ["quantization.int4_group_size", "128", "does not divide", "allowed here: [32, 64]"]),
         ({"quantization": {"candidates": ["int8", "fp16"], "overrides": {"q_proj": "fp16"},
                            "budget": {"target_avg_bits": 8.2}}},
          ["quantization.budget.target_avg_bits", "8.2", "unreachable", "cheapest plan averages"]),

@@ -85,7 +85,10 @@ BROKEN = [
     ({"quantization": {"candidates": ["int8", "fp16"], "budget": {"target_avg_bits": 4.0}}},
      ["budget.target_avg_bits 4.0 is unreachable", "int8", "allowed: >= 8"]),
     ({"quantization": {"int4_group_size": 32, "budget": {"target_avg_bits": 4.5}}},
-     ["budget.target_avg_bits 4.5 is unreachable", "allowed: >= 5"]),
+     ["budget.target_avg_bits 4.5 is unreachable", "allowed: >= 4.625"]),
+    ({"quantization": {"int4_group_size": [32, 32]}}, ["quantization.int4_group_size", "without repeats", "[32, 32]"]),
+    ({"quantization": {"int4_group_size": []}}, ["quantization.int4_group_size", "non-empty list"]),
+    ({"quantization": {"int4_group_size": [32, 100]}}, ["quantization.int4_group_size", "100", "32, 64 or 128"]),
     (["not", "a", "mapping"], ["must be a mapping"]),
 ]
 BASE = {"name": "x", "model": {"path": "smollm2-135m"}}

@@ -70,6 +70,14 @@ def make_chunks(token_ids: Sequence[int], n_ctx: int, max_chunks: int | None = N
     return chunks
 
 
+def text_chunks(tokenizer, text: str, n_ctx: int, max_chunks: int | None = None) -> torch.Tensor:
+    """`make_chunks` of a text, each chunk opening with BOS when the tokenizer adds one (as llama-perplexity does)."""
+    bos = tokenizer.bos_token_id
+    adds_bos = bos is not None and tokenizer("a").input_ids[:1] == [bos]
+    return make_chunks(tokenizer(text, add_special_tokens=False).input_ids, n_ctx, max_chunks,
+                       bos if adds_bos else None)
+
+
 @torch.no_grad()
 def _scored_logits(model, chunks: torch.Tensor) -> torch.Tensor:
     """Logits of the second half of each chunk that predict a token inside it: [C * (n_ctx/2 - 1), V]."""

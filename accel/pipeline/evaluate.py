@@ -70,6 +70,36 @@ def quality(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root: Pa
     return {"baseline": base, "quantized": r}
 
 
+LLAMA_SCALE_KEYS = {"kld_mean": "kld_llama", "same_top1": "top1_llama", "ppl_ratio": "ppl_ratio_llama"}
+
+
+def llama_scale(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root: Path) -> dict[str, dict]:
+    """Quality scored as `llama-perplexity -c 128 --kl-divergence` scores (accel.eval.chunked, accel.eval.gguf): the
+    quantized variant against the baseline, each GGUF peer against `eval.gguf_base`, on the same held-out text.
+    {variant or peer name: {kld_llama, top1_llama, ppl_ratio_llama}}; the baseline is the reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from accel.eval.chunked import held_out_text, score_chunks, text_chunks
+    from accel.eval.gguf import CHUNKS, N_CTX, llama_perplexity_path, score_ggufs
+    from accel.quant.quantize import load_quantized_for_runtime
+
+    e = recipe.eval
+    text = held_out_text(root / "eval" / "text", e.domains)
+    out = {"baseline": {"kld_llama": 0.0, "top1_llama": 1.0, "ppl_ratio_llama": 1.0}}
+    scores = {}
+    if quant_dir is not None:
+        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
+        scores.update(score_chunks(base, {"quantized": load_quantized_for_runtime(quant_dir)},
+                                   text_chunks(tokenizer, text, N_CTX, CHUNKS)))
+    ggufs = {p.name: Path(p.gguf).expanduser() for p in e.peers if p.gguf}
+    scores.update(score_ggufs(llama_perplexity_path(e.llama_perplexity), Path(e.gguf_base).expanduser(), ggufs, text,
+                              N_CTX, CHUNKS, recipe.runtime.num_threads or torch.get_num_threads()))
+    for name, s in scores.items():
+        out[name] = {key: getattr(s, attr) for attr, key in LLAMA_SCALE_KEYS.items()}
+    return out
+
+
 def bench_requests(recipe, tokenizer, root: Path) -> dict[str, list]:
     """Each workload's requests, built once (cut from a few held-out texts per domain) and sent to every model."""
     from accel.draft_training.prompts import load_samples
@@ -233,6 +263,9 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
 
     t = time.perf_counter()
     q = quality(recipe, base_path, quant_dir, tokenizer, root, progress) if e.quality else {}
+    if e.quality and any(p.gguf for p in e.peers):  # GGUF peers: every variant also on llama.cpp's scale, next to theirs
+        for name, scores in llama_scale(recipe, base_path, quant_dir, tokenizer, root).items():
+            q.setdefault(name, {}).update(scores)
     seconds["quality"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -248,7 +281,8 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
             if name.endswith("+spec") and spec_cfg is not None:
                 sp[name] = speed(recipe, target, requests, progress, speculative=spec_cfg)
         for peer in e.peers:
-            sp[peer.name] = peer_speed(recipe, peer, requests, progress)
+            if peer.url:
+                sp[peer.name] = peer_speed(recipe, peer, requests, progress)
     seconds["speed"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -271,8 +305,10 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
             v["spec"] = {k: s[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
                                            "num_accepted_tokens_per_pos")}
         variants.append(v)
-    # peers: speed only (their quality is scored on llama.cpp's scale by scripts/bench_quality.py)
-    variants += [{"name": p.name, "quality": {}, "speed": sp[p.name], "size_mb": None} for p in e.peers if p.name in sp]
+    # peers: speed from their server, quality on llama.cpp's scale from their GGUF file
+    variants += [{"name": p.name, "quality": q.get(p.name, {}), "speed": sp.get(p.name, {}),
+                  "size_mb": round(Path(p.gguf).expanduser().stat().st_size / 1e6, 2) if p.gguf else None}
+                 for p in e.peers if p.name in sp or p.name in q]
     spec = spec_by_target.get("quantized") or spec_by_target.get("baseline")
     return {"name": recipe.name, "variants": variants, "spec": spec, "summary": summarize(recipe, q, sp, spec),
             "seconds": {k: round(v, 2) for k, v in seconds.items()}, "machine": machine_info()}

@@ -118,19 +118,24 @@ def stage_calibrate(ctx: StageContext) -> dict:
 def stage_sensitivity(ctx: StageContext) -> dict:
     from accel.quant.heatmap import plot_heatmap
     from accel.quant.run import int4_candidates, token_batches
-    from accel.quant.sensitivity import measure_sensitivity
+    from accel.quant.sensitivity import measure_sensitivity, with_group_sizes
 
     q = ctx.recipe.quantization
     _set_threads(ctx.recipe)
     batches = token_batches(calibration_draw(ctx).train, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
     model = fresh_model(ctx)
     target = ctx.recipe.export.target if ctx.recipe.export.enabled else None
-    candidates, int4f_ratio = int4_candidates(model, q.candidates, q.int4_group_size, target)
-    sens = measure_sensitivity(model, batches, candidates, q.int4_group_size, q.sensitivity.metric, _progress(ctx))
+    results, summary = [], {}
+    for g in q.int4_group_sizes:  # one measurement per group size the allocator may choose
+        candidates, int4f_ratio = int4_candidates(model, q.candidates, g, target)
+        results.append(measure_sensitivity(model, batches, candidates, g, q.sensitivity.metric, _progress(ctx)))
+        summary[g] = {"candidates": candidates, "int4f_error_ratio": int4f_ratio}
+    sens = with_group_sizes(results)
     sens.to_json(ctx.out_dir / "sensitivity.json")
     plot_heatmap(sens, ctx.out_dir / "sensitivity.png")
+    first = summary[q.int4_group_sizes[0]]
     return {"metric": sens.metric, "num_units": len(sens.damage), "num_tokens": sens.num_tokens,
-            "candidates": candidates, "int4f_error_ratio": int4f_ratio}
+            **(first if len(summary) == 1 else {"group_sizes": summary})}
 
 
 def stage_plan(ctx: StageContext) -> dict:
@@ -142,8 +147,8 @@ def stage_plan(ctx: StageContext) -> dict:
     sens = SensitivityResult.from_json(ctx.upstream_path("sensitivity.json"))
     plan = build_plan(fresh_model(ctx), sens, ctx.recipe.quantization, calibration_draw(ctx).holdout, _progress(ctx))
     plan.to_json(ctx.out_dir / "plan.json")
-    return {"avg_bits": round(plan.avg_bits, 3), "counts": plan.counts(), "lm_head": plan.lm_head,
-            "measured_kl": plan.measured_kl, "promoted": len(plan.promoted)}
+    return {"avg_bits": round(plan.avg_bits, 3), "group_size": plan.group_size, "counts": plan.counts(),
+            "lm_head": plan.lm_head, "measured_kl": plan.measured_kl, "promoted": len(plan.promoted)}
 
 
 def stage_quantize(ctx: StageContext) -> dict:
@@ -251,9 +256,12 @@ def stage_report(ctx: StageContext) -> dict:
     if ctx.recipe.quantization.enabled:
         from accel.quant.allocate import Plan
 
+        from accel.quant.sensitivity import SensitivityResult
+
         p = Plan.from_json(ctx.upstream_path("plan.json"))
         plan = {**p.unit_schemes(), "lm_head": p.lm_head}  # one row per unit: what vLLM and the runtime load
-        sens = json.loads(ctx.upstream_path("sensitivity.json").read_text())["damage"]
+        measured = SensitivityResult.from_json(ctx.upstream_path("sensitivity.json")).by_group_size()
+        sens = measured.get(p.group_size, next(iter(measured.values()))).damage  # at the plan's group size
     data = {"name": ctx.recipe.name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": f"accel optimize ({ctx.recipe.name})", "recipe": dump_recipe(ctx.recipe),
             "machine": ev.get("machine"), "variants": ev["variants"], "sensitivity": sens, "plan": plan}
@@ -372,10 +380,11 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
     if q_on:
         stages += [
             Stage("sensitivity", stage_sensitivity, SENSITIVITY_FIELDS, ("load", "calibrate"),
-                  ("sensitivity.json", "sensitivity.png"), version="2"),  # 2: per fused unit
-            Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",)),
+                  ("sensitivity.json", "sensitivity.png"), version="3"),  # 3: fp16 scales in the fake quantization
+            Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",),
+                  version="2"),  # 2: bits as stored (int4 4 + 20/g)
             Stage("quantize", stage_quantize, QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
-                  ("checkpoint_quantized",), version="3"),  # bumped with the checkpoint's layout (16-bit matrices)
+                  ("checkpoint_quantized",), version="4"),  # bumped with the checkpoint's layout (fp16 scales)
         ]
     stages += [
         Stage("draft", stage_draft, ("speculation",), ("load",), ("draft.json", "draft")),

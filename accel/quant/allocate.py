@@ -85,6 +85,8 @@ class Plan:
     promoted: list[str] = field(default_factory=list)
     """Units promoted by the accuracy-driven fallback, in order."""
     units: dict[str, list[str]] = field(default_factory=dict)
+    group_size_choice: dict[str, dict[str, float]] = field(default_factory=dict)
+    """When the allocator chose among INT4 group sizes: {size: {avg_bits, estimated_kl}} of each size's allocation."""
 
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for v in self.schemes.values() if v == s) for s in SCHEMES}

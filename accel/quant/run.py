@@ -88,15 +88,29 @@ def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int
     return cands, ratio
 
 
+def choose_group_size(plans: dict[int, Plan], budget: Budget) -> int:
+    """The INT4 group size whose allocation serves the budget best: under a quality budget the fewest bits (ties: the
+    least estimated KL), under a size budget the least estimated KL (ties: the fewest bits)."""
+    if budget.kl_limit() is not None:
+        return min(plans, key=lambda g: (plans[g].avg_bits, plans[g].estimated_kl))
+    return min(plans, key=lambda g: (plans[g].estimated_kl, plans[g].avg_bits))
+
+
 def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence = (), progress: bool = False) -> Plan:
-    """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units, then
-    the held-out check that promotes units until a quality budget holds (`model`: the fp32 model, unchanged). Both
-    sensitivity metrics are in KL units (the proxy estimates the KL), so a quality budget is allocated directly."""
+    """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units (at each
+    INT4 group size measured, keeping the best: `choose_group_size`), then the held-out check that promotes units
+    until a quality budget holds (`model`: the fp32 model, unchanged). Both sensitivity metrics are in KL units (the
+    proxy estimates the KL), so a quality budget is allocated directly."""
     units = sens.unit_map()
     names = [m for ms in units.values() for m in ms]
     pc, inf = param_counts(model, names), in_features_of(model, names)
     budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
-    plan = allocate(sens, budget, pc, rules, inf)
+    plans = {g: allocate(s, budget, pc, rules, inf) for g, s in sens.by_group_size().items()}
+    chosen = choose_group_size(plans, budget)
+    plan = plans[chosen]
+    if len(plans) > 1:
+        plan.group_size_choice = {str(g): {"avg_bits": p.avg_bits, "estimated_kl": p.estimated_kl}
+                                  for g, p in sorted(plans.items())}
     if budget.kl_limit() is None:
         return plan
     try:
@@ -108,5 +122,8 @@ def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence =
                          f"holdout has {len(holdout)} unit(s), less than one row of sensitivity.max_seq_len="
                          f"{q.sensitivity.max_seq_len} tokens; raise calibration.holdout_fraction or num_samples, "
                          "or lower sensitivity.max_seq_len")
-    return check_and_fallback(model, plan, hold, budget, sens, pc, inf, step=max(1, len(units) // 30),
-                              fixed=overridden_units(units, q.overrides), progress=progress)
+    checked = check_and_fallback(model, plan, hold, budget, sens.by_group_size()[chosen], pc, inf,
+                                 step=max(1, len(units) // 30), fixed=overridden_units(units, q.overrides),
+                                 progress=progress)
+    checked.group_size_choice = plan.group_size_choice
+    return checked

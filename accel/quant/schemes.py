@@ -5,9 +5,11 @@ Glossary
   form), "int4f" (the same with a floating-point zero point per group: the GGUF Q4_1 / HQQ form, see
   `fake_quant_int4`), "int8" (weight-only, per output channel symmetric), "fp16" (the model's 16-bit dtype; kept in
   fp32 on CPU, still *counted* as 16 bits).
-- bits per weight include the quantization metadata, with this convention (fp16 scale and fp16 zero point):
+- bits per weight include the quantization metadata as the checkpoint stores it (scales in fp16, see
+  `accel.quant.quantize.store_16bit`):
     int8: 8 + 16 / in_features   (one fp16 scale per output row)
-    int4, int4f: 4 + 32 / group_size    (one fp16 scale + one fp16 zero point per group of `group_size` weights)
+    int4: 4 + 20 / group_size    (one fp16 scale + one 4-bit zero point, packed eight to an int32, per group)
+    int4f: 4 + 32 / group_size   (one fp16 scale + one fp16 zero point per group)
     fp16: 16
 - average bits: the parameter-count-weighted mean over the quantizable Linears (the lm_head follows the recipe's
   rule and is reported apart; the embedding table is stored at 16 bits).
@@ -40,8 +42,10 @@ class SchemeInfo:
     weight_bits: int
 
     def bits_per_weight(self, in_features: int, group_size: int) -> float:
-        """Storage bits per weight including scales / zero points (fp16 metadata convention, see module doc)."""
-        if self.name in INT4_SCHEMES:
+        """Storage bits per weight including scales / zero points, as written (see module doc)."""
+        if self.name == "int4":
+            return 4.0 + 20.0 / group_size
+        if self.name == "int4f":
             return 4.0 + 32.0 / group_size
         if self.name == "int8":
             return 8.0 + 16.0 / in_features
@@ -129,10 +133,18 @@ def in_features_of(model: nn.Module, names: list[str]) -> dict[str, int]:
 
 # --- fake quantization (RTN, min-max observer, compressed-tensors conventions) ---------------------------------
 
+def _fp16_scale(scale: torch.Tensor) -> torch.Tensor:
+    """Scales rounded to fp16, as the checkpoint stores them (compressed-tensors' `scale_dtype`); an all-zero group
+    gets fp16's eps, as the library gives it."""
+    s = scale.half().float()
+    return torch.where(s == 0, torch.finfo(torch.float16).eps, s)
+
+
 def fake_quant_int8(w: torch.Tensor) -> torch.Tensor:
-    """Symmetric per-output-channel int8: scale = absmax / 127.5, range [-128, 127] (compressed-tensors)."""
+    """Symmetric per-output-channel int8: scale = absmax / 127.5 rounded to fp16, range [-128, 127]
+    (compressed-tensors)."""
     w32 = w.float()  # [O, I]
-    scale = (w32.abs().amax(dim=1, keepdim=True) / 127.5).clamp_min(torch.finfo(torch.float32).eps)  # [O, 1]
+    scale = _fp16_scale(w32.abs().amax(dim=1, keepdim=True) / 127.5)  # [O, 1]
     q = torch.clamp(torch.round(w32 / scale), -128, 127)
     return (q * scale).to(w.dtype)
 
@@ -151,12 +163,14 @@ def fake_quant_int4(w: torch.Tensor, group_size: int, float_zero: bool = False) 
     g = w.float().reshape(out_f, in_f // group_size, group_size)  # [O, G, gs]
     lo = g.amin(dim=2, keepdim=True).clamp(max=0.0)  # [O, G, 1]
     hi = g.amax(dim=2, keepdim=True).clamp(min=0.0)
-    scale = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).eps)
+    exact = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).eps)
+    scale = _fp16_scale(exact)
+    # the zero point comes from the unrounded scale, the values from the stored one (compressed-tensors' order)
     if float_zero:
-        zp = torch.clamp(-8 - lo / scale, -8, 7).half().float()
+        zp = torch.clamp(-8 - lo / exact, -8, 7).half().float()
         q = torch.clamp(torch.round(g / scale + zp), -8, 7)
     else:
-        zp = torch.clamp(-8 - torch.round(lo / scale), -8, 7)
+        zp = torch.clamp(-8 - torch.round(lo / exact), -8, 7)
         q = torch.clamp(torch.round(g / scale) + zp, -8, 7)
     return ((q - zp) * scale).reshape(out_f, in_f).to(w.dtype)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -64,6 +64,20 @@ class SensitivityResult:
         p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
         data = json.loads(p.read_text() if p is not None else str(text_or_path))
         return cls(**data)
+
+    def by_group_size(self) -> dict[int, SensitivityResult]:
+        """{INT4 group size: result}: this one and those measured with it at other group sizes (`with_group_sizes`)."""
+        return {self.group_size: self, **{int(g): SensitivityResult(**d)
+                                          for g, d in self.extra.get("group_sizes", {}).items()}}
+
+
+def with_group_sizes(results: Sequence[SensitivityResult]) -> SensitivityResult:
+    """The first result carrying the others in extra["group_sizes"]: one sensitivity.json for the allocator's choice
+    of INT4 group size."""
+    first, rest = results[0], results[1:]
+    if not rest:
+        return first
+    return replace(first, extra={**first.extra, "group_sizes": {str(r.group_size): asdict(r) for r in rest}})
 
 
 def _check_batches(batches: Sequence[torch.Tensor]) -> list[torch.Tensor]:

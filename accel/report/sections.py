@@ -9,10 +9,15 @@ from accel.report import plots
 from accel.report.doc import Code, Document, Figure, Section, Table, Text, fmt
 from accel.report.schema import SCHEME_BITS, RunReport
 
-QUALITY_KEYS = ("ppl", "ppl_increase_pct", "kl_mean", "kl_p99", "top1", "task_accuracy")
+# *_llama: scored as `llama-perplexity -c 128 --kl-divergence` scores, the scale GGUF peers are measured on
+BASE_QUALITY_KEYS = ("ppl", "ppl_increase_pct", "kl_mean", "kl_p99", "top1", "task_accuracy")
+LLAMA_QUALITY_KEYS = ("kld_llama", "top1_llama", "ppl_ratio_llama")
+QUALITY_KEYS = BASE_QUALITY_KEYS + LLAMA_QUALITY_KEYS
 QUALITY_LABELS = {"ppl": "PPL", "ppl_increase_pct": "PPL +%", "kl_mean": "KL mean", "kl_p99": "KL P99",
-                  "top1": "top-1 agree", "task_accuracy": "task acc"}
-PARETO_Y_KEYS = ("kl_mean", "ppl_increase_pct", "ppl")  # lower is better, in order of preference
+                  "top1": "top-1 agree", "task_accuracy": "task acc", "kld_llama": "KLD (llama.cpp scale)",
+                  "top1_llama": "same top-1 (llama.cpp scale)", "ppl_ratio_llama": "PPL ratio (llama.cpp scale)"}
+# lower is better, in order of preference; the llama.cpp scale first, as it is the one GGUF peers have too
+PARETO_Y_KEYS = ("kld_llama", "kl_mean", "ppl_increase_pct", "ppl")
 
 
 def _workloads(report: RunReport) -> list[str]:
@@ -98,15 +103,16 @@ def quality_section(report: RunReport) -> Section | None:
         return None
     extra = sorted({k for v in report.variants for k, x in v.quality.items()
                     if k not in QUALITY_KEYS and k != "per_domain" and not isinstance(x, (dict, list))})
-    keys = list(QUALITY_KEYS) + extra
+    keys = list(BASE_QUALITY_KEYS) + [k for k in LLAMA_QUALITY_KEYS
+                                      if any(v.quality.get(k) is not None for v in report.variants)] + extra
     rows = [[v.name] + [fmt(v.quality.get(k)) for k in keys] for v in report.variants]
     blocks = [Table(["variant"] + [QUALITY_LABELS.get(k, k) for k in keys], rows, "Quality vs the baseline")]
     dom_rows = []
     for v in report.variants:
         for dom, m in sorted((v.quality.get("per_domain") or {}).items()):
-            dom_rows.append([v.name, dom] + [fmt(m.get(k)) for k in QUALITY_KEYS])
+            dom_rows.append([v.name, dom] + [fmt(m.get(k)) for k in BASE_QUALITY_KEYS])
     if dom_rows:
-        blocks.append(Table(["variant", "domain"] + [QUALITY_LABELS[k] for k in QUALITY_KEYS], dom_rows,
+        blocks.append(Table(["variant", "domain"] + [QUALITY_LABELS[k] for k in BASE_QUALITY_KEYS], dom_rows,
                             "Quality per domain"))
     return Section("Quality", blocks)
 

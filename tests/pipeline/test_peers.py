@@ -39,3 +39,68 @@ def test_a_peer_is_measured_with_the_recipe_workloads():
 def test_bad_peers_are_refused_naming_the_field(peers, match):
     with pytest.raises(RecipeError, match=match):
         _recipe(peers)
+
+
+@pytest.mark.parametrize("eval_section,match", [
+    ({"peers": [{"name": "a"}]}, "peer 'a' has nothing to measure; allowed: a url"),
+    ({"peers": [{"name": "a", "gguf": "q8.gguf"}]}, "need eval.gguf_base"),
+])
+def test_gguf_peers_need_something_to_measure_and_a_base(eval_section, match):
+    with pytest.raises(RecipeError, match=match):
+        parse_recipe({"name": "p", "model": {"path": "smollm2-135m"}, "eval": eval_section})
+
+
+def test_preflight_names_missing_gguf_files_and_binary(tmp_path):
+    from accel.preflight import _check_gguf_peers
+
+    (tmp_path / "q8.gguf").write_bytes(b"GGUF")
+    recipe = parse_recipe({"name": "p", "model": {"path": "smollm2-135m"}, "eval": {
+        "gguf_base": str(tmp_path / "f32.gguf"), "llama_perplexity": str(tmp_path / "nope"),
+        "peers": [{"name": "q8", "gguf": str(tmp_path / "q8.gguf")}, {"name": "q4", "gguf": str(tmp_path / "q4.gguf")}]}})
+    problems = _check_gguf_peers(recipe)
+    assert [p.split(":")[0] for p in problems] == ["eval.peers[1].gguf", "eval.gguf_base", "eval.llama_perplexity"]
+    assert "build_llama_cpp.sh" in problems[-1]
+
+
+class _Tok:
+    """Whitespace-free stand-in for a tokenizer: one token per character (ids < 256), no BOS."""
+
+    bos_token_id = None
+
+    def __call__(self, text, add_special_tokens=True):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(input_ids=[3 + ord(c) % 250 for c in text])
+
+
+def test_llama_scale_scores_the_quantized_variant_and_each_gguf_peer_on_one_text(tmp_path, monkeypatch):
+    from accel.eval import chunked
+    from accel.pipeline.evaluate import evaluate, llama_scale
+    from accel.quant.quantize import oneshot_quantize, save_checkpoint
+    from tests.eval.test_gguf import _fake_binary
+    from tests.quant.test_quantize import CAL, _mixed_plan, _saved_tiny, _tokenizer
+
+    model = _saved_tiny(tmp_path)
+    base_dir = tmp_path / "tiny"
+    ck = save_checkpoint(oneshot_quantize(model, _mixed_plan(model), CAL, "rtn", processor=_tokenizer()).model,
+                         _mixed_plan(model), tmp_path / "ck")
+    monkeypatch.setattr(chunked, "held_out_text", lambda text_dir, domains=None: "held-out text " * 200)
+    (tmp_path / "q8.gguf").write_bytes(b"GGUF" * 12_500)  # 0.05 MB
+    recipe = parse_recipe({"name": "p", "model": {"path": str(base_dir)}, "eval": {
+        "speed": False, "gguf_base": str(tmp_path / "f32.gguf"),
+        "llama_perplexity": str(_fake_binary(tmp_path, tmp_path / "calls.txt")),
+        "peers": [{"name": "llama.cpp-Q8_0", "gguf": str(tmp_path / "q8.gguf")}]}})
+    got = llama_scale(recipe, base_dir, ck, _Tok(), tmp_path)
+    assert got["baseline"] == {"kld_llama": 0.0, "top1_llama": 1.0, "ppl_ratio_llama": 1.0}
+    assert 0 < got["quantized"]["kld_llama"] < 1 and 0 < got["quantized"]["top1_llama"] <= 1
+    assert got["llama.cpp-Q8_0"] == pytest.approx({"kld_llama": 0.004512, "top1_llama": 0.96571,
+                                                   "ppl_ratio_llama": 1.005053})
+    # in eval.json the peer is a variant with its quality and its file's size, next to the accel variants
+    import accel.pipeline.evaluate as ev
+
+    monkeypatch.setattr(ev, "quality", lambda *a: {"baseline": {"kl_mean": 0.0}, "quantized": {"kl_mean": 0.1}})
+    out = evaluate(recipe, base_dir, ck, None, _Tok(), tmp_path)
+    peer = out["variants"][-1]
+    assert peer["name"] == "llama.cpp-Q8_0" and peer["size_mb"] == 0.05 and peer["speed"] == {}
+    assert peer["quality"]["kld_llama"] == pytest.approx(0.004512)
+    assert out["variants"][1]["quality"]["kl_mean"] == 0.1 and "kld_llama" in out["variants"][1]["quality"]

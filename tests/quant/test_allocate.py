@@ -10,8 +10,8 @@ from accel.quant.schemes import in_features_of, param_counts, quantizable_linear
 from accel.quant.sensitivity import SensitivityResult
 from tests.conftest import make_tiny_llama
 
-# 100 params each, in_features 16 -> int8 = 8 + 16/16 = 9 bits; group 32 -> int4 = 4 + 32/32 = 5 bits; fp16 = 16.
-SENS = SensitivityResult(metric="kl", group_size=32, candidates=["int4", "int8", "fp16"], num_tokens=1, damage={
+# 100 params each, in_features 16 -> int8 = 8 + 16/16 = 9 bits; group 20 -> int4 = 4 + 20/20 = 5 bits; fp16 = 16.
+SENS = SensitivityResult(metric="kl", group_size=20, candidates=["int4", "int8", "fp16"], num_tokens=1, damage={
     "a": {"int4": 0.1, "int8": 0.001, "fp16": 0.0},
     "b": {"int4": 0.01, "int8": 0.002, "fp16": 0.0},
     "c": {"int4": 0.5, "int8": 0.0005, "fp16": 0.0},
@@ -117,12 +117,12 @@ def test_fallback_reaches_budget_or_stops_at_fp16():
     assert set(tight.schemes.values()) == {"fp16"}
     assert tight.measured_kl == 0.0
     assert tight.avg_bits == 16.0
-    assert average_bits(plan.schemes, pc, inf, 32) == pytest.approx(5.0)
+    assert average_bits(plan.schemes, pc, inf, 32) == pytest.approx(4 + 20 / 32)  # fp16 scale + 4-bit zero per group
 
 
 # A fused q/k/v unit (three Linears of 100 params) and a lone o_proj: members always share one scheme.
 UNITS = {"l.qkv_proj": ["l.q_proj", "l.k_proj", "l.v_proj"], "l.o_proj": ["l.o_proj"]}
-USENS = SensitivityResult(metric="kl", group_size=32, candidates=["int4", "int8", "fp16"], num_tokens=1, units=UNITS,
+USENS = SensitivityResult(metric="kl", group_size=20, candidates=["int4", "int8", "fp16"], num_tokens=1, units=UNITS,
                           damage={"l.qkv_proj": {"int4": 0.03, "int8": 0.001, "fp16": 0.0},
                                   "l.o_proj": {"int4": 0.004, "int8": 0.0001, "fp16": 0.0}})
 UP = {m: 100 for ms in UNITS.values() for m in ms}

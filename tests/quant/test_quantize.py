@@ -26,15 +26,19 @@ def test_recipe_config_exact():
     assert cfg == {
         "config_groups": {
             "int8": {"targets": ["model.layers.0.mlp.up_proj", "lm_head"], "format": "pack-quantized",
-                     "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}},
+                     "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                                 "scale_dtype": "float16"}},
             "int4": {"targets": ["model.layers.0.self_attn.q_proj"], "format": "pack-quantized",
                      "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
-                                 "group_size": 32}},
+                                 "group_size": 32, "scale_dtype": "float16"}},
         },
         "ignore": ["model.layers.0.mlp.down_proj"],
     }
     plan16 = Plan(**{**PLAN.__dict__, "lm_head": "fp16"})
     assert recipe_config(plan16)["ignore"] == ["model.layers.0.mlp.down_proj", "lm_head"]
+    # GPTQ searches INT4 ranges with the imatrix-weighted MSE observer; INT8 and RTN keep min-max
+    gptq = recipe_config(PLAN, "gptq")["config_groups"]
+    assert gptq["int4"]["weights"]["observer"] == "imatrix_mse" and "observer" not in gptq["int8"]["weights"]
 
 
 def test_build_modifiers_per_method():
@@ -46,6 +50,7 @@ def test_build_modifiers_per_method():
     assert rtn.ignore == ["model.layers.0.mlp.down_proj"]
     (gptq,) = build_modifiers(PLAN, "gptq", dampening=0.05)
     assert type(gptq) is GPTQModifier and gptq.dampening_frac == 0.05
+    assert gptq.config_groups["int4"].weights.observer == "imatrix_mse"
     assert [type(m).__name__ for m in build_modifiers(PLAN, "smoothquant+gptq")] == [
         "SmoothQuantModifier", "GPTQModifier"]
     with pytest.raises(ValueError, match="unknown quantization method 'hqq'"):
@@ -118,6 +123,9 @@ def test_rtn_oneshot_matches_our_fake_quant_and_loads_into_kernels(tmp_path):
         dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
     assert dtypes["model.embed_tokens.weight"] == "F16" and dtypes["model.norm.weight"] == "F32"
     assert dtypes["model.layers.0.self_attn.v_proj.weight"] == "F16"  # a 16-bit fallback Linear
+    # scales in fp16 (int4: 4 + 20/g bits per weight), zero points packed at 4 bits
+    assert dtypes["model.layers.0.self_attn.q_proj.weight_scale"] == "F16" == dtypes["lm_head.weight_scale"]
+    assert dtypes["model.layers.0.self_attn.q_proj.weight_zero_point"] == "I32"
     loaded = load_quantized_for_runtime(ck)
     assert isinstance(loaded.model.layers[0].self_attn.q_proj, Int4WeightOnlyLinear)
     assert isinstance(loaded.model.layers[0].self_attn.k_proj, Int8WeightOnlyLinear)

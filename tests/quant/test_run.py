@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from accel.quant.allocate import Plan
+from accel.quant.allocate import Plan, Rules
 from accel.quant.quantize import load_quantized_for_runtime
 from accel.quant.run import build_plan, token_batches
 from accel.recipe import parse_recipe
@@ -117,3 +117,42 @@ def test_int4f_replaces_int4_where_the_weights_sit_on_a_float_min_grid_unless_vl
     plain = make_tiny_llama(initializer_range=0.1)  # gaussian weights: the float zero point gains little
     cands, ratio = int4_candidates(plain, ["int4", "int8"], 32, "transformers")
     assert cands == ["int4", "int8"] and 0.5 < ratio < 1.0
+
+
+def test_choose_group_size_by_the_budget():
+    from accel.quant.allocate import Budget
+    from accel.quant.run import choose_group_size
+
+    plans = {32: Plan(schemes={}, group_size=32, avg_bits=5.1, estimated_kl=0.02),
+             64: Plan(schemes={}, group_size=64, avg_bits=4.9, estimated_kl=0.03)}
+    assert choose_group_size(plans, Budget(max_mean_kl=0.05)) == 64  # both hold the quality: fewer bits
+    assert choose_group_size(plans, Budget(target_avg_bits=5.2)) == 32  # both fit the size: less damage
+
+
+def test_build_plan_chooses_the_int4_group_size_among_those_measured():
+    from accel.quant.allocate import Budget, allocate
+    from accel.quant.run import choose_group_size
+    from accel.quant.schemes import in_features_of, param_counts, quantizable_linears
+    from accel.quant.sensitivity import SensitivityResult, measure_sensitivity, with_group_sizes
+
+    model = make_tiny_llama(initializer_range=0.1)
+    batches = token_batches(_draw(0, 8), 16, 4)
+    measured = [measure_sensitivity(model, batches, ["int4", "int8", "fp16"], g, "proxy", progress=False)
+                for g in (32, 64)]
+    sens = SensitivityResult.from_json(with_group_sizes(measured).to_json())  # one file holds both
+    assert sorted(sens.by_group_size()) == [32, 64]
+    assert sens.by_group_size()[64].damage == measured[1].damage
+    names = quantizable_linears(model)
+    pc, inf = param_counts(model, names), in_features_of(model, names)
+    for budget, field in (({"target_avg_bits": 6.0}, "estimated_kl"), ({"max_mean_kl": 1e9}, "avg_bits")):
+        q = parse_recipe({**BASE, "quantization": {"int4_group_size": [32, 64], "budget": budget, "lm_head": "fp16",
+                                                    "sensitivity": {"num_samples": 4, "max_seq_len": 16}}}).quantization
+        plan = build_plan(model, sens, q, _draw(1, 2))
+        each = {g: allocate(s, Budget.from_config(q.budget), pc, Rules.from_config(q), inf)
+                for g, s in sens.by_group_size().items()}
+        assert plan.group_size == choose_group_size(each, Budget.from_config(q.budget))
+        assert plan.group_size_choice == {str(g): {"avg_bits": p.avg_bits, "estimated_kl": p.estimated_kl}
+                                          for g, p in sorted(each.items())}
+        assert Plan.from_json(plan.to_json()) == plan
+    # a quality budget this loose is met by all-INT4 at either size: the plan takes group 64's fewer bits
+    assert plan.group_size == 64 and set(plan.schemes.values()) == {"int4"}

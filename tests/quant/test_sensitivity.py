@@ -33,11 +33,12 @@ def test_quantizable_linears_names_in_order():
 def test_fake_quant_int8_exact_small():
     w = torch.tensor([[1.0, -0.5, 0.25, 0.0], [2.0, 1.0, -2.0, 0.3]])
     q = fake_quant_int8(w)
-    # row 0: scale 1/127.5 -> 0.25 * 127.5 = 31.875 -> 32 -> 32/127.5
-    assert q[0, 2].item() == pytest.approx(32 / 127.5)
-    assert q[0, 0].item() == pytest.approx(127 / 127.5)  # 127.5 rounds to 128, clamped to 127
-    assert q[0, 1].item() == pytest.approx(-64 / 127.5)  # -63.75 -> -64
-    assert q[1, 3].item() == pytest.approx(19 * 2 / 127.5)  # 0.3 / (2 / 127.5) = 19.125 -> 19
+    s0, s1 = torch.tensor(1 / 127.5).half().item(), torch.tensor(2 / 127.5).half().item()  # scales stored in fp16
+    # row 0: scale ~1/127.5 -> 0.25 / s0 = 31.88 -> 32
+    assert q[0, 2].item() == pytest.approx(32 * s0)
+    assert q[0, 0].item() == pytest.approx(127 * s0)  # 1 / s0 = 127.6 rounds to 128, clamped to 127
+    assert q[0, 1].item() == pytest.approx(-64 * s0)  # -63.8 -> -64
+    assert q[1, 3].item() == pytest.approx(19 * s1)  # 0.3 / s1 = 19.1 -> 19
 
 
 def test_fake_quant_int4_levels_and_zero():

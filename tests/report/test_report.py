@@ -172,3 +172,26 @@ def test_summary_shows_the_spread_of_repeated_runs(tmp_path):
     speed["repeats"] = [speed["output_throughput"] - 10, speed["output_throughput"], speed["output_throughput"] + 5]
     md, _ = build_report(result, tmp_path)
     assert "| 140.4 (130.4-145.4) | 1.00x |" in md.read_text()
+
+
+def test_gguf_peers_join_the_tables_and_the_pareto_plot_on_llama_cpps_scale(tmp_path):
+    from accel.report.sections import pareto_section, quality_section, summary_section
+
+    d = run_result()
+    for v, kld in zip(d["variants"], (0.0, 0.01, 0.01)):
+        v["quality"].update(kld_llama=kld, top1_llama=1 - 5 * kld, ppl_ratio_llama=1 + kld)
+    peer = {**d["variants"][1], "name": "llama.cpp-Q4_K_M", "size_mb": 105.6, "spec": None, "spec_per_domain": {},
+            "quality": {"kld_llama": 0.062, "top1_llama": 0.853, "ppl_ratio_llama": 1.09}}
+    d["variants"].append(peer)
+    r = RunReport.from_dict(d)
+    pareto = pareto_section(r)
+    table = pareto.blocks[-1]
+    assert table.headers[2] == "KLD (llama.cpp scale)"  # the one scale every point has
+    assert [row[0] for row in table.rows][-1] == "llama.cpp-Q4_K_M" and table.rows[-1][2] == "0.062"
+    q = quality_section(r).blocks[0]
+    assert q.headers[-3:] == ["KLD (llama.cpp scale)", "same top-1 (llama.cpp scale)", "PPL ratio (llama.cpp scale)"]
+    assert "KLD (llama.cpp scale)" in summary_section(r).blocks[0].headers
+    # without GGUF peers the tables keep accel's own columns only
+    plain = RunReport.from_dict(run_result())
+    assert "KLD (llama.cpp scale)" not in quality_section(plain).blocks[0].headers
+    assert pareto_section(plain).blocks[-1].headers[2] == "KL mean"
