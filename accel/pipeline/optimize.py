@@ -255,7 +255,6 @@ def stage_report(ctx: StageContext) -> dict:
     plan = sens = None
     if ctx.recipe.quantization.enabled:
         from accel.quant.allocate import Plan
-
         from accel.quant.sensitivity import SensitivityResult
 
         p = Plan.from_json(ctx.upstream_path("plan.json"))

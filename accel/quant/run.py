@@ -105,7 +105,14 @@ def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence =
     names = [m for ms in units.values() for m in ms]
     pc, inf = param_counts(model, names), in_features_of(model, names)
     budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
-    plans = {g: allocate(s, budget, pc, rules, inf) for g, s in sens.by_group_size().items()}
+    plans, unreachable = {}, None
+    for g, s in sens.by_group_size().items():
+        try:
+            plans[g] = allocate(s, budget, pc, rules, inf)
+        except ValueError as e:  # a size budget below this group size's floor: the other sizes may still reach it
+            unreachable = e
+    if not plans:
+        raise unreachable
     chosen = choose_group_size(plans, budget)
     plan = plans[chosen]
     if len(plans) > 1:

@@ -156,3 +156,7 @@ def test_build_plan_chooses_the_int4_group_size_among_those_measured():
         assert Plan.from_json(plan.to_json()) == plan
     # a quality budget this loose is met by all-INT4 at either size: the plan takes group 64's fewer bits
     assert plan.group_size == 64 and set(plan.schemes.values()) == {"int4"}
+    # a size budget only group 64 reaches (4 + 20/32 = 4.625 bits is group 32's floor) plans at 64
+    q = parse_recipe({**BASE, "quantization": {"int4_group_size": [32, 64], "budget": {"target_avg_bits": 4.5},
+                                                "lm_head": "fp16"}}).quantization
+    assert build_plan(model, sens, q).group_size == 64
