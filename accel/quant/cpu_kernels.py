@@ -84,6 +84,30 @@ def vnni_prefill(in_features: int) -> bool:
     return available() and in_features % 32 == 0 and _module().has_vnni()
 
 
+def vnni_int8(in_features: int, out_features: int) -> bool:
+    """True when an INT8 Linear of this shape runs in the VNNI tile layout (`int8_vnni_layout`): AVX512-VNNI, whole
+    blocks of 32 inputs and whole tiles of 16 outputs."""
+    return available() and in_features % 32 == 0 and out_features % 16 == 0 and _module().has_vnni()
+
+
+def int8_vnni_layout(q: Tensor) -> Tensor:
+    """int8 [N, K] -> the VNNI tile layout, same shape and bytes reordered: per tile of 16 rows and per input pair,
+    the 16 rows' two values are 32 consecutive bytes ([N / 16][K / 2][16][2])."""
+    n, k = q.shape
+    return q.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous().reshape(n, k)
+
+
+def int8_row_layout(qv: Tensor) -> Tensor:
+    """The inverse of `int8_vnni_layout`."""
+    n, k = qv.shape
+    return qv.reshape(n // 16, k // 2, 16, 2).permute(0, 2, 1, 3).contiguous().reshape(n, k)
+
+
+def int8_linear_vnni(x: Tensor, qv: Tensor, scale: Tensor) -> Tensor:
+    """`int8_linear` with the weight in the VNNI tile layout; a row's result is the same at any row count."""
+    return _module().int8_linear_vnni(x, qv, scale)
+
+
 def int4_repack(q: Tensor) -> Tensor:
     """Unpacked int4 values q [N, K] in [0, 15] (K % 16 == 0) -> the int4 kernel's layout uint8 [N, K / 2]:
     per 16 inputs, byte i = q[c_i] | q[c_{i+8}] << 4."""

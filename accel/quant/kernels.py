@@ -21,7 +21,10 @@ scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstrin
                             (accel/quant/cpu_kernels.py): int8 2-3x faster than int8pack at M = 1-32, and exact
                             in fp32 (no bf16 cast of the activations); int4 likewise against int4pack. Where the
                             CPU has AVX512-VNNI, calls of more than 32 rows run its prefill GEMM (1.5-1.6x oneDNN's
-                            prepacked fp32 GEMM at 512 rows), so nothing is dequantized at any M.
+                            prepacked fp32 GEMM at 512 rows), so nothing is dequantized at any M. INT8 there runs
+                            in the VNNI tile layout at every M (`Int8WeightOnlyLinear.avx2_operands`): a row's
+                            result is then the same whatever the row count, and verify-sized calls take 16 weight
+                            rows per instruction (the model's Linears at 16 rows 1.4-1.5x the row kernel).
   "int8pack" / "int4pack"   CPU, M < dequant_min_rows (int8: 1024, int4: 64): aten._weight_int8pack_mm /
                             aten._weight_int4pack_mm_for_cpu with bf16 activations. The weight is read as 1 / 0.5
                             byte per element, which is what wins memory-bound decode. Their fp32-activation
@@ -193,7 +196,9 @@ def _check_group_size(in_features: int, group_size: int) -> None:
 class Int8WeightOnlyLinear(nn.Module):
     """Linear with int8 per-channel weights; activations stay float. forward(x [..., in]) -> [..., out], x.dtype.
 
-    Persistent buffers (canonical layout): qweight int8 [out, in], scales fp32 [out], bias (optional, float).
+    Persistent buffers (canonical layout): qweight int8 [out, in], scales fp32 [out], bias (optional, float). Where
+    the CPU has AVX512-VNNI, fp32 forwards run the weight in the VNNI tile layout (`avx2_operands`, a non-persistent
+    copy built once, as Int4WeightOnlyLinear keeps its kernel layout).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
@@ -205,6 +210,7 @@ class Int8WeightOnlyLinear(nn.Module):
         self.register_buffer("scales", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.register_buffer("_scales_bf16", None, persistent=False)  # kernel operand, built lazily
+        self.register_buffer("_vnni", None, persistent=False)  # qweight in the VNNI tile layout, built lazily
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> Self:
@@ -249,9 +255,18 @@ class Int8WeightOnlyLinear(nn.Module):
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def avx2_operands(self) -> tuple[int, Tensor, Tensor]:
+        """(decode_layers kind, weight, scales) of accel's kernel: kind 3 with the weight in the VNNI tile layout
+        (built once) where `cpu_kernels.vnni_int8` holds, else kind 1 with qweight as it is."""
+        if self._vnni is None and self.qweight.device.type == "cpu" and cpu_kernels.vnni_int8(self.in_features,
+                                                                                                self.out_features):
+            self._vnni = cpu_kernels.int8_vnni_layout(self.qweight)
+        return (3, self._vnni, self.scales) if self._vnni is not None else (1, self.qweight, self.scales)
+
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
-            return cpu_kernels.int8_linear(x2, self.qweight, self.scales)
+            kind, q, scales = self.avx2_operands()
+            return (cpu_kernels.int8_linear_vnni if kind == 3 else cpu_kernels.int8_linear)(x2, q, scales)
         if kernel == "int8pack" and self.in_features % 16 != 0:
             # torch's kernel segfaults on some CPUs when K is not a multiple of 16 and M >= 2 (measured with torch
             # 2.13 on a Xeon with AVX-512 and AMX: K = 8, 24, 40, 56, 72, 100 crash; 16, 32, 48, 64, 96, 576 run)
@@ -270,11 +285,11 @@ class Int8WeightOnlyLinear(nn.Module):
         return self.qweight[start:end].float() * self.scales[start:end, None].float()
 
     def _apply(self, fn, recurse=True):
-        self._scales_bf16 = None  # derived from scales: rebuild after a move / cast
+        self._scales_bf16 = self._vnni = None  # derived from the weights: rebuild after a move / cast
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
-        self._scales_bf16 = None
+        self._scales_bf16 = self._vnni = None
         super()._load_from_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:

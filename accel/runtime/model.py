@@ -215,13 +215,13 @@ class CausalLM(nn.Module):
     def prepare_cpu_decode(self) -> bool:
         """For the CPU: build the kernels' weight layouts now, move the weights into 2 MB pages, and run decode
         steps through one native call when every layer fits it (NativeDecode). True if the native call is on."""
-        from accel.quant.kernels import Int4WeightOnlyLinear
+        from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
         self.native_decode = None
         if next(self.parameters()).device.type != "cpu" or not cpu_kernels.available():
             return False
         for m in self.modules():
-            if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0:
+            if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0 or isinstance(m, Int8WeightOnlyLinear):
                 m.avx2_operands()  # built lazily otherwise, after the move
         cpu_kernels.move_to_huge_pages(self)
         self.native_decode = NativeDecode.for_model(self)
@@ -317,7 +317,8 @@ def _native_linear(m: nn.Module | None, add) -> list[int] | None:
     if isinstance(m, PackedLinear) and m.avx2:
         return [0, add(m.packed), -1, -1, 0, b, m.out_features]
     if isinstance(m, Int8WeightOnlyLinear) and m.in_features % 8 == 0:
-        return [1, add(m.qweight), add(m.scales.float()), -1, 0, b, m.out_features]
+        kind, q, scales = m.avx2_operands()
+        return [kind, add(q), add(scales.float()), -1, 0, b, m.out_features]
     if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0:
         packed, scale_min = m.avx2_operands()
         return [2, add(packed), add(scale_min), -1, m.group_size, b, m.out_features]

@@ -364,7 +364,9 @@ def test_avx2_int8_kernel_rounds_activations_to_16_bits_per_block_only(m, out_f,
     assert _rel_err(y, exact.float()) < 5e-4  # 16-bit activations: far below the int8 weights' own rounding
     mod = Int8WeightOnlyLinear.from_quantized(q, scale)
     if mod.kernel_for(m, x.device) == "avx2":
-        assert torch.equal(mod(x), y)  # the module routes fp32 decode-sized inputs through it
+        kind, qk, sk = mod.avx2_operands()  # the module routes fp32 inputs through it (the VNNI tile layout if any)
+        assert torch.equal(mod(x), y if kind == 1 else cpu_kernels.int8_linear_vnni(x, qk, sk))
+        assert torch.allclose(mod(x).double(), ref, rtol=1e-5, atol=1e-4 * ref.abs().max().item())
     int8pack = mod._matmul(x, "int8pack")  # and the torch kernel agrees within its bf16 rounding
     assert _rel_err(int8pack, ref.float()) < REL_TOL
 
@@ -508,16 +510,38 @@ def test_rope_in_place_matches_rotate_half_and_leaves_other_columns(head_dim):
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
-def test_int8_kernel_rows_do_not_depend_on_how_many_share_a_decode_call():
+@pytest.mark.parametrize("out_f", [100, 96, 976])  # 100: the row layout; 96, 976: VNNI tiles (odd count)
+def test_int8_kernel_rows_do_not_depend_on_how_many_share_a_decode_call(out_f):
     # up to 32 rows (a decode or verify step) a row's result is bit-identical alone or batched, so greedy output is
-    # the same with and without speculation; larger calls may take the VNNI prefill GEMM (a different sum order)
+    # the same with and without speculation; in the VNNI tile layout at any row count (prefill too), elsewhere larger
+    # calls may take the prefill GEMM (a different sum order)
     torch.manual_seed(1)
-    mod = Int8WeightOnlyLinear.from_linear(_linear(100, 576))
-    x = torch.randn(32, 576)
+    mod = Int8WeightOnlyLinear.from_linear(_linear(out_f, 576))
+    tiles = mod.avx2_operands()[0] == 3
+    x = torch.randn(97 if tiles else 32, 576)
     full = mod(x)
-    for m in (1, 5, 16, 31):
+    for m in (1, 2, 3, 5, 7, 16, 31) + ((32, 33, 64, 97) if tiles else ()):
         assert torch.equal(mod(x[:m]), full[:m]), m
-        assert torch.equal(mod(x[m:m + 1]), full[m:m + 1]), m
+        assert torch.equal(mod(x[m - 1:m]), full[m - 1:m]), m
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+def test_int8_vnni_tile_layout_round_trips_and_computes_what_the_row_layout_gemm_does():
+    q = torch.randint(-127, 128, (48, 64), dtype=torch.int8)
+    qv = cpu_kernels.int8_vnni_layout(q)
+    assert qv.shape == q.shape and torch.equal(cpu_kernels.int8_row_layout(qv), q)
+    assert torch.equal(qv[0, :4], torch.stack([q[0, 0], q[0, 1], q[1, 0], q[1, 1]]))  # 16 rows' pair 0 first
+    if not cpu_kernels.vnni_int8(64, 48):
+        pytest.skip("this CPU has no AVX512-VNNI")
+    scale = torch.rand(48) + 0.01
+    x = torch.randn(40, 64)
+    y = cpu_kernels.int8_linear_vnni(x, qv, scale)
+    assert torch.equal(y, cpu_kernels.int8_linear(x, q, scale))  # 40 rows: the row layout's prefill GEMM, same sums
+    ref = (_i16_blocks(x) @ q.double().T) * scale.double()
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-4 * ref.abs().max().item())
+    mod = Int8WeightOnlyLinear.from_quantized(q, scale)
+    assert mod.avx2_operands()[0] == 3 and torch.equal(mod(x[:3]), y[:3])
+    assert torch.equal(mod.dequantized(), q.float() * scale[:, None])  # the canonical weight stays as it was
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")

@@ -167,16 +167,16 @@ static const bool HAS_VNNI = __builtin_cpu_supports("avx512vnni") && __builtin_c
 // the prefill GEMMs (AVX512-VNNI), defined below
 // Decode and verify steps (up to 32 rows: the runtime's one-call decode path) keep the row kernels: the INT8 one's
 // result for a row does not depend on the other rows of the call, so greedy output is the same with and without
-// speculation.
+// speculation. INT8 weights in the VNNI tile layout (`int8_linear_vnni`) take the tile kernels at every row count.
 constexpr int64_t VNNI_MIN_ROWS = 33;
-static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale, float* y,
-                         int64_t N);
+static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
+                              float* y, int64_t N);
 
 // y [M, N] = (x [M, K] @ q[N, K]^T) * scale[N]
 static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp, float* yp,
                       int64_t N) {
   const QuantBlocks xr = quantize_blocks_i16(xp, M, K, false);
-  if (HAS_VNNI && M >= VNNI_MIN_ROWS && K % 32 == 0) return vnni_gemm_i8(xr, M, K, qp, sp, yp, N);
+  if (HAS_VNNI && M >= VNNI_MIN_ROWS && K % 32 == 0) return vnni_gemm_i8_rows(xr, M, K, qp, sp, yp, N);
   // Output rows in tiles of up to 64: a tile's weights (TN x K bytes, <= 32 KB so they stay in L1) are reused by
   // every 4-row block of x, so the weight is streamed from memory once per call whatever M is.
   const int64_t TN = std::clamp<int64_t>(32768 / K / 8 * 8, 8, 64), CR = chunk_rows(M, N, K, TN);
@@ -405,16 +405,16 @@ static inline void store_tile(float* y, int64_t N, int64_t n0, int m, int v, __m
   _mm512_mask_storeu_ps(y + m * N + n, left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1), a);
 }
 
-// y [M, N] = x @ (q * scale[n])^T with x already in 16-bit blocks (permute = false)
-static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale, float* y,
-                         int64_t N) {
+// y [M, N] = x @ (q * scale[n])^T with x already in 16-bit blocks (permute = false); pack(n0, wp) fills the VT-row
+// tile at n0 in `pack_tile`'s layout
+template <typename P>
+static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const float* scale, float* y, int64_t N,
+                         const P& pack) {
   parallel_chunks((N + VT - 1) / VT, [&](int64_t c) {
     thread_local std::vector<int32_t> buf;
     buf.resize(K / 2 * VT);
     const int64_t n0 = c * VT;
-    pack_tile(n0, N, K, buf.data(), [&](int64_t n, int64_t b) {
-      return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + n * K + b * 32)));
-    });
+    pack(n0, buf.data());
     __m512 rs[2];
     for (int v = 0; v < 2; ++v) {
       const int64_t n = n0 + v * 16, left = std::min<int64_t>(16, N - n);
@@ -431,6 +431,129 @@ static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8
         for (int v = 0; v < 2; ++v) store_tile(y + m0 * N, N, n0, m, v, _mm512_mul_ps(acc[m][v], rs[v]));
     };
     vnni_row_blocks(M, run);
+  });
+}
+
+// q in the row layout [N, K]
+static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
+                              float* y, int64_t N) {
+  vnni_gemm_i8(xr, M, K, scale, y, N, [&](int64_t n0, int32_t* wp) {
+    pack_tile(n0, N, K, wp, [&](int64_t n, int64_t b) {
+      return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + n * K + b * 32)));
+    });
+  });
+}
+
+// ---- INT8 in the VNNI tile layout --------------------------------------------------------------------------
+// `int8_vnni_layout`: per tile of 16 output rows and per input pair (k, k + 1), the 16 rows' two int8 values are 32
+// consecutive bytes, [N / 16][K / 2][16][2]. One 32-byte load widened to int16 is then a vpdpwssd operand for 16
+// rows at once against the pair broadcast from the activations: ~4 instructions per 32 weight bytes at one row
+// (the row kernels: ~11, each row its own dot product and a convert + FMA per block), and a weight vector shared by
+// every activation row of the register tile. Numerics are the prefill GEMM's (each block's exact int32 sum, one
+// FMA of the block's activation scale per block in block order, times scale[n]) at every row count, so a row's
+// result does not depend on how many rows share the call: speculation's verify steps and prefill compute exactly
+// what a one-row decode step does. Needs N % 16 == 0 and K % 32 == 0 (`cpu_kernels.vnni_int8`).
+// SmolLM2-135M's Linears and lm_head, 2 Zen4 cores, against the row kernel: 1.00-1.02x at one row, 1.06-1.10x at
+// 2, 1.39-1.49x at 16, 1.67x at 32; n-gram speculation on an INT8 target (bench_spec.py, input-grounded, k 15) went
+// from 1.56x to 1.80x, a 16-row verify step from 5.0 to 3.1 decode steps.
+// One or two activation rows read one tile at a time (a single linear stream through the chunk, as the row kernel
+// reads): two tiles in turn measured 0.82-0.86x the row kernel at one row.
+
+// MB activation rows against NT consecutive 16-row tiles at `tile` (a weight vector per tile serves the MB rows, a
+// broadcast activation pair the NT tiles); `ahead`: the next NT tiles, prefetched 512 bytes per tile and block
+template <int MB, int NT>
+static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB, int64_t K, const int8_t* tile,
+                                 const float* scale, float* y, int64_t N, const char* ahead) {
+  constexpr int SPLIT = MB * NT >= 4 ? 1 : MB * NT >= 2 ? 2 : 4;  // independent vpdpwssd chains against its latency
+  const int64_t TB = 16 * K;  // bytes per tile
+  __m512 acc[MB][NT];
+  for (int m = 0; m < MB; ++m)
+    for (int u = 0; u < NT; ++u) acc[m][u] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    if (ahead)
+      for (int u = 0; u < NT; ++u)
+        for (int64_t j = 0; j < 512; j += 64) _mm_prefetch(ahead + u * TB + b * 512 + j, _MM_HINT_T0);
+    __m512i s[MB][NT][SPLIT];
+    for (int m = 0; m < MB; ++m)
+      for (int u = 0; u < NT; ++u)
+        for (int h = 0; h < SPLIT; ++h) s[m][u][h] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < 16; j += SPLIT) {
+#pragma GCC unroll 4
+      for (int h = 0; h < SPLIT; ++h) {  // h constant after unrolling: the chains stay in registers
+        const int64_t kp = b * 16 + j + h;
+        __m512i w[NT];
+#pragma GCC unroll 2
+        for (int u = 0; u < NT; ++u)
+          w[u] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + u * TB + kp * 32)));
+#pragma GCC unroll 8
+        for (int m = 0; m < MB; ++m) {
+          int32_t pair;
+          std::memcpy(&pair, xq + m * K + 2 * kp, sizeof(pair));
+          const __m512i x = _mm512_set1_epi32(pair);
+#pragma GCC unroll 2
+          for (int u = 0; u < NT; ++u) s[m][u][h] = _mm512_dpwssd_epi32(s[m][u][h], w[u], x);
+        }
+      }
+    }
+    for (int m = 0; m < MB; ++m)
+      for (int u = 0; u < NT; ++u) {
+        __m512i tot = s[m][u][0];
+        for (int h = 1; h < SPLIT; ++h) tot = _mm512_add_epi32(tot, s[m][u][h]);
+        acc[m][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(xs[m * KB + b]), acc[m][u]);
+      }
+  }
+  for (int u = 0; u < NT; ++u) {
+    const __m512 sc = _mm512_loadu_ps(scale + u * 16);
+    for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + m * N + u * 16, _mm512_mul_ps(acc[m][u], sc));
+  }
+}
+
+template <int NT>
+static void vnni_pass_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* tile, const float* scale, float* y,
+                         int64_t N, const char* ahead) {
+  const int64_t KB = K / 32;
+  for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
+    mb = std::min<int64_t>(6, M - m0);
+    const int16_t* xq = xr.q.data() + m0 * K;
+    const float* xs = xr.scale.data() + m0 * KB;
+    float* ym = y + m0 * N;
+    const char* pf = m0 == 0 ? ahead : nullptr;
+    switch (mb) {
+#define ACCEL_PASS_CASE(R) case R: vnni_tiles_i8<R, NT>(xq, xs, KB, K, tile, scale, ym, N, pf); break;
+      ACCEL_PASS_CASE(6) ACCEL_PASS_CASE(5) ACCEL_PASS_CASE(4) ACCEL_PASS_CASE(3) ACCEL_PASS_CASE(2)
+      default: vnni_tiles_i8<1, NT>(xq, xs, KB, K, tile, scale, ym, N, pf);
+#undef ACCEL_PASS_CASE
+    }
+  }
+}
+
+static void vnni_gemm_i8_tiles(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* qv, const float* scale,
+                               float* y, int64_t N) {
+  if (M >= VNNI_MIN_ROWS)  // prefill: the GEMM's 32-row x 6-row register tile, packed by widening only
+    return vnni_gemm_i8(xr, M, K, scale, y, N, [&](int64_t n0, int32_t* wp) {
+      for (int64_t v = 0; v < VT / 16; ++v) {
+        const int64_t t = n0 / 16 + v;
+        for (int64_t kp = 0; kp < K / 2; ++kp)
+          _mm512_storeu_si512(wp + kp * VT + v * 16, t * 16 < N ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(qv + (t * (K / 2) + kp) * 32))) : _mm512_setzero_si512());
+      }
+    });
+  // tiles per chunk: a ~STREAM_CHUNK weight stream at decode sizes, one pass of two tiles above
+  const int64_t tiles = N / 16, CT = M > 8 ? 2 : std::max<int64_t>(2, chunk_rows(M, N, K, 16) / 32 * 2);
+  parallel_chunks((tiles + CT - 1) / CT, [&](int64_t c) {
+    const int64_t t1 = std::min(tiles, (c + 1) * CT);
+    for (int64_t t = c * CT; t < t1;) {
+      const int8_t* tile = qv + t * 16 * K;
+      if (M > 2 && t + 2 <= t1) {  // one or two rows: one tile at a time, a single linear stream through the chunk
+        const char* ahead = t + 4 <= t1 ? reinterpret_cast<const char*>(tile + 32 * K) : nullptr;
+        vnni_pass_i8<2>(xr, M, K, tile, scale + t * 16, y + t * 16, N, ahead);
+        t += 2;
+      } else {
+        const char* ahead = t + 2 <= t1 ? reinterpret_cast<const char*>(tile + 16 * K) : nullptr;
+        vnni_pass_i8<1>(xr, M, K, tile, scale + t * 16, y + t * 16, N, ahead);
+        t += 1;
+      }
+    }
   });
 }
 
@@ -481,6 +604,25 @@ static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, in
   });
 }
 #pragma GCC pop_options
+
+// y [M, N] = (x [M, K] @ q^T) * scale[N], q in the VNNI tile layout (only where HAS_VNNI)
+static void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp,
+                           int64_t N) {
+  TORCH_CHECK(HAS_VNNI, "the INT8 VNNI tile layout needs AVX512-VNNI");
+  TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "the INT8 VNNI tile layout needs N % 16 == 0 and K % 32 == 0");
+  vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false), M, K, qv, sp, yp, N);
+}
+
+torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale) {
+  TORCH_CHECK(x.dim() == 2 && qv.dim() == 2 && x.size(1) == qv.size(1), "shapes: x [M, K], q [N, K] (tile layout)");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && qv.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
+              "dtypes: x fp32, q int8, scale fp32");
+  x = x.contiguous(); qv = qv.contiguous(); scale = scale.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = qv.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  int8_gemm_vnni(x.data_ptr<float>(), M, K, qv.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N);
+  return y;
+}
 
 
 template <int MB, typename S>
@@ -1267,7 +1409,8 @@ void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, to
 // into a few buffers allocated once per step, so the step is bound by its weight streaming. It computes exactly
 // what the module-by-module path computes (same kernels, same order): greedy output is unchanged.
 //
-// Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 2 int4 packed
+// Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
+// VNNI tile layout; 2 int4 packed
 // [N, K / 2] + scale_min [N, G, 2] fp32 / fp16), three tensor indices into `weights` (-1 unused), the INT4 group size,
 // the bias index (-1: none), out_features. Per layer: input-norm index, post-attention-norm index, then the
 // qkv, o, gate_up and down specs; the last int is the final norm's index.
@@ -1278,6 +1421,7 @@ static void linear_spec(const std::vector<torch::Tensor>& w, const int64_t* s, c
   const int64_t kind = s[0], N = s[6];
   if (kind == 0) f32_gemm(x, M, K, w[s[1]].data_ptr<float>(), y, N);
   else if (kind == 1) int8_gemm(x, M, K, w[s[1]].data_ptr<int8_t>(), w[s[2]].data_ptr<float>(), y, N);
+  else if (kind == 3) int8_gemm_vnni(x, M, K, w[s[1]].data_ptr<int8_t>(), w[s[2]].data_ptr<float>(), y, N);
   else int4_gemm_t(x, M, K, w[s[1]].data_ptr<uint8_t>(), w[s[2]], s[4], y, N);
   if (s[5] >= 0) {
     const float* b = w[s[5]].data_ptr<float>();
@@ -1370,6 +1514,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("huge_page_copy", &huge_page_copy, "a copy of a tensor in memory advised for 2 MB pages");
   m.def("huge_page_zeros", &huge_page_zeros, "zeros in memory advised for 2 MB pages");
   m.def("kv_write_", &kv_write_, "k/v rows into flat cache slots");
+  m.def("int8_linear_vnni", &int8_linear_vnni, "int8_linear with q in the VNNI tile layout", py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear", &int8_linear, "y = (x @ q^T) * scale; x fp32 [M, K], q int8 [N, K], scale fp32 [N]", py::call_guard<py::gil_scoped_release>());
   m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * sm[n, g, 0] + sm[n, g, 1])", py::call_guard<py::gil_scoped_release>());
   m.def("has_vnni", []() { return HAS_VNNI; }, "whether the AVX512-VNNI kernels (and the prefill GEMM) run here");
