@@ -5,7 +5,8 @@
 Two prompt sets from eval/text (held out from calibration): input-grounded (summarize / extract / rewrite a
 given passage) and open-ended chat turns. For batch 1 (prompts one after another) and batch 16 (all at once),
 each method (off, n-gram, draft) runs through `Engine` with the same model weights; the table prints
-tokens/s, the speedup against off, the acceptance rate and mean acceptance length (from the raw counters),
+tokens/s and the speedup against off (whole requests, prefill included), the same after each request's first token
+("decode": 1 / TPOT, what speculation can speed up), the acceptance rate and mean acceptance length (from the raw counters),
 the measured draft/target cost ratio, the speedup Leviathan's formula predicts from those, and whether greedy
 outputs are token-identical to off.
 
@@ -43,18 +44,26 @@ def encode_prompts(tok, messages: list[list[dict]]) -> list[list[int]]:
     return out
 
 
-def run(engine, prompts: list[list[int]], params, batch: int, domain: str) -> tuple[list[list[int]], float, int]:
-    """Generate all prompts `batch` at a time; returns (outputs, seconds, target steps)."""
+def run(engine, prompts: list[list[int]], params, batch: int, domain: str
+        ) -> tuple[list[list[int]], float, int, float]:
+    """Generate all prompts `batch` at a time; returns (outputs, seconds, target steps, first-token seconds: the steps
+    until every request of a batch had its first token, i.e. the prefill that speculation cannot speed up)."""
     outs: list[list[int]] = []
     steps0 = engine.stats().num_steps
     t0 = time.perf_counter()
+    first_s = 0.0
     for i in range(0, len(prompts), batch):
         ids = [engine.add_request(p, params, domain=domain) for p in prompts[i:i + batch]]
-        final = {}
+        final, started = {}, set()
         while engine.has_unfinished():
-            final.update({o.request_id: o for o in engine.step() if o.finished})
+            ts = time.perf_counter()
+            step = engine.step()
+            if len(started) < len(ids):
+                first_s += time.perf_counter() - ts
+                started.update(o.request_id for o in step if o.token_ids)
+            final.update({o.request_id: o for o in step if o.finished})
         outs += [final[r].token_ids for r in ids]
-    return outs, time.perf_counter() - t0, engine.stats().num_steps - steps0
+    return outs, time.perf_counter() - t0, engine.stats().num_steps - steps0, first_s
 
 
 def run_interleaved(engines: dict, prompts: list[list[int]], params, batch: int, domain: str
@@ -62,7 +71,7 @@ def run_interleaved(engines: dict, prompts: list[list[int]], params, batch: int,
     """`run` for every engine at once, one step of each in turn: each engine's seconds are the sum of its own steps
     (and admissions), measured next to the other engines' steps, so a VM whose speed drifts over seconds slows all
     of them alike (a paired design; whole runs one after another see different stretches of the drift)."""
-    state = {m: {"next": 0, "ids": [], "final": {}, "outs": [], "secs": 0.0,
+    state = {m: {"next": 0, "ids": [], "final": {}, "outs": [], "secs": 0.0, "first_s": 0.0, "started": set(),
                  "steps0": e.stats().num_steps} for m, e in engines.items()}
     live = list(engines)
     while live:
@@ -76,11 +85,17 @@ def run_interleaved(engines: dict, prompts: list[list[int]], params, batch: int,
                     continue
                 st["ids"] = [engine.add_request(p, params, domain=domain)
                              for p in prompts[st["next"]:st["next"] + batch]]
-                st["final"] = {}
+                st["final"], st["started"] = {}, set()
                 st["next"] += batch
-            st["final"].update({o.request_id: o for o in engine.step() if o.finished})
-            st["secs"] += time.perf_counter() - t0
-    return {m: (st["outs"], st["secs"], engines[m].stats().num_steps - st["steps0"]) for m, st in state.items()}
+            step = engine.step()
+            st["final"].update({o.request_id: o for o in step if o.finished})
+            dt = time.perf_counter() - t0
+            st["secs"] += dt
+            if len(st["started"]) < len(st["ids"]):
+                st["first_s"] += dt
+                st["started"].update(o.request_id for o in step if o.token_ids)
+    return {m: (st["outs"], st["secs"], engines[m].stats().num_steps - st["steps0"], st["first_s"])
+            for m, st in state.items()}
 
 
 def main() -> None:
@@ -210,15 +225,20 @@ def main() -> None:
                     raw = run_interleaved({m: engines[m] for m in order}, prompts, params, batch, set_name)
                 for method in methods:  # off first: the others' ratios need its numbers
                     engine, proposer = engines[method], proposers[method]
-                    outs, secs, steps = raw[method]
+                    outs, secs, steps, first_s = raw[method]
                     row = {"batch": batch, "set": set_name, "method": method, "repeat": rep,
-                           "tokens": sum(len(o) for o in outs), "seconds": secs, "steps": steps}
+                           "tokens": sum(len(o) for o in outs), "seconds": secs, "steps": steps,
+                           "first_token_seconds": first_s}
                     row["tokens_per_s"] = row["tokens"] / secs
+                    # after each request's first token: what speculation can speed up (1 / TPOT)
+                    row["decode_tokens_per_s"] = (row["tokens"] - len(outs)) / max(secs - first_s, 1e-9)
                     if method == "off":
-                        base = {"outs": outs, "tps": row["tokens_per_s"], "step_s": secs / max(1, steps)}
-                        row.update(speedup=1.0, greedy_identical=True)
+                        base = {"outs": outs, "tps": row["tokens_per_s"], "step_s": secs / max(1, steps),
+                                "decode_tps": row["decode_tokens_per_s"]}
+                        row.update(speedup=1.0, decode_speedup=1.0, greedy_identical=True)
                     else:
                         row.update(speedup=row["tokens_per_s"] / base["tps"], greedy_identical=outs == base["outs"],
+                                   decode_speedup=row["decode_tokens_per_s"] / base["decode_tps"],
                                    num_identical=sum(a == b for a, b in zip(outs, base["outs"])))
                     if engine.spec is not None:
                         st = engine.stats().spec_decode
@@ -242,8 +262,11 @@ def main() -> None:
                 row["repeats"] = len(reps[method])
                 if method != "off":
                     ratios = sorted(r["speedup"] for r in reps[method])
+                    decode = sorted(r["decode_speedup"] for r in reps[method])
                     row.update(speedup=statistics.median(ratios), speedup_min=ratios[0], speedup_max=ratios[-1],
-                               speedups=ratios, greedy_identical=all(r["greedy_identical"] for r in reps[method]))
+                               speedups=ratios, greedy_identical=all(r["greedy_identical"] for r in reps[method]),
+                               decode_speedup=statistics.median(decode), decode_speedup_min=decode[0],
+                               decode_speedup_max=decode[-1])
                 row["tokens_per_s_all"] = [r["tokens_per_s"] for r in reps[method]]
                 results.append(row)
                 _print(row)
@@ -338,8 +361,10 @@ def _print(row: dict, prefix: str = "") -> None:
         return "-" if v is None else format(v, fmt)
 
     rng = f" [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}]" if "speedup_min" in row else ""
+    drng = f" [{row['decode_speedup_min']:.2f}-{row['decode_speedup_max']:.2f}]" if "decode_speedup_min" in row else ""
     print(f"{prefix}batch {row['batch']:2d} {row['set']:15s} {row['method']:6s} {row['tokens_per_s']:7.2f} tok/s "
-          f"{row['speedup']:.2f}x{rng}  acceptance {f('acceptance_rate', '.3f')}  mean len "
+          f"{row['speedup']:.2f}x{rng}  decode {row['decode_tokens_per_s']:7.2f} tok/s {row['decode_speedup']:.2f}x{drng}"
+          f"  acceptance {f('acceptance_rate', '.3f')}  mean len "
           f"{f('mean_acceptance_length', '.2f')}  draft len {f('mean_draft_len', '.2f')}  cost "
           f"{f('cost_ratio', '.3f')} (engine {f('engine_cost_ratio', '.3f')})  Leviathan {f('predicted_speedup', '.2f')}x  "
           f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})"

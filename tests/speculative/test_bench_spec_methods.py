@@ -38,7 +38,8 @@ def test_methods_take_speculative_config_fields_by_their_own_names():
 
 
 class _FakeEngine:
-    """Finishes each request after len(prompt) steps with the prompt reversed as its output."""
+    """Emits each request's first token at its first step and finishes it after len(prompt) steps with the prompt
+    reversed as its output."""
 
     def __init__(self):
         self.live, self.n, self.steps = {}, 0, 0
@@ -62,6 +63,8 @@ class _FakeEngine:
             if st[1] == 0:
                 done.append(SimpleNamespace(request_id=rid, finished=True, token_ids=st[0][::-1]))
                 del self.live[rid]
+            elif st[1] == len(st[0]) - 1:
+                done.append(SimpleNamespace(request_id=rid, finished=False, token_ids=st[0][::-1][:1]))
         return done
 
     def stats(self):
@@ -74,7 +77,9 @@ def test_interleaved_runs_give_each_engine_its_own_outputs_steps_and_time():
     prompts = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [11]]
     engines = {"off": _FakeEngine(), "ngram": _FakeEngine()}
     res = bench_spec.run_interleaved(engines, prompts, None, 2, "chat")
-    for method, (outs, secs, steps) in res.items():
+    for method, (outs, secs, steps, first_s) in res.items():
         assert outs == [p[::-1] for p in prompts]  # prompt order, batches of 2
         assert steps == 3 + 4 + 1 and secs > 0  # each batch lasts as long as its longest request
-    assert res["off"][0] == bench_spec.run(_FakeEngine(), prompts, None, 2, "chat")[0]
+        assert 0 < first_s < secs  # the first step of each batch: its requests' first tokens
+    outs, secs, steps, first_s = bench_spec.run(_FakeEngine(), prompts, None, 2, "chat")
+    assert outs == res["off"][0] and steps == 8 and 0 < first_s < secs

@@ -1121,11 +1121,15 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   }
   const int64_t splits = S >= 2 * at::get_num_threads() ? 1 : KVH;  // kv-head ranges per span
   const int64_t HPS = KVH / splits;
+  // With few spans, a span's rows are split into groups as well, so kv heads x row groups spread over the threads:
+  // 3 kv heads on 2 threads left one thread idle a third of the time (a verify step of SmolLM2 at batch 1). Each
+  // row's arithmetic is the same whichever group it is in.
+  const int64_t RG = splits == 1 ? 1 : std::min<int64_t>(maxR, at::get_num_threads());
   const int64_t PF = PREFETCH_BLOCKS;
   // Work per span follows its context length, and decode rows arrive sorted by it: at::parallel_for's equal
   // contiguous ranges would give one thread every long context. Spans are dealt to threads longest first, each
   // to the least-loaded thread (LPT), and each thread walks its own list.
-  const int64_t nt = std::min<int64_t>(at::get_num_threads(), S * splits);
+  const int64_t nt = std::min<int64_t>(at::get_num_threads(), S * splits * RG);
   std::vector<std::vector<int64_t>> lists(std::max<int64_t>(nt, 1));
   if (splits == 1 && nt > 1) {
     std::vector<int64_t> order(S), load(nt, 0);
@@ -1137,8 +1141,8 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
       load[t] += cost[s];
     }
   } else {
-    const int64_t per = (S * splits + lists.size() - 1) / lists.size();
-    for (int64_t i = 0; i < S * splits; ++i) lists[i / per].push_back(i);
+    const int64_t per = (S * splits * RG + lists.size() - 1) / lists.size();
+    for (int64_t i = 0; i < S * splits * RG; ++i) lists[i / per].push_back(i);
   }
   at::parallel_for(0, lists.size(), 1, [&](int64_t t0, int64_t t1) {
     const int64_t BSP = (BS + 7) / 8 * 8;
@@ -1146,10 +1150,12 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
     std::vector<float> accv(maxR * H * D + 8);
     for (int64_t t = t0; t < t1; ++t)
     for (int64_t i : lists[t]) {
-      const int64_t s = i / splits, h0 = (i % splits) * HPS, h1 = h0 + HPS;
+      const int64_t s = i / (splits * RG), h0 = (i / RG % splits) * HPS, h1 = h0 + HPS, g = i % RG;
       const int64_t r0 = so[s], R = so[s + 1] - r0, gl = longest[s], Lmax = clp[gl];
+      const int64_t ra = R * g / RG, rb = R * (g + 1) / RG;  // this task's rows of the span
+      if (ra == rb) continue;
       const int64_t j0 = h0 * group, j1 = h1 * group;  // query heads of this task
-      for (int64_t r = 0; r < R; ++r) {
+      for (int64_t r = ra; r < rb; ++r) {
         for (int64_t j = j0; j < j1; ++j) { mv[r * H + j] = -INFINITY; lv[r * H + j] = 0.f; }
         for (int64_t x = j0 * D; x < j1 * D; ++x) accv[r * H * D + x] = 0.f;
       }
@@ -1176,7 +1182,7 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
           }
           const float* kh = kb + h * D;  // token t of kv head h at kh + t * TS
           const float* vh = vb + h * D;
-          for (int64_t r = 0; r < R; ++r) {
+          for (int64_t r = ra; r < rb; ++r) {
             const int64_t L = clp[r0 + r];
             if (b0 >= L) continue;  // this row's causal prefix ends before the block
             const int64_t n = std::min(BS, L - b0);
@@ -1231,7 +1237,7 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
           }
         }
       }
-      for (int64_t r = 0; r < R; ++r) {
+      for (int64_t r = ra; r < rb; ++r) {
         float* orow = op + rp[r0 + r] * H * D;
         const float* acc = accv.data() + r * H * D;
         const float* l = lv.data() + r * H;
