@@ -74,3 +74,36 @@ def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale,
     finally:
         torch.set_num_threads(before)
     assert torch.allclose(got[rows], ref[rows], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_verify_rows_split_across_threads_give_each_row_what_it_gets_alone(threads):
+    # one request's verify span over a long context (its rows split into groups, its query heads in halves where 3
+    # kv heads do not divide over the threads): every row bit-identical to the same row decoded alone, and to SDPA
+    g = torch.Generator().manual_seed(7)
+    bs, kvh, heads, d, nb = 16, 3, 9, 64, 40
+    cache = PagedKVCache(nb + 8, bs, kvh, d, torch.float32, torch.device("cpu"), torch.float32)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    ctx = torch.arange(600, 605)
+    table = torch.randperm(nb + 8, generator=g)[:nb].repeat(len(ctx), 1)
+    rows = torch.arange(len(ctx))
+    q = torch.randn(len(ctx), heads, d, generator=g)
+    mask = (torch.arange(nb * bs)[None] < ctx[:, None])[:, None, None, :]
+    none = torch.empty(0, kvh, d)
+    span = AttentionMetadata(torch.empty(0, dtype=torch.long), [],
+                             [DecodeGroup(rows, table, mask, ctx, spans=torch.tensor([0, len(ctx)]))])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = paged_attention(q, none, none, cache, span, 0.125)
+        for r in range(len(ctx)):
+            one = AttentionMetadata(torch.empty(0, dtype=torch.long), [],
+                                    [DecodeGroup(torch.tensor([0]), table[r:r + 1], mask[r:r + 1], ctx[r:r + 1])])
+            assert torch.equal(paged_attention(q[r:r + 1], none, none, cache, one, 0.125)[0], got[r]), r
+    finally:
+        torch.set_num_threads(before)
+    ref = paged_attention(q, none, none, cache, AttentionMetadata(torch.empty(0, dtype=torch.long), [],
+                                                                  [DecodeGroup(rows, table, mask)]), 0.125)
+    assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
