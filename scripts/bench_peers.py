@@ -242,11 +242,12 @@ def rate(section: str, res) -> float:
 
 
 def streamed_bytes(model) -> int:
-    """Bytes a batch-1 decode step reads from weights: everything but the embedding table (one row is read) and
-    the RoPE tables."""
+    """Bytes a batch-1 decode step reads from weights: everything but the embedding table (one row is read), the
+    RoPE tables, and an INT8 weight's canonical copy where the kernels read its VNNI tile layout (`_vnni`)."""
     named = list(model.named_parameters()) + list(model.named_buffers())
+    tiled = {n.rsplit(".", 1)[0] for n, t in named if n.endswith("._vnni") and t is not None}
     return sum(t.numel() * t.element_size() for n, t in named if "embed_tokens" not in n and "rope" not in n
-               and not n.endswith(("cos", "sin")))
+               and not n.endswith(("cos", "sin")) and not (n.endswith(".qweight") and n.rsplit(".", 1)[0] in tiled))
 
 
 def read_bandwidth_gbs(threads: int) -> float:

@@ -35,3 +35,18 @@ def test_the_table_shows_each_side_and_the_ratio_of_the_same_repeat():
     assert "int8 / Q8_0" in line and "150.0 (140.0-160.0)" in line and "100.0 (80.0-140.0)" in line
     assert "1.50x (1.00-2.00)" in line and "read bandwidth: 30.0 GB/s" in table
     assert bench_peers.spread([]) == "-" and bench_peers.ratio_spread([]) == "-"
+
+
+def test_streamed_bytes_count_an_int8_weight_once_in_whichever_layout_the_kernel_reads():
+    import torch
+    from torch import nn
+
+    from accel.quant.kernels import Int8WeightOnlyLinear
+
+    model = nn.Module()
+    model.embed_tokens = nn.Embedding(10, 32)
+    model.proj = Int8WeightOnlyLinear.from_linear(nn.Linear(32, 16, bias=False))
+    expected = 16 * 32 + 16 * 4  # int8 weight + fp32 scales; the embedding table is not streamed
+    assert bench_peers.streamed_bytes(model) == expected
+    model.proj._vnni = torch.zeros(16, 32, dtype=torch.int8)  # the kernel layout, as on a VNNI CPU
+    assert bench_peers.streamed_bytes(model) == expected
