@@ -103,6 +103,32 @@ def int8_row_layout(qv: Tensor) -> Tensor:
     return qv.reshape(n // 16, k // 2, 16, 2).permute(0, 2, 1, 3).contiguous().reshape(n, k)
 
 
+def vnni_int4(in_features: int, out_features: int, group_size: int) -> bool:
+    """True when an INT4 Linear of this shape runs in the VNNI tile layout (`int4_vnni_layout`): AVX512-VNNI, whole
+    tiles of 16 outputs and groups of whole 32-input blocks."""
+    return (available() and in_features % 32 == 0 and out_features % 16 == 0 and group_size % 32 == 0
+            and _module().has_vnni())
+
+
+def int4_vnni_layout(q: Tensor, scale_min: Tensor) -> tuple[Tensor, Tensor]:
+    """Unpacked int4 values q [N, K] in [0, 15] and scale_min [N, G, 2] -> the VNNI tile layout: uint8 [N, K / 2]
+    where, per tile of 16 rows and per two input pairs, byte j holds value j of the first pair's 32 (16 rows x 2, row
+    order) in its low nibble and of the second pair's in its high one; scale_min [N / 16, G, 2, 16] (16 scales, then
+    16 mins, per tile and group)."""
+    n, k = q.shape
+    pairs = q.to(torch.uint8).reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3)  # [T, K / 2, 16, 2]
+    chunks = pairs.reshape(n // 16, k // 4, 2, 32)  # [T, K / 4, (pair 2c, pair 2c + 1), 32]
+    packed = (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    g = scale_min.shape[1]
+    return packed, scale_min.reshape(n // 16, 16, g, 2).permute(0, 2, 3, 1).contiguous()
+
+
+def int4_linear_vnni(x: Tensor, qv: Tensor, smv: Tensor, group_size: int) -> Tensor:
+    """`int4_linear` with the weight and scale_min in the VNNI tile layout; a row's result is the same at any row
+    count."""
+    return _module().int4_linear_vnni(x, qv, smv, group_size)
+
+
 def int8_linear_vnni(x: Tensor, qv: Tensor, scale: Tensor) -> Tensor:
     """`int8_linear` with the weight in the VNNI tile layout; a row's result is the same at any row count."""
     return _module().int8_linear_vnni(x, qv, scale)

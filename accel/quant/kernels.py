@@ -21,10 +21,11 @@ scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstrin
                             (accel/quant/cpu_kernels.py): int8 2-3x faster than int8pack at M = 1-32, and exact
                             in fp32 (no bf16 cast of the activations); int4 likewise against int4pack. Where the
                             CPU has AVX512-VNNI, calls of more than 32 rows run its prefill GEMM (1.5-1.6x oneDNN's
-                            prepacked fp32 GEMM at 512 rows), so nothing is dequantized at any M. INT8 there runs
-                            in the VNNI tile layout at every M (`Int8WeightOnlyLinear.avx2_operands`): a row's
-                            result is then the same whatever the row count, and verify-sized calls take 16 weight
-                            rows per instruction (the model's Linears at 16 rows 1.4-1.5x the row kernel).
+                            prepacked fp32 GEMM at 512 rows), so nothing is dequantized at any M. INT8 and INT4
+                            there run in VNNI tile layouts at every M (`avx2_operands`): a row's result is then the
+                            same whatever the row count, and 16 weight rows share each instruction (the model's
+                            Linears at 16 rows: INT8 1.4-1.5x, INT4 2.1-2.3x the row kernels; INT4 at one row
+                            1.25-1.45x).
   "int8pack" / "int4pack"   CPU, M < dequant_min_rows (int8: 1024, int4: 64): aten._weight_int8pack_mm /
                             aten._weight_int4pack_mm_for_cpu with bf16 activations. The weight is read as 1 / 0.5
                             byte per element, which is what wins memory-bound decode. Their fp32-activation
@@ -324,6 +325,7 @@ class Int4WeightOnlyLinear(nn.Module):
         self.register_buffer("_cpu_packed", None, persistent=False)
         self.register_buffer("_cpu_scales_zeros", None, persistent=False)
         self.register_buffer("_avx2_packed", None, persistent=False)  # accel's AVX2 kernel layout
+        self._avx2_kind = 2  # decode_layers kind of that layout (see avx2_operands)
         self.register_buffer("_avx2_scale_min", None, persistent=False)
 
     @classmethod
@@ -388,26 +390,36 @@ class Int4WeightOnlyLinear(nn.Module):
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def avx2_operands(self) -> tuple[Tensor, Tensor]:
-        """(packed weight, scale_min [out, G, 2]) in the layout of accel's kernel (built once): w = q * scale + min.
+    def avx2_operands(self) -> tuple[int, Tensor, Tensor]:
+        """(decode_layers kind, packed weight, scale_min) in the layout of accel's kernel (built once): w = q * scale
+        + min. Kind 4, the VNNI tile layout (`cpu_kernels.int4_vnni_layout`), where `cpu_kernels.vnni_int4` holds:
+        a row's result is then the same at any row count; else kind 2, `int4_repack` with scale_min [out, G, 2].
 
         scale_min is fp16 where that holds every value to fp32 rounding noise (a GGUF grid's fp16 d and m, as the
         int4f weights of a Q4_1 release are), else fp32: the kernel streams it with the weights, and at group 32
         fp32 pairs add half the weight bytes again.
         """
         if self._avx2_packed is None:
-            self._avx2_packed = cpu_kernels.int4_repack(unpack_int4(self.qweight))
+            q = unpack_int4(self.qweight)
             sm = torch.stack([self.scales.float(), -self.zeros.float() * self.scales.float()], dim=-1).contiguous()
             half = sm.half()
             span = sm[..., :1].abs() * 15 + sm[..., 1:].abs()  # the group's weight range
             on_fp16_grid = bool(((half.float() - sm).abs() <= span * FP16_GRID_TOLERANCE).all())
-            self._avx2_scale_min = half if on_fp16_grid else sm
-        return self._avx2_packed, self._avx2_scale_min
+            sm = half if on_fp16_grid else sm
+            if self.qweight.device.type == "cpu" and cpu_kernels.vnni_int4(self.in_features, self.out_features,
+                                                                             self.group_size):
+                self._avx2_kind = 4
+                self._avx2_packed, self._avx2_scale_min = cpu_kernels.int4_vnni_layout(q, sm)
+            else:
+                self._avx2_kind = 2
+                self._avx2_packed, self._avx2_scale_min = cpu_kernels.int4_repack(q), sm
+        return self._avx2_kind, self._avx2_packed, self._avx2_scale_min
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
-            packed, scale_min = self.avx2_operands()
-            return cpu_kernels.int4_linear(x2, packed, scale_min, self.group_size)
+            kind, packed, scale_min = self.avx2_operands()
+            linear = cpu_kernels.int4_linear_vnni if kind == 4 else cpu_kernels.int4_linear
+            return linear(x2, packed, scale_min, self.group_size)
         if kernel == "int4pack":
             if self._cpu_packed is None:
                 self._prepare_cpu()
@@ -420,8 +432,9 @@ class Int4WeightOnlyLinear(nn.Module):
 
     def _dequant_rows(self, start: int, end: int) -> Tensor:
         if self.qweight.device.type == "cpu" and self.group_size % 16 == 0 and cpu_kernels.available():
-            packed, scale_min = self.avx2_operands()
-            return cpu_kernels.int4_dequant(packed, scale_min, self.group_size, start, end)
+            kind, packed, scale_min = self.avx2_operands()
+            if kind == 2:
+                return cpu_kernels.int4_dequant(packed, scale_min, self.group_size, start, end)
         return dequantize_int4_groupwise(unpack_int4(self.qweight[start:end]), self.scales[start:end],
                                          self.zeros[start:end], self.group_size)
 

@@ -320,8 +320,8 @@ def _native_linear(m: nn.Module | None, add) -> list[int] | None:
         kind, q, scales = m.avx2_operands()
         return [kind, add(q), add(scales.float()), -1, 0, b, m.out_features]
     if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0:
-        packed, scale_min = m.avx2_operands()
-        return [2, add(packed), add(scale_min), -1, m.group_size, b, m.out_features]
+        kind, packed, scale_min = m.avx2_operands()
+        return [kind, add(packed), add(scale_min), -1, m.group_size, b, m.out_features]
     return None
 
 

@@ -306,11 +306,47 @@ def test_int4f_scales_on_an_fp16_grid_stream_as_fp16_and_others_as_fp32():
     m = (-torch.rand(64, 4, generator=g) * 15 * d).half().float()  # zero points inside [0, 15]
     zeros = (-m / d).clamp(0, 15)  # the int4f form, as the quantizer stores it (fp32: -zeros * scale is m up to rounding)
     grid = Int4WeightOnlyLinear.from_quantized(q, d, zeros, 32)
-    assert grid.avx2_operands()[1].dtype == torch.float16
+    assert grid.avx2_operands()[2].dtype == torch.float16
     off_grid = Int4WeightOnlyLinear.from_quantized(q, d * 1.0001, zeros, 32)
-    assert off_grid.avx2_operands()[1].dtype == torch.float32
+    assert off_grid.avx2_operands()[2].dtype == torch.float32
     x = torch.randn(3, 128, generator=g)
     assert _rel_err(grid(x), x @ grid.dequantized().T) < 5e-4
+    assert _rel_err(off_grid(x), x @ off_grid.dequantized().T) < 5e-4
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("fp16_grid", [False, True])
+def test_int4_vnni_tiles_give_a_row_the_same_result_at_any_row_count(group_size, fp16_grid):
+    # the INT4 tile layout: each row bit-identical alone or batched (speculation exact), equal to the row layout's
+    # prefill GEMM from 33 rows, and within the 16-bit activations' rounding of the dequantized weight
+    from accel.quant.kernels import Int4WeightOnlyLinear, unpack_int4
+
+    g = torch.Generator().manual_seed(group_size)
+    n, k = 48, 256
+    q = torch.randint(0, 16, (n, k), generator=g)
+    d = torch.rand(n, k // group_size, generator=g) * 0.01 + 1e-3
+    mins = -torch.rand(n, k // group_size, generator=g) * 15 * d
+    if fp16_grid:  # a Q4_1 release's fp16 d and m
+        d, mins = d.half().float(), mins.half().float()
+    zeros = (-mins / d).clamp(0, 15)
+    mod = Int4WeightOnlyLinear.from_quantized(q, d, zeros, group_size, float_zero=True)
+    packed, sm = cpu_kernels.int4_vnni_layout(unpack_int4(mod.qweight), torch.randn(n, k // group_size, 2))
+    assert packed.shape == (n, k // 2) and sm.shape == (n // 16, k // group_size, 2, 16)
+    kind, qv, smv = mod.avx2_operands()
+    if kind != 4:
+        pytest.skip("this CPU has no AVX512-VNNI")
+    assert smv.dtype == (torch.float16 if fp16_grid else torch.float32)
+    x = torch.randn(70, k, generator=g)
+    full = mod(x)
+    for m in (1, 2, 3, 6, 7, 16, 31, 32, 33, 70):
+        assert torch.equal(mod(x[:m]), full[:m]), m
+        assert torch.equal(mod(x[m - 1:m]), full[m - 1:m]), m
+    rows_sm = smv.permute(0, 3, 1, 2).reshape(n, k // group_size, 2).contiguous()
+    rows = cpu_kernels.int4_linear(x, cpu_kernels.int4_repack(unpack_int4(mod.qweight)), rows_sm, group_size)
+    assert torch.equal(rows, full)
+    ref = (_i16_blocks(x) @ mod.dequantized().double().T)
+    assert torch.allclose(full.double(), ref, rtol=1e-5, atol=1e-4 * ref.abs().max().item())
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")

@@ -167,7 +167,8 @@ static const bool HAS_VNNI = __builtin_cpu_supports("avx512vnni") && __builtin_c
 // the prefill GEMMs (AVX512-VNNI), defined below
 // Decode and verify steps (up to 32 rows: the runtime's one-call decode path) keep the row kernels: the INT8 one's
 // result for a row does not depend on the other rows of the call, so greedy output is the same with and without
-// speculation. INT8 weights in the VNNI tile layout (`int8_linear_vnni`) take the tile kernels at every row count.
+// speculation. Weights in the VNNI tile layouts (`int8_linear_vnni`, `int4_linear_vnni`) take the tile kernels at
+// every row count, with the prefill GEMMs' numerics.
 constexpr int64_t VNNI_MIN_ROWS = 33;
 static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
                               float* y, int64_t N);
@@ -318,6 +319,19 @@ static inline float f32_of(uint16_t h) { return _cvtsh_ss(h); }
 // vpdpwssd multiplies 32 int16 pairs per instruction against fp32 FMA's 16 lanes: SmolLM2's 30 layers of Linears at
 // 512 rows took 310 ms (INT8) and 340 ms (INT4 g64) against 500 ms for oneDNN's prepacked fp32 GEMM, 2 Zen4 cores;
 // 6 activation rows per register tile (4: 341 / 370 ms; 8 spills registers: 368 / 407 ms).
+// the activations' sums per INT4 group, [M, K / gs] (the min term of every INT4 kernel)
+static std::vector<float> group_sums(const float* xp, int64_t M, int64_t K, int64_t gs) {
+  const int64_t G = K / gs;
+  std::vector<float> xsum(M * G);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float acc = 0.f;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) acc += xp[m * K + k];
+      xsum[m * G + g] = acc;
+    }
+  return xsum;
+}
+
 constexpr int64_t VT = 32;  // weight rows per packed tile: two vectors of 16
 
 #pragma GCC push_options
@@ -557,11 +571,12 @@ static void vnni_gemm_i8_tiles(const QuantBlocks& xr, int64_t M, int64_t K, cons
   });
 }
 
-// y [M, N] = sum_k x[m, k] (q[n, k] * scale[n, g] + min[n, g]), q in the INT4 kernel layout, x in 16-bit blocks
-// (permute = false), xsum [M, G] the activations' sums per group (for the min term)
-template <typename S>
-static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs, const uint8_t* q,
-                         const S* sm, float* y, int64_t N) {
+// y [M, N] = sum_k x[m, k] (q[n, k] * scale[n, g] + min[n, g]), x in 16-bit blocks (permute = false), xsum [M, G]
+// the activations' sums per group (for the min term); pack(n0, wp) fills the VT-row tile at n0 in `pack_tile`'s
+// layout, scales(n0, sc, mn) its rows' group scales and mins ([G][VT] each)
+template <typename P, typename SM>
+static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs, float* y,
+                         int64_t N, const P& pack, const SM& scales) {
   const int64_t G = K / gs, bpg = gs / 32;
   parallel_chunks((N + VT - 1) / VT, [&](int64_t c) {
     thread_local std::vector<int32_t> buf;
@@ -570,19 +585,8 @@ static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, in
     sc.assign(G * VT, 0.f);
     mn.assign(G * VT, 0.f);
     const int64_t n0 = c * VT;
-    const __m128i low = _mm_set1_epi8(0x0F);
-    pack_tile(n0, N, K, buf.data(), [&](int64_t n, int64_t b) {
-      // 16 bytes: low nibbles c0..7, c16..23 and high ones c8..15, c24..31 of the block (see int4_repack)
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + n * (K / 2) + b * 16));
-      const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-      const __m256i ordered = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
-      return _mm512_cvtepu8_epi16(ordered);
-    });
-    for (int64_t i = 0; i < VT && n0 + i < N; ++i)
-      for (int64_t g = 0; g < G; ++g) {
-        sc[g * VT + i] = f32_of(sm[((n0 + i) * G + g) * 2]);
-        mn[g * VT + i] = f32_of(sm[((n0 + i) * G + g) * 2 + 1]);
-      }
+    pack(n0, buf.data());
+    scales(n0, sc.data(), mn.data());
     auto run = [&](auto mb_tag, int64_t m0) {
       constexpr int MB = decltype(mb_tag)::value;
       __m512 acc[MB][2];
@@ -603,6 +607,173 @@ static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, in
     vnni_row_blocks(M, run);
   });
 }
+
+// q in the INT4 row kernel layout (`int4_repack`), sm [N, G, 2] (scale, min) pairs
+template <typename S>
+static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,
+                              const uint8_t* q, const S* sm, float* y, int64_t N) {
+  const int64_t G = K / gs;
+  vnni_gemm_i4(xr, xsum, M, K, gs, y, N, [&](int64_t n0, int32_t* wp) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    pack_tile(n0, N, K, wp, [&](int64_t n, int64_t b) {
+      // 16 bytes: low nibbles c0..7, c16..23 and high ones c8..15, c24..31 of the block (see int4_repack)
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + n * (K / 2) + b * 16));
+      const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+      const __m256i ordered = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+      return _mm512_cvtepu8_epi16(ordered);
+    });
+  }, [&](int64_t n0, float* sc, float* mn) {
+    for (int64_t i = 0; i < VT && n0 + i < N; ++i)
+      for (int64_t g = 0; g < G; ++g) {
+        sc[g * VT + i] = f32_of(sm[((n0 + i) * G + g) * 2]);
+        mn[g * VT + i] = f32_of(sm[((n0 + i) * G + g) * 2 + 1]);
+      }
+  });
+}
+
+// ---- INT4 in the VNNI tile layout --------------------------------------------------------------------------
+// `int4_vnni_layout`: per tile of 16 output rows and per two input pairs (k..k + 3), 32 bytes: byte j holds value j
+// of pair (k, k + 1) in its low nibble and of pair (k + 2, k + 3) in its high one, values in row order (row 0's
+// two, row 1's two, ...). A mask, a shift and two widenings give two `vpdpwssd` operands of 16 rows each (~3
+// instructions per 16 weight bytes; the row kernel spends ~17 per 32 weights). Group scales and mins are stored
+// per tile and group as 16 scales then 16 mins ([N / 16][G][2][16], fp32 or fp16). Numerics are the INT4 prefill
+// GEMM's at every row count, so a row's result does not depend on the call's row count. Needs N % 16 == 0,
+// K % 32 == 0 and whole blocks of 32 per group (`cpu_kernels.vnni_int4`). SmolLM2-135M's Linears and lm_head, 2
+// Zen4 cores, against the row kernel: int4f g32 (fp16 scales) 1.45x at one row, 2.2x at 2, 2.3x at 16, 2.8x at 32;
+// int4 g64 1.25x at one row, 1.7x at 2, 2.1x at 16.
+static inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16_f32(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int MB, int NT, typename S>
+static inline void vnni_tiles_i4(const int16_t* xq, const float* xs, const float* xsum, int64_t KB, int64_t K,
+                                 int64_t G, int64_t bpg, const uint8_t* tile, const S* tsm, float* y, int64_t N,
+                                 const char* ahead) {
+  constexpr int SPLIT = MB * NT >= 4 ? 1 : 2;  // the two pairs of a chunk on their own chains against the latency
+  const int64_t TB = 8 * K, SMS = G * 32;  // bytes of weights, and scale / min values, per tile
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m512 acc[MB][NT];
+  for (int m = 0; m < MB; ++m)
+    for (int u = 0; u < NT; ++u) acc[m][u] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    if (ahead)
+      for (int u = 0; u < NT; ++u)
+        for (int64_t j = 0; j < 256; j += 64) _mm_prefetch(ahead + u * TB + b * 256 + j, _MM_HINT_T0);
+    __m512i s[MB][NT][SPLIT];
+    for (int m = 0; m < MB; ++m)
+      for (int u = 0; u < NT; ++u)
+        for (int h = 0; h < SPLIT; ++h) s[m][u][h] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < 8; ++j) {  // chunk j: pairs kp, kp + 1
+      const int64_t kp = b * 16 + 2 * j;
+      __m512i wa[NT], wb[NT];
+#pragma GCC unroll 2
+      for (int u = 0; u < NT; ++u) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + u * TB + (b * 8 + j) * 32));
+        wa[u] = _mm512_cvtepu8_epi16(_mm256_and_si256(v, low));
+        wb[u] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        int32_t pa, pb;
+        std::memcpy(&pa, xq + m * K + 2 * kp, sizeof(pa));
+        std::memcpy(&pb, xq + m * K + 2 * kp + 2, sizeof(pb));
+        const __m512i xa = _mm512_set1_epi32(pa), xb = _mm512_set1_epi32(pb);
+#pragma GCC unroll 2
+        for (int u = 0; u < NT; ++u) {
+          s[m][u][0] = _mm512_dpwssd_epi32(s[m][u][0], wa[u], xa);
+          s[m][u][SPLIT - 1] = _mm512_dpwssd_epi32(s[m][u][SPLIT - 1], wb[u], xb);
+        }
+      }
+    }
+    const int64_t g = b / bpg;
+    for (int u = 0; u < NT; ++u) {
+      const __m512 sc = load16_f32(tsm + u * SMS + g * 32);
+      for (int m = 0; m < MB; ++m) {
+        const __m512i tot = SPLIT == 2 ? _mm512_add_epi32(s[m][u][0], s[m][u][SPLIT - 1]) : s[m][u][0];
+        acc[m][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(_mm512_set1_ps(xs[m * KB + b]), sc),
+                                    acc[m][u]);
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g)
+    for (int u = 0; u < NT; ++u) {
+      const __m512 mv = load16_f32(tsm + u * SMS + g * 32 + 16);
+      for (int m = 0; m < MB; ++m) acc[m][u] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[m * G + g]), acc[m][u]);
+    }
+  for (int u = 0; u < NT; ++u)
+    for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + m * N + u * 16, acc[m][u]);
+}
+
+template <int NT, typename S>
+static void vnni_pass_i4(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t G, int64_t bpg,
+                         const uint8_t* tile, const S* tsm, float* y, int64_t N, const char* ahead) {
+  const int64_t KB = K / 32;
+  for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
+    mb = std::min<int64_t>(6, M - m0);
+    const int16_t* xq = xr.q.data() + m0 * K;
+    const float* xs = xr.scale.data() + m0 * KB;
+    const float* xsm = xsum + m0 * G;
+    float* ym = y + m0 * N;
+    const char* pf = m0 == 0 ? ahead : nullptr;
+    switch (mb) {
+#define ACCEL_PASS_CASE(R) case R: vnni_tiles_i4<R, NT, S>(xq, xs, xsm, KB, K, G, bpg, tile, tsm, ym, N, pf); break;
+      ACCEL_PASS_CASE(6) ACCEL_PASS_CASE(5) ACCEL_PASS_CASE(4) ACCEL_PASS_CASE(3) ACCEL_PASS_CASE(2)
+      default: vnni_tiles_i4<1, NT, S>(xq, xs, xsm, KB, K, G, bpg, tile, tsm, ym, N, pf);
+#undef ACCEL_PASS_CASE
+    }
+  }
+}
+
+template <typename S>
+static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,
+                               const uint8_t* qv, const S* smv, float* y, int64_t N) {
+  const int64_t G = K / gs, bpg = gs / 32, tiles = N / 16;
+  if (M >= VNNI_MIN_ROWS)  // prefill: the GEMM's register tile, packed from the tiles by unpacking only
+    return vnni_gemm_i4(xr, xsum, M, K, gs, y, N, [&](int64_t n0, int32_t* wp) {
+      const __m256i low = _mm256_set1_epi8(0x0F);
+      for (int64_t v = 0; v < VT / 16; ++v) {
+        const int64_t t = n0 / 16 + v;
+        for (int64_t c = 0; c < K / 4; ++c) {
+          __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+          if (t < tiles) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + (t * (K / 4) + c) * 32));
+            a = _mm512_cvtepu8_epi16(_mm256_and_si256(w, low));
+            b = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low));
+          }
+          _mm512_storeu_si512(wp + (2 * c) * VT + v * 16, a);
+          _mm512_storeu_si512(wp + (2 * c + 1) * VT + v * 16, b);
+        }
+      }
+    }, [&](int64_t n0, float* sc, float* mn) {
+      for (int64_t v = 0; v < VT / 16; ++v) {
+        const int64_t t = n0 / 16 + v;
+        if (t >= tiles) continue;
+        for (int64_t g = 0; g < G; ++g) {
+          _mm512_storeu_ps(sc + g * VT + v * 16, load16_f32(smv + (t * G + g) * 32));
+          _mm512_storeu_ps(mn + g * VT + v * 16, load16_f32(smv + (t * G + g) * 32 + 16));
+        }
+      }
+    });
+  const int64_t CT = M > 8 ? 2 : std::max<int64_t>(2, chunk_rows(M, N, K / 2, 16) / 32 * 2);
+  parallel_chunks((tiles + CT - 1) / CT, [&](int64_t c) {
+    const int64_t t1 = std::min(tiles, (c + 1) * CT);
+    for (int64_t t = c * CT; t < t1;) {
+      const uint8_t* tile = qv + t * 8 * K;
+      const S* tsm = smv + t * G * 32;
+      if (M > 2 && t + 2 <= t1) {  // one or two rows: one tile at a time, a single linear stream through the chunk
+        const char* ahead = t + 4 <= t1 ? reinterpret_cast<const char*>(tile + 16 * K) : nullptr;
+        vnni_pass_i4<2, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N, ahead);
+        t += 2;
+      } else {
+        const char* ahead = t + 2 <= t1 ? reinterpret_cast<const char*>(tile + 8 * K) : nullptr;
+        vnni_pass_i4<1, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N, ahead);
+        t += 1;
+      }
+    }
+  });
+}
 #pragma GCC pop_options
 
 // y [M, N] = (x [M, K] @ q^T) * scale[N], q in the VNNI tile layout (only where HAS_VNNI)
@@ -611,6 +782,39 @@ static void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* 
   TORCH_CHECK(HAS_VNNI, "the INT8 VNNI tile layout needs AVX512-VNNI");
   TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "the INT8 VNNI tile layout needs N % 16 == 0 and K % 32 == 0");
   vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false), M, K, qv, sp, yp, N);
+}
+
+// y [M, N] = sum_k x[m, k] (q[n, k] * scale[n, g] + min[n, g]), q and the scales in the INT4 VNNI tile layout
+template <typename S>
+static void int4_gemm_vnni(const float* xp, int64_t M, int64_t K, const uint8_t* qv, const S* smv, int64_t gs,
+                           float* yp, int64_t N) {
+  TORCH_CHECK(HAS_VNNI, "the INT4 VNNI tile layout needs AVX512-VNNI");
+  TORCH_CHECK(N % 16 == 0 && K % 32 == 0 && gs % 32 == 0 && K % gs == 0,
+              "the INT4 VNNI tile layout needs N % 16 == 0, K % 32 == 0 and groups of whole 32-blocks");
+  const std::vector<float> xsum = group_sums(xp, M, K, gs);
+  vnni_gemm_i4_tiles(quantize_blocks_i16(xp, M, K, false), xsum.data(), M, K, gs, qv, smv, yp, N);
+}
+
+static void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv,
+                             int64_t gs, float* y, int64_t N) {
+  if (smv.scalar_type() == at::kHalf)
+    int4_gemm_vnni(x, M, K, qv, reinterpret_cast<const uint16_t*>(smv.data_ptr<at::Half>()), gs, y, N);
+  else
+    int4_gemm_vnni(x, M, K, qv, smv.data_ptr<float>(), gs, y, N);
+}
+
+torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2 && qv.dim() == 2 && qv.size(1) * 2 == x.size(1), "shapes: x [M, K], q [N, K / 2]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && qv.scalar_type() == at::kByte &&
+              (smv.scalar_type() == at::kFloat || smv.scalar_type() == at::kHalf),
+              "dtypes: x fp32, q uint8, scale_min fp32 or fp16");
+  const int64_t M = x.size(0), K = x.size(1), N = qv.size(0);
+  TORCH_CHECK(group_size > 0 && K % group_size == 0 && smv.numel() == N * (K / group_size) * 2,
+              "scale_min must be [N / 16, K / group_size, 2, 16]");
+  x = x.contiguous(); qv = qv.contiguous(); smv = smv.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  int4_gemm_vnni_t(x.data_ptr<float>(), M, K, qv.data_ptr<uint8_t>(), smv, group_size, y.data_ptr<float>(), N);
+  return y;
 }
 
 torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale) {
@@ -794,17 +998,11 @@ template <typename S>
 static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, const S* smp, int64_t gs, float* yp,
                       int64_t N) {
   const int64_t G = K / gs;
-  std::vector<float> xsum(M * G);  // [M, G]
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      float acc = 0.f;
-      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) acc += xp[m * K + k];
-      xsum[m * G + g] = acc;
-    }
+  const std::vector<float> xsum = group_sums(xp, M, K, gs);
   const float* xs = xsum.data();
   const bool blocks = gs % 32 == 0;  // the integer path needs whole blocks of 32 per group
   if (blocks && HAS_VNNI && M >= VNNI_MIN_ROWS)
-    return vnni_gemm_i4(quantize_blocks_i16(xp, M, K, false), xs, M, K, gs, qp, smp, yp, N);
+    return vnni_gemm_i4_rows(quantize_blocks_i16(xp, M, K, false), xs, M, K, gs, qp, smp, yp, N);
   const QuantBlocks xr = blocks ? quantize_blocks_i16(xp, M, K, true) : QuantBlocks{};
   const int64_t TN = std::clamp<int64_t>(65536 / K / 8 * 8, 8, 64);  // a tile's K / 2-byte rows stay in L1
   const int64_t CR = chunk_rows(M, N, K / 2 + G * 2 * static_cast<int64_t>(sizeof(S)), TN);
@@ -1425,7 +1623,7 @@ void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, to
 // what the module-by-module path computes (same kernels, same order): greedy output is unchanged.
 //
 // Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
-// VNNI tile layout; 2 int4 packed
+// VNNI tile layout; 4 int4 in its VNNI tile layout; 2 int4 packed
 // [N, K / 2] + scale_min [N, G, 2] fp32 / fp16), three tensor indices into `weights` (-1 unused), the INT4 group size,
 // the bias index (-1: none), out_features. Per layer: input-norm index, post-attention-norm index, then the
 // qkv, o, gate_up and down specs; the last int is the final norm's index.
@@ -1437,6 +1635,7 @@ static void linear_spec(const std::vector<torch::Tensor>& w, const int64_t* s, c
   if (kind == 0) f32_gemm(x, M, K, w[s[1]].data_ptr<float>(), y, N);
   else if (kind == 1) int8_gemm(x, M, K, w[s[1]].data_ptr<int8_t>(), w[s[2]].data_ptr<float>(), y, N);
   else if (kind == 3) int8_gemm_vnni(x, M, K, w[s[1]].data_ptr<int8_t>(), w[s[2]].data_ptr<float>(), y, N);
+  else if (kind == 4) int4_gemm_vnni_t(x, M, K, w[s[1]].data_ptr<uint8_t>(), w[s[2]], s[4], y, N);
   else int4_gemm_t(x, M, K, w[s[1]].data_ptr<uint8_t>(), w[s[2]], s[4], y, N);
   if (s[5] >= 0) {
     const float* b = w[s[5]].data_ptr<float>();
@@ -1529,6 +1728,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("huge_page_copy", &huge_page_copy, "a copy of a tensor in memory advised for 2 MB pages");
   m.def("huge_page_zeros", &huge_page_zeros, "zeros in memory advised for 2 MB pages");
   m.def("kv_write_", &kv_write_, "k/v rows into flat cache slots");
+  m.def("int4_linear_vnni", &int4_linear_vnni, "int4_linear with q and scale_min in the VNNI tile layout", py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear_vnni", &int8_linear_vnni, "int8_linear with q in the VNNI tile layout", py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear", &int8_linear, "y = (x @ q^T) * scale; x fp32 [M, K], q int8 [N, K], scale fp32 [N]", py::call_guard<py::gil_scoped_release>());
   m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * sm[n, g, 0] + sm[n, g, 1])", py::call_guard<py::gil_scoped_release>());
