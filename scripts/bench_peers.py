@@ -2,11 +2,14 @@
 
     .venv/bin/python scripts/bench_peers.py [--repeats 3] [--threads 2] [--pairs fp32,int8,int4,int4km]
                                             [--sections inprocess,http,throughput] [--json out.json]
+                                            [--exports runs/default/checkpoint:Q8_0,runs/compact/checkpoint:Q4_K_M]
 
 Precision pairs (accel scheme / llama.cpp GGUF, all made from the model's shipped Q4_1 GGUF):
   fp32 / F32    int8 / Q8_0 (every Linear and the lm_head INT8)
   int4 / Q4_1   (accel int4f g32: the Q4_1 grid exactly)    int4km / Q4_K_M (accel int4 g64, about the same bytes
                 per weight as llama.cpp's k-quant)
+  --exports DIR:TYPE  an accel export (what `accel optimize` wrote; loaded as stored, served with `accel serve DIR`)
+                next to a llama.cpp GGUF type; its pair is named after the run folder
 Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares the same minute of the machine):
   inprocess   batch-1 decode tok/s: accel's Engine (128 tokens after a 4-token prompt, timed from the first token)
               vs llama-bench tg128 (-p 0 -n 128)
@@ -43,6 +46,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {"fp32": (None, 32, "F32"), "int8": ("int8", 32, "Q8_0"), "int4": ("int4f", 32, "Q4_1"),
          "int4km": ("int4", 64, "Q4_K_M")}
 SECTIONS = ("inprocess", "http", "throughput")
+EXPORTS: dict[str, tuple[Path, str]] = {}  # pair name -> (export folder, GGUF type), from --exports
+
+
+def gguf_type(pair: str) -> str:
+    return EXPORTS[pair][1] if pair in EXPORTS else PAIRS[pair][2]
+
+
+def parse_exports(spec: str) -> dict[str, tuple[Path, str]]:
+    """'DIR:TYPE,...' -> {run name: (DIR, TYPE)}; a bad entry names itself and what is allowed."""
+    kinds = {k for _, _, k in PAIRS.values()}
+    out = {}
+    for item in filter(None, spec.split(",")):
+        path, _, kind = item.rpartition(":")
+        if not path or kind not in kinds or not (Path(path) / "config.json").is_file():
+            raise SystemExit(f"--exports {item!r}: expected EXPORT_DIR:TYPE with an export folder (config.json) and a "
+                             f"type in {sorted(kinds)}")
+        p = Path(path)
+        out[p.parent.name if p.name == "checkpoint" else p.name] = (p, kind)
+    return out
 
 
 # ---- results ----------------------------------------------------------------------------------------------------
@@ -79,7 +101,7 @@ def render_table(rows: list[Row], extra: dict | None = None) -> str:
     """The Markdown table the script prints: per row accel, llama.cpp and the ratio, median (min-max)."""
     lines = ["| section | accel / llama.cpp | accel | llama.cpp | accel / llama.cpp |", "|---|---|---|---|---|"]
     for r in rows:
-        peer = r.peer_name or PAIRS[r.pair][2]
+        peer = r.peer_name or gguf_type(r.pair)
         lines.append(f"| {r.section} ({r.unit}) | {r.pair} / {peer} | {spread(r.accel)} | {spread(r.peer)} | "
                      f"{ratio_spread(r.ratios())} |")
     for k, v in (extra or {}).items():
@@ -119,7 +141,7 @@ def make_ggufs(bin_dir: Path, pairs: list[str]) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {}
     for pair in pairs:
-        kind = PAIRS[pair][2]
+        kind = gguf_type(pair)
         dst = src if kind == "Q4_1" else out_dir / f"SmolLM2-135M-Instruct.{kind}.gguf"
         if not dst.is_file():
             subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(src), str(dst), kind],
@@ -151,9 +173,9 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None
 
 
 def start_accel(model: Path, pair: str, threads: int, port: int) -> subprocess.Popen:
-    scheme, gs, _ = PAIRS[pair]
-    cmd = [str(ROOT / ".venv" / "bin" / "accel"), "serve", str(model), "--port", str(port),
-           "--served-model-name", "m"]
+    scheme, gs, _ = PAIRS.get(pair, (None, 0, ""))
+    cmd = [str(ROOT / ".venv" / "bin" / "accel"), "serve", str(EXPORTS[pair][0] if pair in EXPORTS else model),
+           "--port", str(port), "--served-model-name", "m"]
     if scheme:
         cmd += ["--quant", scheme, "--quant-group-size", str(gs)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -172,6 +194,10 @@ def accel_engine(model: Path, pair: str, threads: int, max_num_seqs: int = 1):
     from accel.quant.schemes import uniform_plan
     from accel.runtime.engine import Engine
 
+    if pair in EXPORTS:
+        from accel.export.load import load_engine
+
+        return load_engine(EXPORTS[pair][0], num_threads=threads, max_num_seqs=max_num_seqs)
     scheme, gs, _ = PAIRS[pair]
     kw = {"quant_plan": uniform_plan(30, scheme), "quant_group_size": gs} if scheme else {}
     return Engine.from_pretrained(model, num_threads=threads, max_num_seqs=max_num_seqs, **kw)
@@ -274,10 +300,12 @@ def main() -> None:
     ap.add_argument("--pairs", default="fp32,int8,int4,int4km")
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--json", type=Path, help="write every number here")
+    ap.add_argument("--exports", default="", help="EXPORT_DIR:GGUF_TYPE,... accel exports next to llama.cpp")
     a = ap.parse_args()
-    pairs = a.pairs.split(",")
+    EXPORTS.update(parse_exports(a.exports))
+    pairs = [p for p in a.pairs.split(",") if p] + list(EXPORTS)
     sections = a.sections.split(",")
-    bad = [p for p in pairs if p not in PAIRS] + [s for s in sections if s not in SECTIONS]
+    bad = [p for p in pairs if p not in PAIRS and p not in EXPORTS] + [s for s in sections if s not in SECTIONS]
     if bad:
         raise SystemExit(f"unknown pairs/sections {bad}; allowed: {list(PAIRS)} / {list(SECTIONS)}")
     from accel.bench.workload import Workload
@@ -297,7 +325,7 @@ def main() -> None:
             accel_decode(engine, 16)  # warm up (kernels, caches)
             for _ in range(a.repeats):
                 row.accel.append(accel_decode(engine))
-                row.peer.append(llama_decode(bin_dir, ggufs[PAIRS[pair][2]], a.threads))
+                row.peer.append(llama_decode(bin_dir, ggufs[gguf_type(pair)], a.threads))
             rows.append(row)
             print(render_table([row]).splitlines()[-1], flush=True)
             if pair == "int8":
@@ -325,7 +353,7 @@ def main() -> None:
                 for who in ("accel", "peer"):
                     port = free_port()
                     proc = (start_accel(model, pair, a.threads, port) if who == "accel" else
-                            start_llama(bin_dir, ggufs[PAIRS[pair][2]], a.threads, port, 1 if concurrency == 1 else 16))
+                            start_llama(bin_dir, ggufs[gguf_type(pair)], a.threads, port, 1 if concurrency == 1 else 16))
                     try:
                         wait_ready(f"http://127.0.0.1:{port}", proc)
                         res = http_bench(f"http://127.0.0.1:{port}", concurrency, workload)

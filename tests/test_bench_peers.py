@@ -50,3 +50,21 @@ def test_streamed_bytes_count_an_int8_weight_once_in_whichever_layout_the_kernel
     assert bench_peers.streamed_bytes(model) == expected
     model.proj._vnni = torch.zeros(16, 32, dtype=torch.int8)  # the kernel layout, as on a VNNI CPU
     assert bench_peers.streamed_bytes(model) == expected
+
+
+def test_exports_are_pairs_named_after_their_run_next_to_a_gguf_type(tmp_path):
+    ck = tmp_path / "runs" / "compact" / "checkpoint"
+    ck.mkdir(parents=True)
+    (ck / "config.json").write_text("{}")
+    exports = bench_peers.parse_exports(f"{ck}:Q4_K_M")
+    assert exports == {"compact": (ck, "Q4_K_M")}
+    bench_peers.EXPORTS.update(exports)
+    try:
+        assert bench_peers.gguf_type("compact") == "Q4_K_M" and bench_peers.gguf_type("int8") == "Q8_0"
+        row = bench_peers.Row("batch-1 decode, in-process", "compact", "tok/s", accel=[120.0], peer=[100.0])
+        assert "| compact / Q4_K_M | 120.0" in bench_peers.render_table([row])
+    finally:
+        bench_peers.EXPORTS.clear()
+    for bad in (f"{ck}:Q5_0", f"{tmp_path}:Q8_0", "Q8_0"):
+        with pytest.raises(SystemExit, match="expected EXPORT_DIR:TYPE"):
+            bench_peers.parse_exports(bad)

@@ -28,7 +28,7 @@ def load_runtime_model(path: str | Path, dtype: torch.dtype = torch.float32, dev
     """The runtime's CausalLM for an HF folder, quantized (compressed-tensors) or not."""
     from transformers import AutoConfig
 
-    from accel.quant.quantize import _kernel_module, _read_state
+    from accel.quant.quantize import TABLE, _kernel_module, _read_state, share_table
     from accel.runtime.model import CausalLM, load_model
 
     path, device = Path(path), torch.device(device)
@@ -57,8 +57,11 @@ def load_runtime_model(path: str | Path, dtype: torch.dtype = torch.float32, dev
     for prefix in sorted(quant):
         bias = state.get(f"{prefix}.bias")
         module = _kernel_module(state, prefix, None, None if bias is None else bias.to(dtype)).to(device)
+        if prefix == TABLE:  # the INT8 table's lookups return the model's dtype
+            module.dtype = dtype
         parent, _, child = prefix.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, module)
+    share_table(model)
     model.init_rope(device, dtype)
     return model.eval().requires_grad_(False)
 

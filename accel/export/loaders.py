@@ -9,6 +9,7 @@ vLLM:
   `int-quantized` means weights *and* activations to its parser and stops at an assertion.
 - zero points must be integers (its W4A16 kernels take packed integer zero points): `int4f` does not load.
 - the shards of a fused module (q/k/v -> qkv_proj, gate/up -> gate_up_proj) must share one scheme.
+- a tied table is tied only unquantized: an INT8 table stored once (accel.quant.quantize.tie_int8_table) does not load.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from accel.quant.schemes import quant_units
+from accel.quant.schemes import TABLE, quant_units
 
 LOADERS = ("accel", "transformers", "vllm")
 
@@ -53,6 +54,9 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
         for target in group.get("targets") or []:
             scheme_of[target] = gname
             why = _vllm_refuses(w, group.get("input_activations"), fmt)
+            if why and TABLE in group["targets"]:
+                why = ("the tied 8-bit table (embedding and lm_head stored once): vLLM ties only an unquantized "
+                       "table; a recipe with export.target: vllm keeps a 16-bit table beside the INT8 lm_head")
             if why:
                 out["vllm"].refuse(target, f"config group {gname!r}: {why}")
             why = _accel_refuses(w, fmt)

@@ -145,10 +145,13 @@ def stage_plan(ctx: StageContext) -> dict:
 
     _set_threads(ctx.recipe)
     sens = SensitivityResult.from_json(ctx.upstream_path("sensitivity.json"))
-    plan = build_plan(fresh_model(ctx), sens, ctx.recipe.quantization, calibration_draw(ctx).holdout, _progress(ctx))
+    target = ctx.recipe.export.target if ctx.recipe.export.enabled else None
+    plan = build_plan(fresh_model(ctx), sens, ctx.recipe.quantization, calibration_draw(ctx).holdout, _progress(ctx),
+                      target)
     plan.to_json(ctx.out_dir / "plan.json")
     return {"avg_bits": round(plan.avg_bits, 3), "group_size": plan.group_size, "counts": plan.counts(),
-            "lm_head": plan.lm_head, "measured_kl": plan.measured_kl, "promoted": len(plan.promoted)}
+            "lm_head": plan.lm_head, "tied_table": plan.tied_table, "measured_kl": plan.measured_kl,
+            "promoted": len(plan.promoted)}
 
 
 def stage_quantize(ctx: StageContext) -> dict:
@@ -381,9 +384,9 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
             Stage("sensitivity", stage_sensitivity, SENSITIVITY_FIELDS, ("load", "calibrate"),
                   ("sensitivity.json", "sensitivity.png"), version="3"),  # 3: fp16 scales in the fake quantization
             Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",),
-                  version="2"),  # 2: bits as stored (int4 4 + 20/g)
+                  version="3"),  # 3: the tied INT8 table
             Stage("quantize", stage_quantize, QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
-                  ("checkpoint_quantized",), version="4"),  # bumped with the checkpoint's layout (fp16 scales)
+                  ("checkpoint_quantized",), version="5"),  # bumped with the checkpoint's layout (the tied table)
         ]
     stages += [
         Stage("draft", stage_draft, ("speculation",), ("load",), ("draft.json", "draft")),

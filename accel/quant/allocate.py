@@ -87,6 +87,9 @@ class Plan:
     units: dict[str, list[str]] = field(default_factory=dict)
     group_size_choice: dict[str, dict[str, float]] = field(default_factory=dict)
     """When the allocator chose among INT4 group sizes: {size: {avg_bits, estimated_kl}} of each size's allocation."""
+    tied_table: bool = False
+    """A tied model's embedding table is stored once, at the INT8 lm_head's integers (accel.quant.quantize
+    .tie_int8_table), instead of a 16-bit table beside the lm_head; the held-out check measures it that way."""
 
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for v in self.schemes.values() if v == s) for s in SCHEMES}
@@ -102,6 +105,12 @@ class Plan:
     def all_schemes(self) -> dict[str, str]:
         """{module: scheme} including lm_head (what the runtime's apply_plan takes)."""
         return {**self.schemes, "lm_head": self.lm_head}
+
+    def measured_schemes(self, schemes: dict[str, str] | None = None) -> dict[str, str]:
+        """What the held-out check fake-quantizes: the Linears (`schemes`, default the plan's), the lm_head, and the
+        embedding table when it is stored tied at 8 bits."""
+        out = {**(self.schemes if schemes is None else schemes), "lm_head": self.lm_head}
+        return {**out, "model.embed_tokens": "int8"} if self.tied_table else out
 
     def to_json(self, path: str | Path | None = None) -> str:
         data = asdict(self)
@@ -324,7 +333,7 @@ def check_and_fallback(
     promoted: list[str] = []
     ref = _reference(model, holdout_batches)
     bar = tqdm(desc="fallback check", disable=not progress, leave=False, file=terminal())
-    q = joint_quality(model, {**schemes, "lm_head": plan.lm_head}, plan.group_size, holdout_batches, ref)
+    q = joint_quality(model, plan.measured_schemes(schemes), plan.group_size, holdout_batches, ref)
     rounds = 0
     units = plan.unit_map()
     while not _holds(q, budget) and rounds < max_rounds:
@@ -336,7 +345,7 @@ def check_and_fallback(
             up = cands[cands.index(schemes[units[u][0]]) + 1]
             schemes.update({m: up for m in units[u]})
             promoted.append(u)
-        q = joint_quality(model, {**schemes, "lm_head": plan.lm_head}, plan.group_size, holdout_batches, ref)
+        q = joint_quality(model, plan.measured_schemes(schemes), plan.group_size, holdout_batches, ref)
         rounds += 1
         bar.update(1)
         bar.set_postfix(kl=f"{q.mean_kl:.4f}", ppl=f"{q.ppl_increase_pct:+.2f}%")
@@ -345,4 +354,4 @@ def check_and_fallback(
                 avg_bits=average_bits(schemes, param_counts, in_features, plan.group_size),
                 estimated_kl=estimated_kl(sensitivity, schemes), lm_head=plan.lm_head,
                 measured_kl=q.mean_kl, measured_ppl_increase_pct=q.ppl_increase_pct,
-                promoted=plan.promoted + promoted, units=plan.units)
+                promoted=plan.promoted + promoted, units=plan.units, tied_table=plan.tied_table)

@@ -297,6 +297,33 @@ class Int8WeightOnlyLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Int8Embedding(nn.Module):
+    """An embedding table of INT8 rows with one scale per row: the tied lm_head's own integers, so a tied model
+    stores its table once at 8 bits. A lookup dequantizes only the gathered rows (a few KB per token), which torch's
+    indexing does as fast as a native gather would.
+
+    Buffers: qweight int8 [vocab, hidden], scales fp32 [vocab]. forward(ids) -> [..., hidden] in `dtype`.
+    """
+
+    def __init__(self, qweight: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        if qweight.dim() != 2 or qweight.dtype != torch.int8 or scales.numel() != qweight.shape[0]:
+            raise ValueError(f"an INT8 table needs qweight int8 [vocab, hidden] and one scale per row; got "
+                             f"{qweight.dtype} {tuple(qweight.shape)} and {tuple(scales.shape)} scales")
+        self.num_embeddings, self.embedding_dim = qweight.shape
+        self.dtype = dtype
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales.reshape(-1).float())
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return (self.qweight[ids].float() * self.scales[ids].unsqueeze(-1)).to(self.dtype)
+
+    @property
+    def weight(self) -> Tensor:
+        """The dequantized table (EAGLE drafts read the target's embedding rows)."""
+        return dequantize_int8_per_channel(self.qweight, self.scales).to(self.dtype)
+
+
 class Int4WeightOnlyLinear(nn.Module):
     """Linear with int4 group-wise asymmetric weights; forward(x [..., in]) -> [..., out] in x.dtype.
 

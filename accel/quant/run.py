@@ -64,18 +64,20 @@ def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, s
                                    cal.max_seq_len, total, base=source_tokens, keep=q.calibration_mix_keep)
 
 
-INT4F_WINS_BELOW = 0.5  # int4f replaces int4 when its weight error is under half of int4's
+INT4F_WINS_BELOW = 0.5  # int4f joins the candidates when its weight error is under half of int4's
 
 
 @torch.no_grad()
 def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int, export_target: str | None
                     ) -> tuple[list[str], float | None]:
-    """The candidates with "int4" replaced by the float-zero-point "int4f" where that reproduces the weights
-    better: weights already on a float-min grid (GGUF Q4_1 / Q4_K releases) are exact at int4f and ~8% off with an
-    integer zero point. Not when the export must load in vLLM (no float-zero-point kernel). Returns (candidates,
-    int4f error / int4 error over the quantizable Linears, None when not compared)."""
+    """The candidates with the float-zero-point "int4f" added where it reproduces the weights far better than an
+    integer zero point: weights already on a float-min grid (GGUF Q4_1 / Q4_K releases) are exact at int4f and ~8%
+    off at int4. It is stored in an int8 container (8 + 32/g bits, accel.quant.schemes), so it joins as a lossless
+    fallback between int8 and fp16 (9 bits instead of 16 at g32), never in place of int4. Not when the export must
+    load in vLLM (no float-zero-point kernel). Returns (candidates, int4f error / int4 error over the quantizable
+    Linears, None when not compared)."""
     cands = list(candidates)
-    if "int4" not in cands or "int4f" in cands or export_target == "vllm":
+    if "int4f" in cands or export_target == "vllm" or not any(s in cands for s in ("int8", "fp16")):
         return cands, None
     err_int = err_float = 0.0
     for name in quantizable_linears(model):
@@ -84,7 +86,7 @@ def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int
         err_float += float((fake_quant(w, "int4f", group_size) - w).pow(2).sum())
     ratio = err_float / max(err_int, 1e-30)
     if ratio < INT4F_WINS_BELOW:
-        cands[cands.index("int4")] = "int4f"
+        cands.append("int4f")
     return cands, ratio
 
 
@@ -96,11 +98,19 @@ def choose_group_size(plans: dict[int, Plan], budget: Budget) -> int:
     return min(plans, key=lambda g: (plans[g].estimated_kl, plans[g].avg_bits))
 
 
-def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence = (), progress: bool = False) -> Plan:
+def stores_tied_table(model: nn.Module, lm_head: str, export_target: str | None) -> bool:
+    """Whether the plan stores a tied model's table once at the INT8 lm_head's integers (accel.quant.quantize
+    .tie_int8_table): not for a vLLM export, whose loader ties only an unquantized table."""
+    return bool(getattr(model.config, "tie_word_embeddings", False)) and lm_head == "int8" and export_target != "vllm"
+
+
+def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence = (), progress: bool = False,
+               export_target: str | None = None) -> Plan:
     """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units (at each
     INT4 group size measured, keeping the best: `choose_group_size`), then the held-out check that promotes units
     until a quality budget holds (`model`: the fp32 model, unchanged). Both sensitivity metrics are in KL units (the
-    proxy estimates the KL), so a quality budget is allocated directly."""
+    proxy estimates the KL), so a quality budget is allocated directly. `export_target` decides the tied table
+    (`stores_tied_table`)."""
     units = sens.unit_map()
     names = [m for ms in units.values() for m in ms]
     pc, inf = param_counts(model, names), in_features_of(model, names)
@@ -115,6 +125,7 @@ def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence =
         raise unreachable
     chosen = choose_group_size(plans, budget)
     plan = plans[chosen]
+    plan.tied_table = stores_tied_table(model, plan.lm_head, export_target)
     if len(plans) > 1:
         plan.group_size_choice = {str(g): {"avg_bits": p.avg_bits, "estimated_kl": p.estimated_kl}
                                   for g, p in sorted(plans.items())}

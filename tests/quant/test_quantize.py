@@ -229,3 +229,56 @@ def test_int4f_kernel_module_matches_its_dequantized_weight_on_every_cpu_path():
     seq = torch.nn.Sequential(torch.nn.Linear(64, 48))
     apply_plan(seq, {"0": "int4f"}, group_size=32)
     assert isinstance(seq[0], Int4WeightOnlyLinear) and seq[0].float_zero
+
+
+@torch.no_grad()
+def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_measured(tmp_path):
+    import json
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from accel.export.load import load_runtime_model
+    from accel.export.loaders import loader_support
+    from accel.quant.kernels import Int8Embedding, Int8WeightOnlyLinear
+
+    model = _saved_tiny(tmp_path, tie_word_embeddings=True)
+    names = quantizable_linears(model)  # no 16-bit Linear: the checkpoint then stores no rounded float matrix
+    plan = Plan(schemes={n: ("int4", "int8")[i % 2] for i, n in enumerate(names)}, group_size=32, avg_bits=0.0,
+                estimated_kl=0.0, lm_head="int8", tied_table=True)
+    assert plan.measured_schemes()["model.embed_tokens"] == "int8"
+    with fake_quantized(model, plan.measured_schemes(), 32):
+        measured = model(X).logits  # what the held-out check measures: the table's rows at 8 bits in and out
+    res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
+    ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    config = json.loads((ck / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True
+    groups = config["quantization_config"]["config_groups"]
+    assert groups["table"]["targets"] == ["model.embed_tokens", "lm_head"]
+    assert groups["table"]["format"] == "int-quantized" and groups["table"]["weights"]["num_bits"] == 8
+    assert all("lm_head" not in g["targets"] for n, g in groups.items() if n != "table")
+    with safe_open(str(ck / "model.safetensors"), "pt") as f:
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes["model.embed_tokens.weight"] == "I8" and not any(k.startswith("lm_head.weight_") and k !=
+                                                                  "lm_head.weight_scale" for k in dtypes)
+    hf = AutoModelForCausalLM.from_pretrained(ck).eval()  # transformers ties the int8 table and decompresses it
+    torch.testing.assert_close(hf(X).logits, measured, atol=1e-4, rtol=1e-4)
+    loaded = load_quantized_for_runtime(ck)
+    assert isinstance(loaded.model.embed_tokens, Int8Embedding) and isinstance(loaded.lm_head, Int8WeightOnlyLinear)
+    torch.testing.assert_close(loaded(X).logits, measured, **KERNEL_TOL)
+    runtime = load_runtime_model(ck)
+    assert runtime.model.embed_tokens.qweight.data_ptr() == runtime.lm_head.qweight.data_ptr()  # held once
+    ids = X[0]
+    torch.testing.assert_close(runtime.model.embed_tokens(ids), hf.model.embed_tokens(ids), atol=0, rtol=0)
+    support = loader_support(config)
+    assert support["accel"].loads and support["transformers"].loads
+    assert "vLLM ties only an unquantized table" in support["vllm"].refused["model.embed_tokens"]
+
+
+def test_the_table_is_tied_only_for_a_tied_int8_lm_head_outside_vllm():
+    from accel.quant.run import stores_tied_table
+
+    tied, untied = make_tiny_llama(tie_word_embeddings=True), make_tiny_llama(tie_word_embeddings=False)
+    assert stores_tied_table(tied, "int8", "transformers") and stores_tied_table(tied, "int8", None)
+    assert not stores_tied_table(tied, "int8", "vllm")  # vLLM ties only an unquantized table
+    assert not stores_tied_table(tied, "fp16", "transformers") and not stores_tied_table(untied, "int8", None)

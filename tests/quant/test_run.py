@@ -104,16 +104,18 @@ def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_the
     assert calibration_batches(None, plan, train, draw_recipe)[1] is None
 
 
-def test_int4f_replaces_int4_where_the_weights_sit_on_a_float_min_grid_unless_vllm_must_load_them():
+def test_int4f_joins_as_a_lossless_fallback_where_the_weights_sit_on_a_float_min_grid_unless_vllm_must_load_them():
     from accel.quant.run import int4_candidates
     from tests.quant.test_quantize import _q4_1_grid
 
     grid = make_tiny_llama(initializer_range=0.1)
     _q4_1_grid(grid)  # every Linear on a GGUF Q4_1 grid (fp16 d and min per 32), as SmolLM2's release is
     cands, ratio = int4_candidates(grid, ["int4", "int8", "fp16"], 32, "transformers")
-    assert cands == ["int4f", "int8", "fp16"] and ratio < 0.01
+    assert cands == ["int4", "int8", "fp16", "int4f"] and ratio < 0.01  # int4 stays: int4f is stored at 9 bits
+    assert int4_candidates(grid, ["int8", "fp16"], 32, None)[0] == ["int8", "fp16", "int4f"]
     assert int4_candidates(grid, ["int4", "int8"], 32, "vllm") == (["int4", "int8"], None)  # no float-zero kernel
-    assert int4_candidates(grid, ["int4f", "int4"], 32, None) == (["int4f", "int4"], None)  # both asked for
+    assert int4_candidates(grid, ["int4f", "int4"], 32, None) == (["int4f", "int4"], None)  # asked for
+    assert int4_candidates(grid, ["int4"], 32, None) == (["int4"], None)  # nothing it could stand in for
     plain = make_tiny_llama(initializer_range=0.1)  # gaussian weights: the float zero point gains little
     cands, ratio = int4_candidates(plain, ["int4", "int8"], 32, "transformers")
     assert cands == ["int4", "int8"] and 0.5 < ratio < 1.0
