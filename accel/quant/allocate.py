@@ -73,7 +73,7 @@ class Rules:
 @dataclass
 class Plan:
     """The bit plan. `schemes` covers the quantizable Linears (members of a unit share one); `units` maps each
-    unit to its members; the lm_head follows the recipe's rule (the embedding table is stored at 16 bits)."""
+    unit to its members; the lm_head follows the recipe's rule (the embedding table: `tied_table`)."""
 
     schemes: dict[str, str]
     group_size: int

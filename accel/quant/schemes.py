@@ -14,7 +14,8 @@ Glossary
                                   stored unpacked; in accel's runtime memory it is 4 + 32 / group_size)
     fp16: 16
 - average bits: the parameter-count-weighted mean over the quantizable Linears (the lm_head follows the recipe's
-  rule and is reported apart; the embedding table is stored at 16 bits).
+  rule and is reported apart; the embedding table at 16 bits, or once with an INT8
+  lm_head when tied: `Plan.tied_table`).
 
 Fake quantization (quantize then dequantize in float) reproduces compressed-tensors' numerics exactly for the
 RTN min-max observer (same ranges, same rounding), so the sensitivity measured here is what the library's RTN
