@@ -213,6 +213,24 @@ def _size_mb(folder: Path) -> float:
     return round(sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")) / 1e6, 2)
 
 
+def num_params(folder: Path) -> int:
+    """The model's parameter count, from the safetensors headers of an unquantized folder (no tensor is read)."""
+    import math
+
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as src:
+            total += sum(math.prod(src.get_slice(k).get_shape()) for k in src.keys())
+    return total
+
+
+def file_bits(folder: Path, params: int) -> float | None:
+    """Bits per model parameter of the whole file (weights, scales, zero points, the table and the norms)."""
+    return round(8 * sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")) / params, 2) if params else None
+
+
 def _tok_s(speed_results: dict, workload: str | None) -> float | None:
     r = speed_results.get(workload) if workload else None
     return None if r is None else r["output_throughput"]
@@ -296,19 +314,24 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
     seconds["speculation"] = time.perf_counter() - t
 
     variants = []
+    params = num_params(base_path)
     for name in names:
         target = name.split("+")[0]
+        folder = quant_dir if target == "quantized" else base_path
         v: dict[str, Any] = {"name": name, "quality": q.get(target, {}), "speed": sp.get(name, {}),
-                             "size_mb": _size_mb(quant_dir if target == "quantized" else base_path)}
+                             "size_mb": _size_mb(folder), "avg_bits": file_bits(folder, params)}
         if name.endswith("+spec") and spec_by_target.get(target):
             s = spec_by_target[target]
             v["spec"] = {k: s[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
                                            "num_accepted_tokens_per_pos")}
         variants.append(v)
     # peers: speed from their server, quality on llama.cpp's scale from their GGUF file
-    variants += [{"name": p.name, "quality": q.get(p.name, {}), "speed": sp.get(p.name, {}),
-                  "size_mb": round(Path(p.gguf).expanduser().stat().st_size / 1e6, 2) if p.gguf else None}
-                 for p in e.peers if p.name in sp or p.name in q]
+    for p in e.peers:
+        if p.name in sp or p.name in q:
+            size = Path(p.gguf).expanduser().stat().st_size if p.gguf else None
+            variants.append({"name": p.name, "quality": q.get(p.name, {}), "speed": sp.get(p.name, {}),
+                             "size_mb": round(size / 1e6, 2) if size else None,
+                             "avg_bits": round(8 * size / params, 2) if size and params else None})
     spec = spec_by_target.get("quantized") or spec_by_target.get("baseline")
     return {"name": recipe.name, "variants": variants, "spec": spec, "summary": summarize(recipe, q, sp, spec),
             "seconds": {k: round(v, 2) for k, v in seconds.items()}, "machine": machine_info()}

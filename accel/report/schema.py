@@ -16,7 +16,7 @@
           "spec": {"num_drafts": 10, "num_draft_tokens": 40, "num_accepted_tokens": 25,
                    "num_accepted_tokens_per_pos": [9, 7, 5, 4]} | null,
           "spec_per_domain": {"code": {"num_drafts": 5, "num_draft_tokens": 20, "num_accepted_tokens": 15}},
-          "size_mb": 513.0 | null, "avg_bits": 32.0 | null
+          "size_mb": 513.0 | null, "avg_bits": 32.0 | null  # the whole file's bits per model parameter
         }, ...
       ],
       "sensitivity": {"model.layers.0.mlp.down_proj": {"int4": 0.012, "int8": 0.0004}} | null,  # KL per scheme

@@ -102,5 +102,8 @@ def test_llama_scale_scores_the_quantized_variant_and_each_gguf_peer_on_one_text
     out = evaluate(recipe, base_dir, ck, None, _Tok(), tmp_path)
     peer = out["variants"][-1]
     assert peer["name"] == "llama.cpp-Q8_0" and peer["size_mb"] == 0.05 and peer["speed"] == {}
+    # every variant's bits per parameter count the whole file: the fp32 baseline is 32 bits plus its header
+    assert 32.0 <= out["variants"][0]["avg_bits"] < 32.5 and out["variants"][1]["avg_bits"] < 32
+    assert peer["avg_bits"] == pytest.approx(8 * 50_000 / ev.num_params(base_dir), abs=0.01)
     assert peer["quality"]["kld_llama"] == pytest.approx(0.004512)
     assert out["variants"][1]["quality"]["kl_mean"] == 0.1 and "kld_llama" in out["variants"][1]["quality"]
