@@ -391,7 +391,7 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
     stages += [
         Stage("draft", stage_draft, ("speculation",), ("load",), ("draft.json", "draft")),
         Stage("evaluate", stage_evaluate, ("eval", "runtime", "speculation", "model"), ("load", "quantize", "draft"),
-              ("eval.json",), version="3"),  # bumped with eval.json's content (repeats of each workload)
+              ("eval.json",), version="4"),  # bumped with eval.json's content (whole-file bits)
         Stage("gates", stage_gates, ("gates", "export.target"), ("evaluate",), ("gates.json",)),
         Stage("report", stage_report, ("name",), ("evaluate", "plan", "sensitivity", "gates"),
               ("report.html", "report.md", "plots")),
