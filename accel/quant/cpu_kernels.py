@@ -201,12 +201,17 @@ def int8_linear(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     return _module().int8_linear(x, q, scale)
 
 
-def decode_layers(x: Tensor, cos: Tensor, sin_signed: Tensor, weights: list[Tensor], spec: list[int],
-                  k_caches: list[Tensor], v_caches: list[Tensor], slots: Tensor, block_tables: Tensor,
-                  context_lens: Tensor, rows: Tensor, spans: Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                  eps: float, scale: float) -> Tensor:
-    """Every decoder layer of a decode step in one call -> final hidden [T, hidden] (see the C++ comment)."""
-    return _module().decode_layers(x, cos, sin_signed, weights, spec, k_caches, v_caches, slots, block_tables,
+def decode_weights(weights: list[Tensor], spec: list[int]):
+    """A model's decode-step weights for `decode_layers`, checked and held once (see the C++ comment on the spec)."""
+    return _module().DecodeWeights(weights, spec)
+
+
+def decode_layers(x: Tensor, cos: Tensor, sin_signed: Tensor, weights, k_caches: list[Tensor],
+                  v_caches: list[Tensor], slots: Tensor, block_tables: Tensor, context_lens: Tensor, rows: Tensor,
+                  spans: Tensor, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float) -> Tensor:
+    """Every decoder layer of a decode step in one call -> final hidden [T, hidden]; `weights` from
+    `decode_weights`. Call only when `available()`."""
+    return _module().decode_layers(x, cos, sin_signed, weights, k_caches, v_caches, slots, block_tables,
                                    context_lens, rows, spans, num_heads, num_kv_heads, head_dim, eps, scale)
 
 

@@ -259,7 +259,7 @@ class NativeDecode:
     MAX_ROWS = 32
 
     def __init__(self, model: CausalLM, weights: list[Tensor], spec: list[int]) -> None:
-        self.weights, self.spec = weights, spec
+        self.weights = cpu_kernels.decode_weights(weights, spec)
         c = model.config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, model.num_kv_heads, model.head_dim
         self.eps = float(c.rms_norm_eps)
@@ -300,7 +300,7 @@ class NativeDecode:
         if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches[:1]):
             raise ValueError("the native decode step needs an fp32 KV cache")
         return cpu_kernels.decode_layers(
-            x.contiguous(), cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1), self.weights, self.spec,
+            x.contiguous(), cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1), self.weights,
             [c.k for c in kv_caches], [c.v for c in kv_caches], meta.slot_mapping, g.block_table, g.context_lens,
             g.token_idx, g.spans if g.spans is not None else torch.empty(0, dtype=torch.long), self.num_heads,
             self.num_kv_heads, self.head_dim, self.eps, self.scale)

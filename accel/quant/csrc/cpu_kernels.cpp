@@ -6,7 +6,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
+#include <omp.h>
 
 static inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -39,8 +41,64 @@ static int64_t chunk_rows(int64_t M, int64_t N, int64_t row_bytes, int64_t tile)
   return (rows + 23) / 24 * 24;  // whole register tiles of the fp32 (3) and integer (8) kernels
 }
 
+// The threads of one-call decode step (`decode_layers`): every thread runs the whole step, each Linear's chunks
+// are taken from one shared ticket counter, and a spin barrier ends each phase. Why not a parallel region per
+// kernel: at batch 1 a step has ~180 of them, and their fork/join on OpenMP's pool left the second thread idle
+// (spinning in libgomp) ~38% of the step (perf, SmolLM2 INT8 on 2 cores).
+struct Team {
+  int n = 1;
+  alignas(64) std::atomic<int64_t> next{0};  // tickets: a phase of c chunks consumes c + n (each thread overshoots once)
+  alignas(64) std::atomic<int> arrived{0};
+  alignas(64) std::atomic<int> gen{0};
+
+  void barrier() {
+    const int g = gen.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) == n - 1) {
+      arrived.store(0, std::memory_order_relaxed);
+      gen.store(g + 1, std::memory_order_release);
+      return;
+    }
+    // spin briefly, then yield: where the server's event loop shares the cores, a waiting thread hands it the core
+    for (int spins = 0; gen.load(std::memory_order_acquire) == g; ++spins) {
+      if (spins < 20000) _mm_pause();
+      else std::this_thread::yield();
+    }
+  }
+};
+
+struct TeamSlot {
+  Team* team = nullptr;
+  int rank = 0;
+  int64_t base = 0;  // this thread's view of `next` at the start of the current phase
+};
+static thread_local TeamSlot tl_team;
+
+// Chunks of the tile kernels, in whole tile pairs: at decode sizes about STREAM_CHUNK bytes each and the same
+// number per thread, their sizes within one pair of each other (rounding every chunk up to the same size left a
+// short last chunk and one thread waiting for the other at the end of most Linears); above 8 rows, one pair each.
+struct TileChunks {
+  int64_t n, pairs, tiles;
+  int64_t begin(int64_t c) const { return std::min(tiles, 2 * (c * pairs / n)); }
+  int64_t end(int64_t c) const { return std::min(tiles, 2 * ((c + 1) * pairs / n)); }
+};
+static TileChunks tile_chunks(int64_t M, int64_t tiles, int64_t tile_bytes) {
+  const int64_t pairs = (tiles + 1) / 2;
+  if (M > 8) return {std::max<int64_t>(pairs, 1), pairs, tiles};
+  const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t per_thread = std::max<int64_t>(1, (tiles * tile_bytes + nt * STREAM_CHUNK / 2) / (nt * STREAM_CHUNK));
+  return {std::max<int64_t>(1, std::min(pairs, nt * per_thread)), pairs, tiles};
+}
+
 template <typename F>
 static void parallel_chunks(int64_t n, const F& fn) {
+  if (Team* team = tl_team.team) {  // inside a team: every thread is here; take chunks, then wait for the others
+    for (int64_t c = team->next.fetch_add(1, std::memory_order_relaxed) - tl_team.base; c < n;
+         c = team->next.fetch_add(1, std::memory_order_relaxed) - tl_team.base)
+      fn(c);
+    tl_team.base += n + team->n;
+    team->barrier();
+    return;
+  }
   const int64_t nt = std::min<int64_t>(at::get_num_threads(), n);
   if (nt <= 1 || at::in_parallel_region()) {
     for (int64_t c = 0; c < n; ++c) fn(c);
@@ -579,11 +637,11 @@ static void vnni_gemm_i8_tiles(const QuantBlocks& xr, int64_t M, int64_t K, cons
               reinterpret_cast<const __m256i*>(qv + (t * (K / 2) + kp) * 32))) : _mm512_setzero_si512());
       }
     });
-  // tiles per chunk: a ~STREAM_CHUNK weight stream at decode sizes, one pass of two tiles above
-  const int64_t tiles = N / 16, CT = M > 8 ? 2 : std::max<int64_t>(2, chunk_rows(M, N, K, 16) / 32 * 2);
-  parallel_chunks((tiles + CT - 1) / CT, [&](int64_t c) {
-    const int64_t t1 = std::min(tiles, (c + 1) * CT);
-    for (int64_t t = c * CT; t < t1;) {
+  const int64_t tiles = N / 16;
+  const TileChunks ch = tile_chunks(M, tiles, 16 * K);
+  parallel_chunks(ch.n, [&](int64_t c) {
+    const int64_t t1 = ch.end(c);
+    for (int64_t t = ch.begin(c); t < t1;) {
       const int8_t* tile = qv + t * 16 * K;
       if (M > 2 && t + 2 <= t1) {  // one or two rows: one tile at a time, a single linear stream through the chunk
         const char* ahead = t + 4 <= t1 ? reinterpret_cast<const char*>(tile + 32 * K) : nullptr;
@@ -785,10 +843,10 @@ static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t
         }
       }
     });
-  const int64_t CT = M > 8 ? 2 : std::max<int64_t>(2, chunk_rows(M, N, K / 2, 16) / 32 * 2);
-  parallel_chunks((tiles + CT - 1) / CT, [&](int64_t c) {
-    const int64_t t1 = std::min(tiles, (c + 1) * CT);
-    for (int64_t t = c * CT; t < t1;) {
+  const TileChunks ch = tile_chunks(M, tiles, 8 * K);
+  parallel_chunks(ch.n, [&](int64_t c) {
+    const int64_t t1 = ch.end(c);
+    for (int64_t t = ch.begin(c); t < t1;) {
       const uint8_t* tile = qv + t * 8 * K;
       const S* tsm = smv + t * G * 32;
       if (M > 2 && t + 2 <= t1) {  // one or two rows: one tile at a time, a single linear stream through the chunk
@@ -1300,28 +1358,32 @@ static inline void gqa_accumulate(const float* p, int64_t ps, const float* v, in
 // [blocks, block_size, kv_heads, D] layout) come from DRAM once for all the span's rows: a verify step of 8 rows
 // reads the context once, not 8 times. Spans are split across threads when there are enough of them; otherwise
 // each span is split by kv head so every thread works.
-void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                 torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, double scale,
-                 torch::Tensor span_offsets) {
-  auto bt = block_tables.to(at::kLong).contiguous();
-  auto cl = context_lens.to(at::kLong).contiguous();
-  auto rw = rows.to(at::kLong).contiguous();
-  const int64_t G = bt.size(0), maxnb = bt.size(1), H = q.size(1), D = q.size(2);
-  const int64_t BS = k_cache.size(1), KVH = k_cache.size(2), group = H / KVH;
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "q rows [H, D] must be dense (any row stride)");
-  TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
-  const int64_t QS = q.stride(0);  // q may be a view into the fused qkv output
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  const int64_t* btp = bt.data_ptr<int64_t>();
-  const int64_t* clp = cl.data_ptr<int64_t>();
-  const int64_t* rp = rw.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
-  const int64_t TS = KVH * D;  // floats between consecutive tokens of one kv head
+// The split of one step's attention over threads: the same for every layer of the step (block tables and context
+// lengths are shared), so the one-call decode plans it once.
+struct AttnPlan {
+  torch::Tensor bt, cl, rw;  // long copies of the block tables, context lengths and row indices
+  const int64_t* btp = nullptr;
+  const int64_t* clp = nullptr;
+  const int64_t* rp = nullptr;
+  int64_t G = 0, maxnb = 0, H = 0, D = 0, BS = 0, KVH = 0, group = 0, maxR = 1, splits = 1, HPS = 0, RG = 1, QG = 1,
+          TPS = 1;
+  std::vector<int64_t> so, longest;
+  std::vector<std::vector<int64_t>> lists;  // per thread: its tasks
+};
+
+static AttnPlan plan_attention(int64_t H, int64_t D, const torch::Tensor& k_cache, torch::Tensor block_tables,
+                               torch::Tensor context_lens, torch::Tensor rows, torch::Tensor span_offsets) {
+  AttnPlan a;
+  a.bt = block_tables.to(at::kLong).contiguous();
+  a.cl = context_lens.to(at::kLong).contiguous();
+  a.rw = rows.to(at::kLong).contiguous();
+  a.G = a.bt.size(0); a.maxnb = a.bt.size(1); a.H = H; a.D = D;
+  a.BS = k_cache.size(1); a.KVH = k_cache.size(2); a.group = H / a.KVH;
+  a.btp = a.bt.data_ptr<int64_t>(); a.clp = a.cl.data_ptr<int64_t>(); a.rp = a.rw.data_ptr<int64_t>();
+  const int64_t G = a.G, maxnb = a.maxnb, BS = a.BS, KVH = a.KVH, group = a.group;
+  const int64_t* clp = a.clp;
   // spans: rows [so[s], so[s + 1]) of the arrays share one request's blocks (empty: every row is its own span)
-  std::vector<int64_t> so;
+  std::vector<int64_t>& so = a.so;
   if (span_offsets.numel() == 0) {
     so.resize(G + 1);
     for (int64_t g = 0; g <= G; ++g) so[g] = g;
@@ -1331,7 +1393,9 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
     TORCH_CHECK(so.front() == 0 && so.back() == G, "span offsets must run from 0 to the number of rows");
   }
   const int64_t S = static_cast<int64_t>(so.size()) - 1;
-  std::vector<int64_t> longest(S), cost(S);  // per span: the row with the longest context (its table covers all)
+  std::vector<int64_t>& longest = a.longest;
+  longest.resize(S);
+  std::vector<int64_t> cost(S);  // per span: the row with the longest context (its table covers all)
   int64_t maxR = 1;
   for (int64_t s = 0; s < S; ++s) {
     TORCH_CHECK(so[s + 1] > so[s], "empty span");
@@ -1345,30 +1409,34 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
     }
     cost[s] += clp[longest[s]] + BS;  // the context read once, + a block's worth of per-span fixed cost
   }
+  a.maxR = maxR;
   const int64_t splits = S >= 2 * at::get_num_threads() ? 1 : KVH;  // kv-head ranges per span
-  const int64_t HPS = KVH / splits;
+  a.splits = splits;
+  a.HPS = KVH / splits;
   // With few spans, a span's rows are split into groups as well, so kv heads x row groups spread over the threads:
   // 3 kv heads on 2 threads left one thread idle a third of the time (a verify step of SmolLM2 at batch 1). Each
   // row's arithmetic is the same whichever group it is in.
   const int64_t RG = splits == 1 ? 1 : std::min<int64_t>(maxR, at::get_num_threads());
+  a.RG = RG;
   // ... and where that still leaves a remainder (one decode row) over a long context, each kv head's query heads in
   // two halves, the second re-reading the head's K/V from cache. Per head, the arithmetic is the same in any
   // grouping. SmolLM2's 30 layers, one row, 2 threads: 1.09x at 500 tokens of context, 1.20x at 800; 0.89-0.91x at
   // 200-300, where the K/V stayed in cache and the extra tasks cost more than the balance saved.
   int64_t longest_ctx = 0;
   for (int64_t s = 0; s < S; ++s) longest_ctx = std::max(longest_ctx, clp[longest[s]]);
-  const int64_t QG = splits > 1 && (KVH * RG) % at::get_num_threads() != 0 && group >= 2 && longest_ctx >= 400 ? 2 : 1;
-  const int64_t TPS = splits * RG * QG;  // tasks per span
-  const int64_t PF = PREFETCH_BLOCKS;
+  a.QG = splits > 1 && (KVH * RG) % at::get_num_threads() != 0 && group >= 2 && longest_ctx >= 400 ? 2 : 1;
+  a.TPS = splits * RG * a.QG;  // tasks per span
+  const int64_t TPS = a.TPS;
   // Work per span follows its context length, and decode rows arrive sorted by it: at::parallel_for's equal
   // contiguous ranges would give one thread every long context. Spans are dealt to threads longest first, each
   // to the least-loaded thread (LPT), and each thread walks its own list.
   const int64_t nt = std::min<int64_t>(at::get_num_threads(), S * TPS);
-  std::vector<std::vector<int64_t>> lists(std::max<int64_t>(nt, 1));
+  std::vector<std::vector<int64_t>>& lists = a.lists;
+  lists.resize(std::max<int64_t>(nt, 1));
   if (splits == 1 && nt > 1) {
     std::vector<int64_t> order(S), load(nt, 0);
     for (int64_t s = 0; s < S; ++s) order[s] = s;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return cost[x] > cost[y]; });
     for (int64_t s : order) {
       const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
       lists[t].push_back(s);
@@ -1378,12 +1446,27 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
     const int64_t per = (S * TPS + lists.size() - 1) / lists.size();
     for (int64_t i = 0; i < S * TPS; ++i) lists[i / per].push_back(i);
   }
-  at::parallel_for(0, lists.size(), 1, [&](int64_t t0, int64_t t1) {
+  return a;
+}
+
+// Thread t's tasks of plan `a`: q rows [*, H, D] at row stride QS, one layer's caches, out [rows, H, D].
+static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t QS, const float* kp, const float* vp,
+                          float scale, float* op) {
+  const int64_t H = a.H, D = a.D, BS = a.BS, KVH = a.KVH, group = a.group, maxnb = a.maxnb, maxR = a.maxR;
+  const int64_t splits = a.splits, HPS = a.HPS, RG = a.RG, QG = a.QG, TPS = a.TPS;
+  const int64_t* btp = a.btp;
+  const int64_t* clp = a.clp;
+  const int64_t* rp = a.rp;
+  const std::vector<int64_t>& so = a.so;
+  const std::vector<int64_t>& longest = a.longest;
+  const float sc = scale;
+  const int64_t TS = KVH * D;  // floats between consecutive tokens of one kv head
+  const int64_t PF = PREFETCH_BLOCKS;
+  {
     const int64_t BSP = (BS + 7) / 8 * 8;
     std::vector<float> sbuf(H * BSP), mv(maxR * H), lv(maxR * H);
     std::vector<float> accv(maxR * H * D + 8);
-    for (int64_t t = t0; t < t1; ++t)
-    for (int64_t i : lists[t]) {
+    for (int64_t i : a.lists[t]) {
       const int64_t s = i / TPS, h0 = (i / (RG * QG) % splits) * HPS, h1 = h0 + HPS, g = i / QG % RG, qg = i % QG;
       const int64_t r0 = so[s], R = so[s + 1] - r0, gl = longest[s], Lmax = clp[gl];
       const int64_t ra = R * g / RG, rb = R * (g + 1) / RG;  // this task's rows of the span
@@ -1485,6 +1568,21 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
         }
       }
     }
+  }
+}
+
+void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                 torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, double scale,
+                 torch::Tensor span_offsets) {
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "q rows [H, D] must be dense (any row stride)");
+  TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
+  const AttnPlan a = plan_attention(q.size(1), q.size(2), k_cache, block_tables, context_lens, rows, span_offsets);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, a.lists.size(), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) run_attention(a, t, qp, q.stride(0), kp, vp, static_cast<float>(scale), op);
   });
 }
 
@@ -1657,68 +1755,190 @@ void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, to
 // qkv, o, gate_up and down specs; the last int is the final norm's index.
 constexpr int64_t LIN_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_FIELDS;
 
-static void linear_spec(const std::vector<torch::Tensor>& w, const int64_t* s, const float* x, int64_t M, int64_t K,
-                        float* y) {
-  const int64_t kind = s[0], N = s[6];
-  if (kind == 0) f32_gemm(x, M, K, w[s[1]].data_ptr<float>(), y, N);
-  else if (kind == 1) int8_gemm(x, M, K, w[s[1]].data_ptr<int8_t>(), w[s[2]].data_ptr<float>(), y, N);
-  else if (kind == 3) int8_gemm_vnni(x, M, K, w[s[1]].data_ptr<int8_t>(), w[s[2]].data_ptr<float>(), y, N);
-  else if (kind == 4) int4_gemm_vnni_t(x, M, K, w[s[1]].data_ptr<uint8_t>(), w[s[2]], s[4], y, N);
-  else int4_gemm_t(x, M, K, w[s[1]].data_ptr<uint8_t>(), w[s[2]], s[4], y, N);
-  if (s[5] >= 0) {
-    const float* b = w[s[5]].data_ptr<float>();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) y[m * N + n] += b[n];
+// One projection of the spec, its tensors resolved once (`DecodeWeights`).
+struct DecodeLinear {
+  int64_t kind = 0, gs = 0, N = 0;
+  torch::Tensor q, scale, bias;  // scale: fp32 [N] (INT8) or the INT4 scale_min (fp32 / fp16)
+};
+
+static void run_linear(const DecodeLinear& L, const float* x, int64_t M, int64_t K, float* y) {
+  const int64_t N = L.N;
+  if (L.kind == 0) f32_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
+  else if (L.kind == 1) int8_gemm(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N);
+  else if (L.kind == 3) int8_gemm_vnni(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N);
+  else if (L.kind == 4) int4_gemm_vnni_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
+  else int4_gemm_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
+  if (L.bias.defined()) {
+    if (tl_team.rank == 0) {
+      const float* b = L.bias.data_ptr<float>();
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) y[m * N + n] += b[n];
+    }
+    if (tl_team.team) tl_team.team->barrier();
   }
 }
 
-torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed,
-                            std::vector<torch::Tensor> weights, std::vector<int64_t> spec,
+// A model's decode-step weights from `weights` and the spec above, resolved and checked once per model
+// (`NativeDecode`): passing ~400 tensors through pybind every step cost ~5% of an INT8 batch-1 step.
+struct DecodeWeights {
+  struct Layer {
+    torch::Tensor norm1, norm2;
+    DecodeLinear lin[4];  // qkv, o, gate_up, down
+  };
+  std::vector<Layer> layers;
+  torch::Tensor final_norm;
+
+  DecodeWeights(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
+    TORCH_CHECK(!spec.empty() && (spec.size() - 1) % LAYER_FIELDS == 0, "spec: ", LAYER_FIELDS, " ints per layer + 1");
+    auto at_ = [&](int64_t i, at::ScalarType t) {
+      TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(w.size()), "spec index ", i, " outside the weights");
+      TORCH_CHECK(w[i].is_contiguous() && w[i].scalar_type() == t, "weight ", i, ": expected contiguous ", t);
+      return w[i];
+    };
+    const int64_t L = (spec.size() - 1) / LAYER_FIELDS;
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t* s = spec.data() + l * LAYER_FIELDS;
+      Layer y;
+      y.norm1 = at_(s[0], at::kFloat);
+      y.norm2 = at_(s[1], at::kFloat);
+      for (int j = 0; j < 4; ++j) {
+        const int64_t* f = s + 2 + j * LIN_FIELDS;
+        DecodeLinear& d = y.lin[j];
+        d.kind = f[0]; d.gs = f[4]; d.N = f[6];
+        TORCH_CHECK(d.kind >= 0 && d.kind <= 4, "unknown linear kind ", d.kind);
+        TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
+        d.q = at_(f[1], d.kind == 0 ? at::kFloat : d.kind == 1 || d.kind == 3 ? at::kChar : at::kByte);
+        if (d.kind != 0) {
+          TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
+          d.scale = w[f[2]];
+          TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
+                      d.scale.scalar_type() == at::kHalf), "scales: fp32 (INT4 scale_min: fp32 or fp16)");
+        }
+        if (f[5] >= 0) d.bias = at_(f[5], at::kFloat);
+      }
+      layers.push_back(y);
+    }
+    final_norm = at_(spec.back(), at::kFloat);
+  }
+
+  // every projection's tensors against the step's sizes (checked before the threads start: a kernel's own check
+  // failing inside the team would leave the other threads at a barrier)
+  void check(int64_t Hd, int64_t QKV, int64_t HD, int64_t I) const {
+    for (const Layer& y : layers) {
+      const int64_t K[4] = {Hd, HD, Hd, I}, N[4] = {QKV, Hd, 2 * I, Hd};
+      for (int j = 0; j < 4; ++j) {
+        const DecodeLinear& d = y.lin[j];
+        TORCH_CHECK(d.N == N[j], "projection ", j, ": out_features ", d.N, ", the model needs ", N[j]);
+        const int64_t k = K[j], n = d.N;
+        const bool int4 = d.kind == 2 || d.kind == 4;
+        TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : n * k), "projection ", j, ": weight of ", d.q.numel(),
+                    " elements for [", n, ", ", k, "]");
+        if (d.kind == 1 || d.kind == 3) TORCH_CHECK(d.scale.numel() == n, "INT8 scale must be [N]");
+        if (int4)
+          TORCH_CHECK(d.gs > 0 && k % d.gs == 0 && d.scale.numel() == n * (k / d.gs) * 2, "INT4 scale_min shape");
+        if (d.kind == 3) TORCH_CHECK(n % 16 == 0 && k % 32 == 0, "INT8 VNNI layout: N % 16, K % 32");
+        if (d.kind == 4) TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && d.gs % 32 == 0, "INT4 VNNI layout shape");
+        if (d.bias.defined()) TORCH_CHECK(d.bias.numel() == n, "bias must be [N]");
+      }
+      TORCH_CHECK(y.norm1.numel() == Hd && y.norm2.numel() == Hd, "norm weights must be [hidden]");
+    }
+    TORCH_CHECK(final_norm.numel() == Hd, "norm weights must be [hidden]");
+  }
+};
+
+// Every decoder layer of a decode step (T <= 32 rows, all on the paged decode kernel) in one call, on one team of
+// threads for the whole step (see `Team`). Each thread keeps its own residual stream, normed input and SwiGLU
+// output (identical copies, computed redundantly: a few KB, cheaper than a barrier); the Linears' and attention's
+// outputs are shared, written in disjoint chunks. The arithmetic per row is that of the module-by-module path.
+torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, const DecodeWeights& dw,
                             std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
                             torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
                             torch::Tensor rows, torch::Tensor spans, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, double eps, double scale) {
-  const int64_t L = static_cast<int64_t>(k_caches.size());
-  TORCH_CHECK(static_cast<int64_t>(spec.size()) == L * LAYER_FIELDS + 1, "spec: ", LAYER_FIELDS, " ints per layer + 1");
+  const int64_t L = static_cast<int64_t>(dw.layers.size());
+  TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == L && static_cast<int64_t>(v_caches.size()) == L,
+              "one k and one v cache per layer");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x fp32 [T, hidden]");
   const int64_t T = x.size(0), Hd = x.size(1), H = num_heads, KVH = num_kv_heads, D = head_dim;
-  const int64_t QKV = (H + 2 * KVH) * D, I = spec[2 + 2 * LIN_FIELDS + 6] / 2;
-  auto opts = x.options();
-  auto residual = x.clone();
-  auto h = torch::empty({T, Hd}, opts), qkv = torch::empty({T, QKV}, opts), attn = torch::empty({T, H, D}, opts);
-  auto gu = torch::empty({T, 2 * I}, opts), act = torch::empty({T, I}, opts), y = torch::empty({T, Hd}, opts);
+  const int64_t QKV = (H + 2 * KVH) * D, I = dw.layers.empty() ? 0 : dw.layers[0].lin[2].N / 2, W = KVH * D;
+  dw.check(Hd, QKV, H * D, I);
+  for (int64_t l = 0; l < L; ++l)
+    TORCH_CHECK(k_caches[l].scalar_type() == at::kFloat && v_caches[l].scalar_type() == at::kFloat &&
+                k_caches[l].is_contiguous() && v_caches[l].is_contiguous() && k_caches[l].dim() == 4 &&
+                k_caches[l].sizes() == k_caches[0].sizes() && v_caches[l].sizes() == k_caches[0].sizes() &&
+                k_caches[l].size(2) == KVH && k_caches[l].size(3) == D, "caches: fp32 [blocks, block_size, ", KVH,
+                ", ", D, "], the same for every layer");
   cos = cos.contiguous(); sin_signed = sin_signed.contiguous();
+  TORCH_CHECK(cos.numel() == T * D && sin_signed.numel() == T * D, "cos / sin: [T, head_dim]");
   auto sl = slots.to(at::kLong).contiguous();
-  float* rp = residual.data_ptr<float>();
-  float* hp = h.data_ptr<float>();
-  float* qp = qkv.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+  TORCH_CHECK(sl.numel() == T, "one slot per row");
   const int64_t* slp = sl.data_ptr<int64_t>();
-  auto q_view = qkv.as_strided({T, H, D}, {QKV, D, 1});
-  for (int64_t l = 0; l < L; ++l) {
-    const int64_t* s = spec.data() + l * LAYER_FIELDS;
-    // input norm: layer 0 normalizes the embedding (the residual stream starts as a copy of it); later layers
-    // first add the previous MLP output to the stream (vLLM's fused_add_rms_norm)
-    rms_rows(l == 0 ? x.data_ptr<float>() : yp, l == 0 ? nullptr : rp, weights[s[0]].data_ptr<float>(), hp, T, Hd,
-             eps, l > 0);
-    linear_spec(weights, s + 2, hp, T, Hd, qp);
-    rope_raw(qp, T, QKV, cos.data_ptr<float>(), sin_signed.data_ptr<float>(), H + KVH, D);
-    float* kc = k_caches[l].data_ptr<float>();
-    float* vc = v_caches[l].data_ptr<float>();
-    const int64_t W = KVH * D;
-    for (int64_t t = 0; t < T; ++t) {
-      std::memcpy(kc + slp[t] * W, qp + t * QKV + H * D, W * sizeof(float));
-      std::memcpy(vc + slp[t] * W, qp + t * QKV + (H + KVH) * D, W * sizeof(float));
+  const int64_t cache_slots = L ? k_caches[0].size(0) * k_caches[0].size(1) : 0;
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(slp[t] >= 0 && slp[t] < cache_slots, "slot ", slp[t], " outside the cache");
+  const AttnPlan ap = plan_attention(H, D, k_caches[0], block_tables, context_lens, rows, spans);
+  TORCH_CHECK(ap.G == T, "one block-table row per step row");
+  auto opts = x.options();
+  auto qkv = torch::empty({T, QKV}, opts), attn = torch::empty({T, H, D}, opts), gu = torch::empty({T, 2 * I}, opts);
+  auto y = torch::empty({T, Hd}, opts), out = torch::empty({T, Hd}, opts);
+  const float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin_signed.data_ptr<float>();
+  float* qp = qkv.data_ptr<float>();
+  float* ap_out = attn.data_ptr<float>();
+  float* gp = gu.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  std::vector<float*> kc(L), vc(L);
+  for (int64_t l = 0; l < L; ++l) { kc[l] = k_caches[l].data_ptr<float>(); vc[l] = v_caches[l].data_ptr<float>(); }
+  const int64_t PRIV = 2 * T * Hd + T * I;  // per thread: residual, normed input, SwiGLU output
+  const int nt = std::max(1, at::get_num_threads());
+  std::vector<float> priv(static_cast<size_t>(nt) * PRIV);
+  Team team;
+
+  auto step = [&](int rank, int n) {
+    float* res = priv.data() + rank * PRIV;
+    float* h = res + T * Hd;
+    float* act = h + T * Hd;
+    std::memcpy(res, xp, T * Hd * sizeof(float));
+    for (int64_t l = 0; l < L; ++l) {
+      const DecodeWeights::Layer& ly = dw.layers[l];
+      // input norm: layer 0 normalizes the embedding (the residual stream starts as a copy of it); later layers
+      // first add the previous MLP output to the stream (vLLM's fused_add_rms_norm)
+      rms_rows(l == 0 ? xp : yp, l == 0 ? nullptr : res, ly.norm1.data_ptr<float>(), h, T, Hd, eps, l > 0);
+      run_linear(ly.lin[0], h, T, Hd, qp);
+      if (rank == 0) {
+        rope_raw(qp, T, QKV, cp, sp, H + KVH, D);
+        for (int64_t t = 0; t < T; ++t) {
+          std::memcpy(kc[l] + slp[t] * W, qp + t * QKV + H * D, W * sizeof(float));
+          std::memcpy(vc[l] + slp[t] * W, qp + t * QKV + (H + KVH) * D, W * sizeof(float));
+        }
+      }
+      if (n > 1) team.barrier();
+      for (int64_t t = rank; t < static_cast<int64_t>(ap.lists.size()); t += n)
+        run_attention(ap, t, qp, QKV, kc[l], vc[l], static_cast<float>(scale), ap_out);
+      if (n > 1) team.barrier();
+      run_linear(ly.lin[1], ap_out, T, H * D, yp);
+      rms_rows(yp, res, ly.norm2.data_ptr<float>(), h, T, Hd, eps, true);
+      run_linear(ly.lin[2], h, T, Hd, gp);
+      silu_mul_raw(gp, T, I, act);
+      run_linear(ly.lin[3], act, T, I, yp);
     }
-    paged_decode_attention(attn, q_view, k_caches[l], v_caches[l], block_tables, context_lens, rows, scale, spans);
-    linear_spec(weights, s + 2 + LIN_FIELDS, attn.data_ptr<float>(), T, H * D, yp);
-    rms_rows(yp, rp, weights[s[1]].data_ptr<float>(), hp, T, Hd, eps, true);
-    linear_spec(weights, s + 2 + 2 * LIN_FIELDS, hp, T, Hd, gu.data_ptr<float>());
-    silu_mul_raw(gu.data_ptr<float>(), T, I, act.data_ptr<float>());
-    linear_spec(weights, s + 2 + 3 * LIN_FIELDS, act.data_ptr<float>(), T, I, yp);
+    if (rank == 0) rms_rows(yp, res, dw.final_norm.data_ptr<float>(), op, T, Hd, eps, true);
+  };
+
+  if (nt == 1 || at::in_parallel_region()) {
+    step(0, 1);
+    return out;
   }
-  auto out = torch::empty({T, Hd}, opts);
-  rms_rows(yp, rp, weights[spec.back()].data_ptr<float>(), out.data_ptr<float>(), T, Hd, eps, true);
+#pragma omp parallel num_threads(nt)
+  {
+    const int rank = omp_get_thread_num(), n = omp_get_num_threads();
+    if (rank == 0) team.n = n;
+#pragma omp barrier
+    tl_team = TeamSlot{n > 1 ? &team : nullptr, rank, 0};
+    step(rank, n);
+    tl_team = TeamSlot{};
+  }
   return out;
 }
 
@@ -1769,6 +1989,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [T, 2I] gate_up output");
   m.def("rope_", &rope_, "RoPE in place on the first nheads heads of each row");
   // the GIL is released while a step runs, so the server's event loop streams the previous step's tokens meanwhile
+  py::class_<DecodeWeights>(m, "DecodeWeights", "a model's decode-step weights for decode_layers")
+      .def(py::init<std::vector<torch::Tensor>, std::vector<int64_t>>());
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call",
         py::call_guard<py::gil_scoped_release>());
 }
