@@ -63,3 +63,52 @@ def test_a_model_with_an_unfused_or_unsupported_layer_keeps_the_modules(tiny_lla
     engine = Engine.from_pretrained(path, num_kv_blocks=64, block_size=8, quant_plan=mixed)
     assert engine.model.native_decode is None
     assert engine.generate([5, 6, 7], SamplingParams(max_tokens=4))[0].finished
+
+
+TEAM_SCRIPT = """
+import json, sys, threading
+from accel.quant.schemes import uniform_plan
+from accel.runtime.engine import Engine
+from accel.runtime.sampling_params import SamplingParams
+from tests.runtime.helpers import mixed_prompts
+path, scheme = sys.argv[1], sys.argv[2]
+kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme != "fp32" else {}
+outs = {}
+def serve():
+    engine = Engine.from_pretrained(path, num_kv_blocks=64, block_size=8, enable_prefix_caching=False, **kw)
+    native = engine.model.native_decode
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    for mode in ("native", "modules"):
+        engine.model.native_decode = native if mode == "native" else None
+        outs[mode] = [o.token_ids for o in engine.generate(mixed_prompts(3, seed=3, lo=3, hi=20), params)]
+    outs["native_on"] = native is not None
+t = threading.Thread(target=serve)
+t.start()
+t.join()
+print(json.dumps(outs))
+"""
+
+
+@pytest.mark.parametrize("scheme", ["fp32", "int8", "int4"])
+def test_a_thread_team_on_the_engine_thread_matches_the_modules(tmp_path, scheme):
+    """As `accel serve` runs it: torch's thread count never set, the engine built and stepped on a thread of its
+    own, and Linears large enough that each thread of the team takes several chunks of each. (A pool thread then
+    reads a different thread count from torch than the engine thread; planning chunks with it crashed the step.)
+    A fresh process, since this process has set torch's thread count."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.runtime.helpers import make_hf_model, tiny_config
+
+    make_hf_model(tiny_config(hidden_size=512, intermediate_size=2048, num_attention_heads=8,
+                              num_key_value_heads=2, initializer_range=0.05)).save_pretrained(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", TEAM_SCRIPT, str(tmp_path), scheme], capture_output=True, text=True,
+                         cwd=root, env={**env, "PYTHONPATH": str(root)}, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    outs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert outs["native_on"] and outs["native"] == outs["modules"] and len(outs["native"]) == 3

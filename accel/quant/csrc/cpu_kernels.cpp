@@ -22,25 +22,6 @@ static inline float hsum256(__m256 v) {
 
 constexpr int64_t PF_ROWS = 8;  // weight rows the int8 / int4 row kernels prefetch ahead
 
-// fn(c) for c in [0, n), the chunks handed out one at a time from a shared counter (as ggml's mul_mat does) rather
-// than split evenly up front. Where the server's event loop or a client shares the cores, a preempted thread then
-// delays only the chunk it holds while the others take the rest; with even splits the whole step waited at the
-// region's end for the preempted thread's slice (batch-1 decode over HTTP ran ~20% below the same engine
-// in-process on 2 cores).
-// Output rows per chunk of a GEMM with `tile`-row L1 tiles. At decode sizes (M <= 8) a call is a weight stream,
-// and a thread that streams 16-32 KB and then jumps to the next free chunk restarts the hardware prefetcher each
-// time: the read stream ran at ~25 GB/s in 16 KB chunks and ~33 in 128-256 KB ones (2 cores, 134 MB of INT8
-// weights). So decode chunks hold ~STREAM_CHUNK bytes, in a multiple of the thread count so the threads finish
-// together; larger M computes enough per byte that one tile per chunk balances best.
-constexpr int64_t STREAM_CHUNK = 192 << 10;
-static int64_t chunk_rows(int64_t M, int64_t N, int64_t row_bytes, int64_t tile) {
-  if (M > 8) return tile;
-  const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t per_thread = std::max<int64_t>(1, (N * row_bytes + nt * STREAM_CHUNK / 2) / (nt * STREAM_CHUNK));
-  const int64_t rows = (N + nt * per_thread - 1) / (nt * per_thread);
-  return (rows + 23) / 24 * 24;  // whole register tiles of the fp32 (3) and integer (8) kernels
-}
-
 // The threads of one-call decode step (`decode_layers`): every thread runs the whole step, each Linear's chunks
 // are taken from one shared ticket counter, and a spin barrier ends each phase. Why not a parallel region per
 // kernel: at batch 1 a step has ~180 of them, and their fork/join on OpenMP's pool left the second thread idle
@@ -73,6 +54,31 @@ struct TeamSlot {
 };
 static thread_local TeamSlot tl_team;
 
+// Threads that split a kernel's work: the team's size inside a team. Every thread of a team must plan the same
+// chunks, and torch's count read from a pool thread can differ from the one the team was started with.
+static int64_t work_threads() {
+  return tl_team.team ? tl_team.team->n : std::max<int64_t>(1, at::get_num_threads());
+}
+
+// fn(c) for c in [0, n), the chunks handed out one at a time from a shared counter (as ggml's mul_mat does) rather
+// than split evenly up front. Where the server's event loop or a client shares the cores, a preempted thread then
+// delays only the chunk it holds while the others take the rest; with even splits the whole step waited at the
+// region's end for the preempted thread's slice (batch-1 decode over HTTP ran ~20% below the same engine
+// in-process on 2 cores).
+// Output rows per chunk of a GEMM with `tile`-row L1 tiles. At decode sizes (M <= 8) a call is a weight stream,
+// and a thread that streams 16-32 KB and then jumps to the next free chunk restarts the hardware prefetcher each
+// time: the read stream ran at ~25 GB/s in 16 KB chunks and ~33 in 128-256 KB ones (2 cores, 134 MB of INT8
+// weights). So decode chunks hold ~STREAM_CHUNK bytes, in a multiple of the thread count so the threads finish
+// together; larger M computes enough per byte that one tile per chunk balances best.
+constexpr int64_t STREAM_CHUNK = 192 << 10;
+static int64_t chunk_rows(int64_t M, int64_t N, int64_t row_bytes, int64_t tile) {
+  if (M > 8) return tile;
+  const int64_t nt = work_threads();
+  const int64_t per_thread = std::max<int64_t>(1, (N * row_bytes + nt * STREAM_CHUNK / 2) / (nt * STREAM_CHUNK));
+  const int64_t rows = (N + nt * per_thread - 1) / (nt * per_thread);
+  return (rows + 23) / 24 * 24;  // whole register tiles of the fp32 (3) and integer (8) kernels
+}
+
 // Chunks of the tile kernels, in whole tile pairs: at decode sizes about STREAM_CHUNK bytes each and the same
 // number per thread, their sizes within one pair of each other (rounding every chunk up to the same size left a
 // short last chunk and one thread waiting for the other at the end of most Linears); above 8 rows, one pair each.
@@ -84,7 +90,7 @@ struct TileChunks {
 static TileChunks tile_chunks(int64_t M, int64_t tiles, int64_t tile_bytes) {
   const int64_t pairs = (tiles + 1) / 2;
   if (M > 8) return {std::max<int64_t>(pairs, 1), pairs, tiles};
-  const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t nt = work_threads();
   const int64_t per_thread = std::max<int64_t>(1, (tiles * tile_bytes + nt * STREAM_CHUNK / 2) / (nt * STREAM_CHUNK));
   return {std::max<int64_t>(1, std::min(pairs, nt * per_thread)), pairs, tiles};
 }
