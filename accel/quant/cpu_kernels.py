@@ -7,7 +7,8 @@ torch has no int8- or int4-weight x fp32-activation kernel that does (its `_weig
 to bf16 and reached ~2x an fp32 GEMV for 4x fewer bytes). The INT8 / INT4 kernels round the activations to 16-bit
 integers per block of 32 (error <= 1.5e-5 of the block's largest value; greedy output stays equal to
 transformers') and multiply-add in int32 (vpmaddwd, or vpdpwssd where AVX512-VNNI exists, chosen at run time).
-Work is split into chunks of output rows that threads take from a shared counter, on torch's OpenMP pool.
+Work is split into chunks of output rows that threads take from a shared counter, on torch's OpenMP pool; the
+one-call decode step runs on one team of those threads from its first layer to its last.
 
 Compiled with torch.utils.cpp_extension.load_inline into the torch extensions cache (~40 s once per machine and
 source); `available()` is False where there is no compiler, no AVX2/FMA, or the build fails, and callers then use
