@@ -202,6 +202,12 @@ def int8_linear(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     return _module().int8_linear(x, q, scale)
 
 
+def argmax_rows(x: Tensor) -> Tensor:
+    """x fp32 [M, N] -> each row's argmax [M] long, as torch.argmax (first maximum; NaN largest). Call only when
+    `available()`."""
+    return _module().argmax_rows(x)
+
+
 def decode_weights(weights: list[Tensor], spec: list[int]):
     """A model's decode-step weights for `decode_layers`, checked and held once (see the C++ comment on the spec)."""
     return _module().DecodeWeights(weights, spec)

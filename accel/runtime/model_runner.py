@@ -16,7 +16,7 @@ from torch import Tensor
 from accel.runtime.attention import AttentionMetadata, DecodeGroup, PagedKVCache, PrefillSpan
 from accel.runtime.model import CausalLM
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from accel.runtime.sampler import Sampler, plain_greedy
+from accel.runtime.sampler import Sampler, plain_greedy, row_argmax
 from accel.runtime.sequence import Sequence
 
 KV_CACHE_DTYPES = ("auto", "int8")
@@ -227,11 +227,11 @@ class ModelRunner:
         self._mask_early_stop(logits, seqs, [len(o) for o in outputs])
         all_plain_greedy = all(plain_greedy(r.seq.params) for r, _ in spec)
         if all_plain_greedy:
-            argmax, probs = logits.argmax(-1), None  # [R]
+            argmax, probs = row_argmax(logits), None  # [R]
         else:
             probs = self.sampler.probs(logits, [s.params for s in seqs], [s.prompt_token_ids for s in seqs],
                                        outputs)  # [R, V]; greedy rows one-hot
-            argmax = probs.argmax(-1)
+            argmax = row_argmax(probs)
         # every greedy request's target tokens in one host copy (one device sync per step, not per request)
         targets = argmax.tolist() if any(r.seq.params.greedy for r, _ in spec) else None
         out, start = [], 0

@@ -600,3 +600,18 @@ def test_prefill_dequantizes_only_where_the_cpu_lacks_the_vnni_gemm(cls, monkeyp
     monkeypatch.setattr(cpu_kernels, "vnni_prefill", lambda in_features: False)
     assert mod.kernel_for(4096, cpu) == "gemm"
     assert cls.from_linear(_linear(64, 128), dequant_min_rows=8).kernel_for(8, cpu) == "gemm"  # set explicitly
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's CPU kernels are not built here")
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 17, 100, 49152])
+def test_argmax_rows_is_torch_argmax_with_ties_nan_and_infinities(n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(-3, 3, (6, n), generator=g).float()  # many ties: the first maximum must win
+    x[1] = -float("inf")
+    x[2, n // 2] = float("nan")  # a NaN counts as the largest, as torch has it
+    x[3, -1] = float("inf")
+    x[4] = torch.randn(n, generator=g)
+    x[5, 0], x[5, -1] = -0.0, 0.0
+    assert torch.equal(cpu_kernels.argmax_rows(x), x.argmax(dim=-1))
+    strided = x.t().contiguous().t()  # the same values, column-major
+    assert torch.equal(cpu_kernels.argmax_rows(strided), x.argmax(dim=-1))
