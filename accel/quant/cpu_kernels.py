@@ -208,18 +208,19 @@ def argmax_rows(x: Tensor) -> Tensor:
     return _module().argmax_rows(x)
 
 
-def decode_weights(weights: list[Tensor], spec: list[int]):
-    """A model's decode-step weights for `decode_layers`, checked and held once (see the C++ comment on the spec)."""
-    return _module().DecodeWeights(weights, spec)
+def decode_tensors(weights: list[Tensor], spec: list[int]):
+    """A model's decode-step tensors for `decode_layers`: the weights (see the C++ comment on the spec), checked and
+    held once; then `.bind_caches(k_caches, v_caches)` before the first step."""
+    return _module().DecodeTensors(weights, spec)
 
 
-def decode_layers(x: Tensor, cos: Tensor, sin_signed: Tensor, weights, k_caches: list[Tensor],
-                  v_caches: list[Tensor], slots: Tensor, block_tables: Tensor, context_lens: Tensor, rows: Tensor,
-                  spans: Tensor, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float) -> Tensor:
-    """Every decoder layer of a decode step in one call -> final hidden [T, hidden]; `weights` from
-    `decode_weights`. Call only when `available()`."""
-    return _module().decode_layers(x, cos, sin_signed, weights, k_caches, v_caches, slots, block_tables,
-                                   context_lens, rows, spans, num_heads, num_kv_heads, head_dim, eps, scale)
+def decode_layers(x: Tensor, cos: Tensor, sin_signed: Tensor, tensors, slots: Tensor, block_tables: Tensor,
+                  context_lens: Tensor, rows: Tensor, spans: Tensor, num_heads: int, num_kv_heads: int,
+                  head_dim: int, eps: float, scale: float) -> Tensor:
+    """Every decoder layer of a decode step in one call -> final hidden [T, hidden]; `tensors` from
+    `decode_tensors`, caches bound. Call only when `available()`."""
+    return _module().decode_layers(x, cos, sin_signed, tensors, slots, block_tables, context_lens, rows, spans,
+                                   num_heads, num_kv_heads, head_dim, eps, scale)
 
 
 HUGE_PAGE_MIN_BYTES = 1 << 20  # smaller tensors span a handful of pages: nothing to gain

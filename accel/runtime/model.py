@@ -254,12 +254,15 @@ class NativeDecode:
     allocations cost more than the arithmetic; the native call runs the same kernels on raw pointers in the same
     order, so its output is identical. It takes steps whose rows all ride the paged decode kernel (decode and
     short verify spans, no prefill) and at most MAX_ROWS rows (above that the Linears switch to GEMM kernels).
+    The weights are handed to the native side once; so are a runner's KV caches, re-bound when a step comes with
+    another runner's (engines sharing a model step it from one thread at a time).
     """
 
     MAX_ROWS = 32
 
     def __init__(self, model: CausalLM, weights: list[Tensor], spec: list[int]) -> None:
-        self.weights = cpu_kernels.decode_weights(weights, spec)
+        self.tensors = cpu_kernels.decode_tensors(weights, spec)
+        self._caches: list[PagedKVCache] | None = None  # the cache list bound to `tensors`
         c = model.config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, model.num_kv_heads, model.head_dim
         self.eps = float(c.rms_norm_eps)
@@ -297,11 +300,14 @@ class NativeDecode:
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata,
                  kv_caches: list[PagedKVCache]) -> Tensor:
         g = meta.decode_groups[0]
-        if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches[:1]):
-            raise ValueError("the native decode step needs an fp32 KV cache")
+        if kv_caches is not self._caches:  # a runner's cache tensors never change: bound once, not passed per step
+            if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches):
+                raise ValueError("the native decode step needs an fp32 KV cache")
+            self.tensors.bind_caches([c.k for c in kv_caches], [c.v for c in kv_caches])
+            self._caches = kv_caches
         return cpu_kernels.decode_layers(
-            x.contiguous(), cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1), self.weights,
-            [c.k for c in kv_caches], [c.v for c in kv_caches], meta.slot_mapping, g.block_table, g.context_lens,
+            x.contiguous(), cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1), self.tensors,
+            meta.slot_mapping, g.block_table, g.context_lens,
             g.token_idx, g.spans if g.spans is not None else torch.empty(0, dtype=torch.long), self.num_heads,
             self.num_kv_heads, self.head_dim, self.eps, self.scale)
 

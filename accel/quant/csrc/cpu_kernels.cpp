@@ -1761,7 +1761,7 @@ void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, to
 // qkv, o, gate_up and down specs; the last int is the final norm's index.
 constexpr int64_t LIN_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_FIELDS;
 
-// One projection of the spec, its tensors resolved once (`DecodeWeights`).
+// One projection of the spec, its tensors resolved once (`DecodeTensors`).
 struct DecodeLinear {
   int64_t kind = 0, gs = 0, N = 0;
   torch::Tensor q, scale, bias;  // scale: fp32 [N] (INT8) or the INT4 scale_min (fp32 / fp16)
@@ -1784,17 +1784,19 @@ static void run_linear(const DecodeLinear& L, const float* x, int64_t M, int64_t
   }
 }
 
-// A model's decode-step weights from `weights` and the spec above, resolved and checked once per model
-// (`NativeDecode`): passing ~400 tensors through pybind every step cost ~5% of an INT8 batch-1 step.
-struct DecodeWeights {
+// A model's decode-step tensors, resolved and checked once (`NativeDecode`): its weights from `weights` and the
+// spec above, and the KV caches it writes (`bind_caches`). Passing ~460 tensors through pybind every step cost ~5%
+// of an INT8 batch-1 step.
+struct DecodeTensors {
   struct Layer {
     torch::Tensor norm1, norm2;
     DecodeLinear lin[4];  // qkv, o, gate_up, down
   };
   std::vector<Layer> layers;
   torch::Tensor final_norm;
+  std::vector<torch::Tensor> k_caches, v_caches;
 
-  DecodeWeights(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
+  DecodeTensors(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
     TORCH_CHECK(!spec.empty() && (spec.size() - 1) % LAYER_FIELDS == 0, "spec: ", LAYER_FIELDS, " ints per layer + 1");
     auto at_ = [&](int64_t i, at::ScalarType t) {
       TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(w.size()), "spec index ", i, " outside the weights");
@@ -1827,6 +1829,18 @@ struct DecodeWeights {
     final_norm = at_(spec.back(), at::kFloat);
   }
 
+  // one fp32 [blocks, block_size, kv_heads, head_dim] k and v cache per layer, the same shape for every layer
+  void bind_caches(std::vector<torch::Tensor> k, std::vector<torch::Tensor> v) {
+    TORCH_CHECK(k.size() == layers.size() && v.size() == layers.size(), "one k and one v cache per layer");
+    for (size_t l = 0; l < k.size(); ++l)
+      TORCH_CHECK(k[l].scalar_type() == at::kFloat && v[l].scalar_type() == at::kFloat && k[l].is_contiguous() &&
+                  v[l].is_contiguous() && k[l].dim() == 4 && k[l].sizes() == k[0].sizes() &&
+                  v[l].sizes() == k[0].sizes(), "caches: fp32 contiguous [blocks, block_size, kv_heads, head_dim], "
+                  "the same for every layer");
+    k_caches = std::move(k);
+    v_caches = std::move(v);
+  }
+
   // every projection's tensors against the step's sizes (checked before the threads start: a kernel's own check
   // failing inside the team would leave the other threads at a barrier)
   void check(int64_t Hd, int64_t QKV, int64_t HD, int64_t I) const {
@@ -1856,24 +1870,20 @@ struct DecodeWeights {
 // threads for the whole step (see `Team`). Each thread keeps its own residual stream, normed input and SwiGLU
 // output (identical copies, computed redundantly: a few KB, cheaper than a barrier); the Linears' and attention's
 // outputs are shared, written in disjoint chunks. The arithmetic per row is that of the module-by-module path.
-torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, const DecodeWeights& dw,
-                            std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
+torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, const DecodeTensors& dw,
                             torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
                             torch::Tensor rows, torch::Tensor spans, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, double eps, double scale) {
   const int64_t L = static_cast<int64_t>(dw.layers.size());
-  TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == L && static_cast<int64_t>(v_caches.size()) == L,
-              "one k and one v cache per layer");
+  const std::vector<torch::Tensor>& k_caches = dw.k_caches;
+  const std::vector<torch::Tensor>& v_caches = dw.v_caches;
+  TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == L, "bind_caches first");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x fp32 [T, hidden]");
   const int64_t T = x.size(0), Hd = x.size(1), H = num_heads, KVH = num_kv_heads, D = head_dim;
   const int64_t QKV = (H + 2 * KVH) * D, I = dw.layers.empty() ? 0 : dw.layers[0].lin[2].N / 2, W = KVH * D;
   dw.check(Hd, QKV, H * D, I);
-  for (int64_t l = 0; l < L; ++l)
-    TORCH_CHECK(k_caches[l].scalar_type() == at::kFloat && v_caches[l].scalar_type() == at::kFloat &&
-                k_caches[l].is_contiguous() && v_caches[l].is_contiguous() && k_caches[l].dim() == 4 &&
-                k_caches[l].sizes() == k_caches[0].sizes() && v_caches[l].sizes() == k_caches[0].sizes() &&
-                k_caches[l].size(2) == KVH && k_caches[l].size(3) == D, "caches: fp32 [blocks, block_size, ", KVH,
-                ", ", D, "], the same for every layer");
+  TORCH_CHECK(L == 0 || (k_caches[0].size(2) == KVH && k_caches[0].size(3) == D), "caches: [blocks, block_size, ",
+              KVH, ", ", D, "]");
   cos = cos.contiguous(); sin_signed = sin_signed.contiguous();
   TORCH_CHECK(cos.numel() == T * D && sin_signed.numel() == T * D, "cos / sin: [T, head_dim]");
   auto sl = slots.to(at::kLong).contiguous();
@@ -1907,7 +1917,7 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
     float* act = h + T * Hd;
     std::memcpy(res, xp, T * Hd * sizeof(float));
     for (int64_t l = 0; l < L; ++l) {
-      const DecodeWeights::Layer& ly = dw.layers[l];
+      const DecodeTensors::Layer& ly = dw.layers[l];
       // input norm: layer 0 normalizes the embedding (the residual stream starts as a copy of it); later layers
       // first add the previous MLP output to the stream (vLLM's fused_add_rms_norm)
       rms_rows(l == 0 ? xp : yp, l == 0 ? nullptr : res, ly.norm1.data_ptr<float>(), h, T, Hd, eps, l > 0);
@@ -2043,8 +2053,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [T, 2I] gate_up output");
   m.def("rope_", &rope_, "RoPE in place on the first nheads heads of each row");
   // the GIL is released while a step runs, so the server's event loop streams the previous step's tokens meanwhile
-  py::class_<DecodeWeights>(m, "DecodeWeights", "a model's decode-step weights for decode_layers")
-      .def(py::init<std::vector<torch::Tensor>, std::vector<int64_t>>());
+  py::class_<DecodeTensors>(m, "DecodeTensors", "a model's decode-step weights and KV caches for decode_layers")
+      .def(py::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
+      .def("bind_caches", &DecodeTensors::bind_caches, "the KV caches decode_layers writes and reads");
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call",
         py::call_guard<py::gil_scoped_release>());
 }
