@@ -2053,7 +2053,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [T, 2I] gate_up output");
   m.def("rope_", &rope_, "RoPE in place on the first nheads heads of each row");
   // the GIL is released while a step runs, so the server's event loop streams the previous step's tokens meanwhile
-  py::class_<DecodeTensors>(m, "DecodeTensors", "a model's decode-step weights and KV caches for decode_layers")
+  // module-local: builds of other sources (each named by its hash) can be loaded side by side, as A/B checks do
+  py::class_<DecodeTensors>(m, "DecodeTensors", py::module_local(),
+                            "a model's decode-step weights and KV caches for decode_layers")
       .def(py::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
       .def("bind_caches", &DecodeTensors::bind_caches, "the KV caches decode_layers writes and reads");
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call",
