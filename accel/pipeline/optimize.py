@@ -166,8 +166,12 @@ def stage_quantize(ctx: StageContext) -> dict:
     batches, weighting = calibration_batches(fresh_model(ctx), plan, draw.train, ctx.recipe, draw.source_tokens)
     res = oneshot_quantize(fresh_model(ctx), plan, batches, q.method, q.gptq_dampening, tokenizer(ctx))
     save_checkpoint(res.model, plan, ctx.out_dir / "checkpoint_quantized", processor=tokenizer(ctx))
+    from accel.pipeline.evaluate import file_bits, num_params
+
+    # the plan's avg_bits is the decoder Linears' (what the budget counts); this is every byte of the file
     return {"method": q.method, "rows": sum(b.shape[0] for b in batches),
-            "calibration_mix": weighting.to_dict() if weighting else None}
+            "calibration_mix": weighting.to_dict() if weighting else None,
+            "file_bits": file_bits(ctx.out_dir / "checkpoint_quantized", num_params(model_path(ctx)))}
 
 
 def stage_draft(ctx: StageContext) -> dict:

@@ -69,7 +69,10 @@ def _note(name: str, record: StageRecord | None) -> str:
     s = (record.summary if record else {}) or {}
     extra = ""
     if name == "plan" and "counts" in s:
-        extra = f" ({', '.join(f'{k}:{v}' for k, v in s['counts'].items() if v)}; avg {s.get('avg_bits')} bits)"
+        extra = (f" ({', '.join(f'{k}:{v}' for k, v in s['counts'].items() if v)}; "
+                 f"avg {s.get('avg_bits')} bits on Linears)")
+    elif name == "quantize" and s.get("file_bits") is not None:
+        extra = f" ({s['file_bits']} bits per parameter, whole file)"
     elif name == "gates" and s.get("failed"):
         extra = f" (FAILED: {', '.join(s['failed'])})"
     return KEY_OUTPUTS.get(name, "") + extra

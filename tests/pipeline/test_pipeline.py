@@ -72,6 +72,9 @@ def test_first_run_writes_every_stage(first_run):
               "eval.json", "gates.json", "report.html", "report.md", "checkpoint/accel.json", "manifest.json"):
         assert (run / f).exists(), f
     assert not list(run.glob(".stage-*"))
+    # the quantize stage states the whole file's bits per parameter (table, scales, norms: more than the Linears')
+    file_bits = records["quantize"].summary["file_bits"]
+    assert 0 < file_bits < 32 and file_bits > records["plan"].summary["avg_bits"] - 1
     summary = json.loads((run / "eval.json").read_text())["summary"]
     for k in ("kl_mean", "top1", "ppl_base", "ppl_quant", "ppl_increase_pct", "speedup_batch1", "tok_s_batch1_base",
               "tok_s_batch1_quant", "acceptance_rate", "mean_acceptance_length"):
