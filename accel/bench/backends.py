@@ -188,7 +188,7 @@ class InProcessBackend:
     The engine steps on the event loop's own thread, one step between the coroutines' turns, not on a thread of its
     own: torch's OpenMP pool belongs to the thread that first runs parallel work (the one that built the engine),
     and a second pool in the process makes every step's parallel regions wait on futex wake-ups (see
-    `AsyncEngine.launch`): a batch-1 step measured 30-40% slower on another thread.
+    `accel.server.async_engine`): a batch-1 step measured 30-40% slower on another thread.
     """
 
     name = "in-process"

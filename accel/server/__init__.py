@@ -2,7 +2,7 @@
 
 protocol.py      pydantic request / response models (OpenAI + vLLM extensions), the OpenAI error body
 serving.py       request -> (prompt token ids, SamplingParams) checks and response helpers (pure)
-async_engine.py  AsyncEngine: one engine thread, a stream per request, admission control, graceful shutdown
+async_engine.py  AsyncEngine: steps the engine on the event loop; per-request streams, admission, graceful shutdown
 metrics.py       Prometheus metrics with vLLM's names
 app.py           build_app(): the FastAPI routes and error handlers
 serve.py         run_server(): load the engine, run uvicorn (`accel serve`)

@@ -110,18 +110,18 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
             else speculative_config(speculative)
     name = served_model_name or (model if not Path(model).exists() else Path(model).name)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
-    # plain HF folders and accel exports (compressed-tensors), built on the thread that will step them
-    async_engine = AsyncEngine.launch(lambda: load_engine(path, **engine_kwargs),
-                                      AdmissionPolicy(max_queue=max_queue, kv_pressure_threshold=kv_pressure_threshold))
+    # plain HF folders and accel exports (compressed-tensors), built on this thread: it runs the event loop that
+    # steps the engine, and torch's OpenMP pool belongs to the thread that first runs parallel work
+    async_engine = AsyncEngine(load_engine(path, **engine_kwargs),
+                               AdmissionPolicy(max_queue=max_queue, kv_pressure_threshold=kv_pressure_threshold))
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the server is reachable from other machines%s", host,
                     "" if api_key else " and has NO API key (pass --api-key)")
     server = make_server(async_engine, name, host=host, port=port, api_key=api_key,
                          drain_timeout_s=drain_timeout_s, log_level=log_level.lower())
     log.info("serving %s (%s) on http://%s:%d/v1", name, path, host, port)
-    # The engine thread gives up the GIL inside every torch op and must win it back to launch the next one; with
-    # the default 5 ms switch interval a busy event loop (64 streams) keeps it that long while the OpenMP
-    # threads idle. 0.5 ms hands it back sooner at a negligible cost to the event loop.
+    # The engine gives up the GIL inside torch ops and must win it back to launch the next one; with the default
+    # 5 ms switch interval the tokenizer thread could keep it that long while the OpenMP threads idle.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         server.run()

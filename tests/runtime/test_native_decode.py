@@ -91,8 +91,8 @@ print(json.dumps(outs))
 
 @pytest.mark.parametrize("scheme", ["fp32", "int8", "int4"])
 def test_a_thread_team_on_the_engine_thread_matches_the_modules(tmp_path, scheme):
-    """As `accel serve` runs it: torch's thread count never set, the engine built and stepped on a thread of its
-    own, and Linears large enough that each thread of the team takes several chunks of each. (A pool thread then
+    """An engine built and stepped on a thread other than the main one (a server run in a thread), torch's thread
+    count never set, and Linears large enough that each thread of the team takes several chunks of each. (A pool thread then
     reads a different thread count from torch than the engine thread; planning chunks with it crashed the step.)
     A fresh process, since this process has set torch's thread count."""
     import json

@@ -125,3 +125,32 @@ def test_shutdown_deadline_tells_in_flight_requests():
     err = run(main())
     assert err.status == 503 and "shutting down" in err.message
     assert engine.kv.num_held_blocks() == 0 and engine.aborted == ["long"]
+
+
+def test_the_engine_steps_on_the_event_loop_thread_and_outputs_are_sent_before_the_next_step():
+    """No engine thread: a step's outputs reach their consumer before the next step begins (a step fills every
+    core, so the loop's sending could not overlap it)."""
+    import threading
+
+    engine = FakeEngine(reply="abc")
+    seen: list[tuple[int, int]] = []  # (thread, outputs consumed so far) at each step
+    consumed = []
+    step = engine.step
+
+    def traced_step():
+        seen.append((threading.get_ident(), len(consumed)))
+        return step()
+
+    engine.step = traced_step
+
+    async def main():
+        ae = AsyncEngine(engine)
+        ae.start()
+        async for o in ae.generate(ids("p"), SamplingParams(max_tokens=3), "r1"):
+            consumed.append(o)
+        await ae.shutdown(1)
+        return threading.get_ident()
+
+    loop_thread = run(main())
+    assert {t for t, _ in seen} == {loop_thread}
+    assert [n for _, n in seen] == [0, 1, 2]

@@ -26,19 +26,18 @@ def drained(running) -> bool:
 
 # ---- admission policy (pure) -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("snap,pending,accepting,expected", [
-    (EngineSnapshot(2, 0, 0.50), 0, True, None),
-    (EngineSnapshot(2, 0, 0.99), 0, True, None),  # KV full but nobody waiting: the batch is just busy
-    (EngineSnapshot(2, 1, 0.96), 0, True, (429, "kv_pressure")),
-    (EngineSnapshot(2, 0, 0.96), 1, True, (429, "kv_pressure")),  # an add in flight counts as waiting
-    (EngineSnapshot(2, 1, 0.94), 0, True, None),
-    (EngineSnapshot(2, 3, 0.10), 1, True, (429, "queue_full")),
-    (EngineSnapshot(2, 3, 0.10), 0, True, None),
-    (EngineSnapshot(0, 0, 0.00), 0, False, (503, "shutting_down")),
+@pytest.mark.parametrize("snap,accepting,expected", [
+    (EngineSnapshot(2, 0, 0.50), True, None),
+    (EngineSnapshot(2, 0, 0.99), True, None),  # KV full but nobody waiting: the batch is just busy
+    (EngineSnapshot(2, 1, 0.96), True, (429, "kv_pressure")),
+    (EngineSnapshot(2, 1, 0.94), True, None),
+    (EngineSnapshot(2, 4, 0.10), True, (429, "queue_full")),
+    (EngineSnapshot(2, 3, 0.10), True, None),
+    (EngineSnapshot(0, 0, 0.00), False, (503, "shutting_down")),
 ])
-def test_admission_decision(snap, pending, accepting, expected):
+def test_admission_decision(snap, accepting, expected):
     policy = AdmissionPolicy(max_queue=4, kv_pressure_threshold=0.95, retry_after_s=2)
-    err = admission_error(policy, snap, pending, accepting)
+    err = admission_error(policy, snap, accepting)
     assert (None if err is None else (err.status, err.reason)) == expected
     if err is not None:
         assert err.retry_after == 2
