@@ -14,7 +14,8 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
   inprocess   batch-1 decode tok/s: accel's Engine (128 tokens after a 4-token prompt, timed from the first token)
               vs llama-bench tg128 (-p 0 -n 128)
   http        batch-1 decode over HTTP, one streaming chat request at a time (8 held-out prompts, 128 tokens):
-              `accel serve` vs llama-server, the same client (accel.eval's OpenAI backend), tok/s = 1 / mean TPOT
+              `accel serve` vs llama-server, the same client (accel.eval's OpenAI backend), tok/s = 1 / mean TPOT;
+              the two servers and accel in-process take turns request by request
   throughput  64 long-tailed requests at once (prompts 16-1024, outputs 16-256 tokens): `accel serve` vs
               llama-server with 16 slots, output tokens/s
   Both HTTP sections also run the same client and workload against accel's engine in this process: the
@@ -39,6 +40,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from accel.bench.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 # accel precision -> (accel --quant scheme or None for fp32, INT4 group size, llama.cpp GGUF type)
@@ -217,15 +220,19 @@ def llama_decode(bin_dir: Path, gguf: Path, threads: int, n: int = 128) -> float
     return parse_llama_bench(out)
 
 
-def http_bench(url: str, concurrency: int, workload) -> object:
+HTTP_WORKLOAD = Workload(num_requests=8, prompt_tokens=(32, 256), output_tokens=(128, 128), seed=1)
+
+
+def http_bench(url: str, concurrency: int, workload, requests=None, warmup: int = 1) -> object:
     from accel.bench.backends import OpenAIBackend
     from accel.bench.loadgen import BenchConfig, run_bench
 
     backend = OpenAIBackend(url, "m", endpoint="chat" if concurrency == 1 else "completions")
-    return run_bench(backend, BenchConfig(workload=workload, concurrency=concurrency, warmup=1), progress=False)
+    return run_bench(backend, BenchConfig(workload=workload, concurrency=concurrency, warmup=warmup), requests,
+                     progress=False)
 
 
-def in_process_bench(engine, concurrency: int, workload) -> object:
+def in_process_bench(engine, concurrency: int, workload, requests=None, warmup: int = 1) -> object:
     """The HTTP sections' client and workload against accel's engine in this process (its chat prompts rendered
     by the same chat template the server applies)."""
     from accel.bench.backends import InProcessBackend
@@ -234,7 +241,53 @@ def in_process_bench(engine, concurrency: int, workload) -> object:
     backend = InProcessBackend(engine)
     if concurrency == 1:  # the HTTP section sends chat requests: template them as the server does
         backend = _ChatTemplated(backend)
-    return run_bench(backend, BenchConfig(workload=workload, concurrency=concurrency, warmup=1), progress=False)
+    return run_bench(backend, BenchConfig(workload=workload, concurrency=concurrency, warmup=warmup), requests,
+                     progress=False)
+
+
+def interleaved_batch1(engine, model: Path, pair: str, bin_dir: Path, gguf: Path, threads: int,
+                       requests: list) -> dict[str, float]:
+    """One repeat of the batch-1 HTTP section: request by request, in rotating order, through `accel serve`,
+    llama-server and accel's engine in this process; tok/s = 1 / mean TPOT of each. Interleaving puts the three
+    in the same seconds of a machine whose speed drifts by tens of percent within minutes; the server that is not
+    measuring is stopped (SIGSTOP), so its idle loop cannot take a core."""
+    import signal
+
+    procs = {}
+    try:
+        for who in ("accel", "peer"):
+            port = free_port()
+            procs[who] = (port, start_accel(model, pair, threads, port) if who == "accel"
+                          else start_llama(bin_dir, gguf, threads, port, 1))
+        for port, proc in procs.values():
+            wait_ready(f"http://127.0.0.1:{port}", proc)
+
+        def one(who: str, reqs: list, warmup: int = 0) -> list[float]:
+            for other, (_, proc) in procs.items():
+                if other != who:
+                    proc.send_signal(signal.SIGSTOP)
+            try:
+                res = (in_process_bench(engine, 1, HTTP_WORKLOAD, reqs, warmup) if who == "in-process" else
+                       http_bench(f"http://127.0.0.1:{procs[who][0]}", 1, HTTP_WORKLOAD, reqs, warmup))
+            finally:
+                for other, (_, proc) in procs.items():
+                    if other != who:
+                        proc.send_signal(signal.SIGCONT)
+            return [lat.tpot for lat in res.latencies() if lat.tpot is not None]
+
+        order = ["accel", "peer", "in-process"]
+        for who in order:
+            one(who, requests[:1], warmup=1)  # warm up (kernels, caches, connections)
+        tpots: dict[str, list[float]] = {who: [] for who in order}
+        for i, req in enumerate(requests):
+            for who in order[i % 3:] + order[:i % 3]:
+                tpots[who] += one(who, [req])
+    finally:
+        for _, proc in procs.values():
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+            proc.wait(30)
+    return {who: len(t) / sum(t) for who, t in tpots.items()}
 
 
 class _ChatTemplated:
@@ -260,11 +313,6 @@ class _ChatTemplated:
                                                   add_generation_prompt=True)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return self.inner.stream(dataclasses.replace(request, prompt=text, prompt_token_ids=ids))
-
-
-def rate(section: str, res) -> float:
-    """Batch-1 decode tok/s (1 / mean time per output token) or output tokens/s of the whole run."""
-    return 1000.0 / res.tpot_ms.mean if section == "http" else res.output_throughput
 
 
 def streamed_bytes(model) -> int:
@@ -308,7 +356,6 @@ def main() -> None:
     bad = [p for p in pairs if p not in PAIRS and p not in EXPORTS] + [s for s in sections if s not in SECTIONS]
     if bad:
         raise SystemExit(f"unknown pairs/sections {bad}; allowed: {list(PAIRS)} / {list(SECTIONS)}")
-    from accel.bench.workload import Workload
     from accel.models import resolve_model
 
     model = Path(resolve_model("smollm2-135m", pull_if_missing=True))
@@ -336,31 +383,42 @@ def main() -> None:
                                           f"{statistics.median(row.accel) / roofline:.0%} of it")
             del engine
 
-    work = {"http": (1, Workload(num_requests=8, prompt_tokens=(32, 256), output_tokens=(128, 128), seed=1)),
-            "throughput": (64, Workload(num_requests=64, prompt_tokens=(16, 1024), output_tokens=(16, 256), seed=2))}
-    for section in ("http", "throughput"):
-        if section not in sections:
-            continue
-        concurrency, workload = work[section]
+    if "http" in sections:
+        requests = build_requests(HTTP_WORKLOAD)  # text prompts: the same for all three, templated by each
         for pair in pairs:
-            label = "batch-1 decode, HTTP" if section == "http" else "64 requests, HTTP"
-            row = Row(label, pair, "tok/s")
-            # the server's own cost: the same client and workload against accel in this process
-            cost = Row(f"{label}: accel serve / in-process", pair, "tok/s", peer_name="accel in-process")
+            row = Row("batch-1 decode, HTTP", pair, "tok/s")
+            # the server's own cost: the same client and prompts against accel's engine in this process
+            cost = Row("batch-1 decode, HTTP: accel serve / in-process", pair, "tok/s", peer_name="accel in-process")
+            engine = accel_engine(model, pair, a.threads)
+            for _ in range(a.repeats):
+                rates = interleaved_batch1(engine, model, pair, bin_dir, ggufs[gguf_type(pair)], a.threads, requests)
+                row.accel.append(rates["accel"])
+                row.peer.append(rates["peer"])
+                cost.accel.append(rates["accel"])
+                cost.peer.append(rates["in-process"])
+            del engine
+            rows += [row, cost]
+            print("\n".join(render_table([row, cost]).splitlines()[-2:]), flush=True)
+
+    if "throughput" in sections:
+        workload = Workload(num_requests=64, prompt_tokens=(16, 1024), output_tokens=(16, 256), seed=2)
+        for pair in pairs:
+            row = Row("64 requests, HTTP", pair, "tok/s")
+            cost = Row("64 requests, HTTP: accel serve / in-process", pair, "tok/s", peer_name="accel in-process")
             engine = accel_engine(model, pair, a.threads, max_num_seqs=64)
             for _ in range(a.repeats):
-                cost.peer.append(rate(section, in_process_bench(engine, concurrency, workload)))
+                cost.peer.append(in_process_bench(engine, 64, workload).output_throughput)
                 for who in ("accel", "peer"):
                     port = free_port()
                     proc = (start_accel(model, pair, a.threads, port) if who == "accel" else
-                            start_llama(bin_dir, ggufs[gguf_type(pair)], a.threads, port, 1 if concurrency == 1 else 16))
+                            start_llama(bin_dir, ggufs[gguf_type(pair)], a.threads, port, 16))
                     try:
                         wait_ready(f"http://127.0.0.1:{port}", proc)
-                        res = http_bench(f"http://127.0.0.1:{port}", concurrency, workload)
+                        res = http_bench(f"http://127.0.0.1:{port}", 64, workload)
                     finally:
                         proc.terminate()
                         proc.wait(30)
-                    (row.accel if who == "accel" else row.peer).append(rate(section, res))
+                    (row.accel if who == "accel" else row.peer).append(res.output_throughput)
                 cost.accel.append(row.accel[-1])
             del engine
             rows += [row, cost]
