@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from accel.runtime.sampler import is_greedy, plain_greedy
-from accel.speculative.ngram import propose_ngram
+from accel.speculative.ngram import NgramIndex, propose_ngram
 from accel.speculative.tokenizer_check import check_tokenizers_match
 
 DRAFT_META_FILE = "accel_draft.json"
@@ -83,15 +83,28 @@ class Proposer(ABC):
 
 
 class NgramProposer(Proposer):
-    """Prompt lookup (see accel.speculative.ngram); stateless and model-free."""
+    """Prompt lookup (see accel.speculative.ngram); model-free. Keeps an `NgramIndex` per request id (a request
+    without an id is looked up from scratch)."""
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram min_n={min_n}, max_n={max_n} are invalid; allowed: 1 <= min_n <= max_n")
         self.min_n, self.max_n = min_n, max_n
+        self._index: dict[str, NgramIndex] = {}
 
     def propose(self, requests: list[ProposalRequest]) -> Proposals:
-        return Proposals([propose_ngram(r.token_ids, r.k, self.min_n, self.max_n) for r in requests], probs=None)
+        return Proposals([self._lookup(r) for r in requests], probs=None)
+
+    def _lookup(self, r: ProposalRequest) -> list[int]:
+        if not r.request_id:
+            return propose_ngram(r.token_ids, r.k, self.min_n, self.max_n)
+        index = self._index.get(r.request_id)
+        if index is None:
+            index = self._index[r.request_id] = NgramIndex(self.min_n, self.max_n)
+        return index.propose(r.token_ids, r.k)
+
+    def finish(self, request_id: str) -> None:
+        self._index.pop(request_id, None)
 
 
 class NgramFirstProposer(Proposer):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
-from accel.speculative.ngram import propose_ngram
+from accel.speculative.ngram import NgramIndex, propose_ngram
+from accel.speculative.proposer import NgramProposer, ProposalRequest
 
 
 @pytest.mark.parametrize("tokens, k, min_n, max_n, expected", [
@@ -50,3 +53,27 @@ def test_accepts_numpy_and_returns_python_ints():
 def test_bad_arguments(k, min_n, max_n, msg):
     with pytest.raises(ValueError, match=msg):
         propose_ngram([1, 2, 3], k, min_n, max_n)
+
+
+def test_index_gives_propose_ngrams_answer_on_every_prefix_of_a_growing_sequence():
+    rng = random.Random(0)
+    for min_n, max_n in ((2, 4), (1, 3), (3, 3)):
+        tokens = [rng.randrange(6) for _ in range(400)]  # a small vocabulary: many repeats
+        index = NgramIndex(min_n, max_n)
+        length = 1
+        while length <= len(tokens):
+            k = rng.randrange(0, 6)
+            assert index.propose(tokens[:length], k) == propose_ngram(tokens[:length], k, min_n, max_n), length
+            length += rng.randrange(1, 5)  # verify steps add one or several tokens
+        other = [5, 4, 3, 5, 4]  # not a continuation: the index starts over
+        assert index.propose(other, 3) == propose_ngram(other, 3, min_n, max_n)
+
+
+def test_proposer_keeps_an_index_per_request_until_finish():
+    prop = NgramProposer(2, 3)
+    a, b = [1, 2, 3, 4, 1, 2], [7, 8, 9, 7, 8]
+    assert prop.propose([ProposalRequest(a, 2, "a"), ProposalRequest(b, 2, "b")]).token_ids == [[3, 4], [9, 7]]
+    assert prop.propose([ProposalRequest(a + [3, 9, 1, 2, 3], 3, "a")]).token_ids == [[9, 1, 2]]
+    assert set(prop._index) == {"a", "b"}
+    prop.finish("a")
+    assert set(prop._index) == {"b"}
