@@ -21,7 +21,9 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
   Both HTTP sections also run the same client and workload against accel's engine in this process: the
   `accel serve / in-process` rows are the server's own cost.
 The machine's read bandwidth (the max of a 256 MB fp32 tensor in 2 MB pages, as the weights are held, on the
-benchmark's threads) gives the weight-bytes roofline of a batch-1 step at INT8.
+benchmark's threads) gives the weight-bytes roofline of a batch-1 step at INT8. It is probed right before each INT8
+repeat, and the `int8 / weight-bytes roofline` row divides each repeat by its own probe: a shared machine's bandwidth
+drifts (34-57 GB/s within an hour on a 2-core EPYC), so one probe at the start compared different minutes.
 
 llama.cpp is built once per machine by scripts/peers/build_llama_cpp.sh ($ACCEL_HOME/peers/llama.cpp); the GGUFs
 are made with its llama-quantize --allow-requantize into $ACCEL_HOME/peers/gguf. Not run in CI (too slow): the
@@ -362,26 +364,30 @@ def main() -> None:
     bin_dir = llama_bin()
     ggufs = make_ggufs(bin_dir, pairs)
     rows: list[Row] = []
-    bandwidth = read_bandwidth_gbs(a.threads)
-    extra = {"read bandwidth": f"{bandwidth:.1f} GB/s (a 256 MB read, {a.threads} threads)"}
+    probes = [read_bandwidth_gbs(a.threads)]
+    extra: dict[str, str] = {}
 
     if "inprocess" in sections:
         for pair in pairs:
             row = Row("batch-1 decode, in-process", pair, "tok/s")
             engine = accel_engine(model, pair, a.threads)
             accel_decode(engine, 16)  # warm up (kernels, caches)
+            roof = Row("batch-1 decode, in-process", pair, "tok/s", peer_name="weight-bytes roofline")
+            gb = streamed_bytes(engine.model) / 1e9
             for _ in range(a.repeats):
+                if pair == "int8":
+                    probes.append(read_bandwidth_gbs(a.threads))
+                    roof.peer.append(probes[-1] / gb)
                 row.accel.append(accel_decode(engine))
                 row.peer.append(llama_decode(bin_dir, ggufs[gguf_type(pair)], a.threads))
-            rows.append(row)
+            roof.accel = list(row.accel)
+            rows += [row, roof] if roof.peer else [row]
             print(render_table([row]).splitlines()[-1], flush=True)
-            if pair == "int8":
-                gb = streamed_bytes(engine.model) / 1e9
-                roofline = bandwidth / gb
-                extra["int8 roofline"] = (f"{gb * 1e3:.0f} MB of weights per token at {bandwidth:.1f} GB/s = "
-                                          f"{roofline:.0f} tok/s; accel reaches "
-                                          f"{statistics.median(row.accel) / roofline:.0%} of it")
+            if roof.peer:
+                print(render_table([roof]).splitlines()[-1], flush=True)
+                extra["int8 roofline"] = f"{gb * 1e3:.0f} MB of weights per token at each repeat's probe"
             del engine
+    extra["read bandwidth"] = f"{spread(probes)} GB/s (256 MB reads, {a.threads} threads)"
 
     if "http" in sections:
         requests = build_requests(HTTP_WORKLOAD)  # text prompts: the same for all three, templated by each

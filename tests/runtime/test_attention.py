@@ -107,3 +107,23 @@ def test_verify_rows_split_across_threads_give_each_row_what_it_gets_alone(threa
     ref = paged_attention(q, none, none, cache, AttentionMetadata(torch.empty(0, dtype=torch.long), [],
                                                                   [DecodeGroup(rows, table, mask)]), 0.125)
     assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+def test_a_large_kv_cache_is_zeros_and_faulted_in_when_allocated():
+    # pages left to fault on first use arrive inside decode steps (a 2 MB page allocation may compact memory while
+    # the step's other thread waits): the cache must be resident before the first step, as torch.zeros would be
+    import ctypes
+    import mmap
+
+    cache = PagedKVCache(num_blocks=512, block_size=16, num_kv_heads=4, head_dim=64, dtype=torch.float32,
+                         device=torch.device("cpu"), compute_dtype=torch.float32)
+    nbytes = cache.k.numel() * cache.k.element_size()
+    assert nbytes >= 8 << 20
+    libc = ctypes.CDLL(None, use_errno=True)
+    pages = (nbytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    for t in (cache.k, cache.v):
+        resident = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(t.data_ptr()), ctypes.c_size_t(nbytes), resident) == 0
+        assert sum(b & 1 for b in resident) == pages
+        assert not t.any()
