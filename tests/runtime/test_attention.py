@@ -42,12 +42,13 @@ def test_write_gather_and_block_round_trip():
 @pytest.mark.parametrize("q_scale", [1.0, 8.0])  # large scores: the online softmax rescales across blocks
 @pytest.mark.parametrize("heads", [6, 2, 10, 16])  # 2 kv heads: GQA groups 3, 1, 5 (tiles 4 + 1), 8 (4 + 4)
 @pytest.mark.parametrize("spans", [False, True])
-def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale, heads, spans):
+@pytest.mark.parametrize("bs", [4, 8])  # 8: scores in vectors of 8 tokens, the tail of a block masked
+def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale, heads, spans, bs):
     # requests with different context lengths and scattered, shared blocks; the kernel reads the block table
     # directly, the reference gathers the blocks and runs SDPA with a padding mask. With spans, rows 1-3 are one
     # request's verify rows (contexts 11, 12, 13 over one table, each row its own causal prefix) read together.
     g = torch.Generator().manual_seed(head_dim)
-    bs, kvh, nblocks = 4, 2, 40
+    kvh, nblocks = 2, 40
     cache = PagedKVCache(nblocks, bs, kvh, head_dim, torch.float32, torch.device("cpu"), torch.float32)
     cache.k.normal_(generator=g)
     cache.v.normal_(generator=g)

@@ -1373,6 +1373,73 @@ static inline void gqa_accumulate(const float* p, int64_t ps, const float* v, in
   }
 }
 
+// Scores of one query head against 8 consecutive tokens of a block (D % 8 == 0), as one vector: eight independent
+// FMA chains, then one hadd tree reduces all eight dot products (a horizontal sum per score cost about as much as
+// its FMAs, and scalar score stores stalled the vector loads that followed them).
+static inline __m256 scores8(const float* q, const float* k, int64_t ts, int64_t D) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  __m256 a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps(), a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + ts + d), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * ts + d), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * ts + d), a3);
+    a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 4 * ts + d), a4);
+    a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 5 * ts + d), a5);
+    a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 6 * ts + d), a6);
+    a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 7 * ts + d), a7);
+  }
+  const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));  // [t0..t3 | t0..t3] halves
+  const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+static inline float hmax256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// The online-softmax update of NQ query heads (q_j at q + j * D) over the n tokens of a block (BS % 8 == 0): scores
+// in vectors of 8 (lanes past n read the block's unused slots and are masked to -inf, so a token's score does not
+// depend on n), each head's running max m[j] and sum l[j] updated, its weights left in p[j * ps : + BS] and the
+// rescale factor of its accumulator in corr[j]. All heads' exps run in one loop: one head's two were a latency chain.
+template <int NQ>
+static inline void tile_block_softmax(const float* q, const float* k, int64_t ts, int64_t n, int64_t D, float scale,
+                                      float* p, int64_t ps, float* m, float* l, float* corr) {
+  const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+  const int64_t nc = (n + 7) / 8;
+  const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+      _mm256_set1_epi32(static_cast<int>(n - (nc - 1) * 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  __m256 nmv[NQ];
+  for (int j = 0; j < NQ; ++j) {
+    __m256 vmax = ninf;
+    for (int64_t c = 0; c < nc; ++c) {
+      __m256 s = _mm256_mul_ps(scores8(q + j * D, k + c * 8 * ts, ts, D), sv);
+      if (c == nc - 1) s = _mm256_blendv_ps(ninf, s, valid);
+      _mm256_storeu_ps(p + j * ps + c * 8, s);
+      vmax = _mm256_max_ps(vmax, s);
+    }
+    const float nm = std::max(m[j], hmax256(vmax));
+    // exp(0) = 1 and exp(-inf) = 0 exactly: the call is needed only when the max moved from a finite value
+    corr[j] = nm == m[j] ? 1.f : (m[j] == -INFINITY ? 0.f : std::exp(m[j] - nm));
+    m[j] = nm;
+    nmv[j] = _mm256_set1_ps(nm);
+  }
+  __m256 lsum[NQ];
+  for (int j = 0; j < NQ; ++j) {
+    lsum[j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nc; ++c) {
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + j * ps + c * 8), nmv[j]));
+      _mm256_storeu_ps(p + j * ps + c * 8, e);
+      lsum[j] = _mm256_add_ps(lsum[j], e);
+    }
+  }
+  for (int j = 0; j < NQ; ++j) l[j] = l[j] * corr[j] + hsum256(lsum[j]);
+}
+
 #ifndef PREFETCH_BLOCKS
 #define PREFETCH_BLOCKS 1
 #endif
@@ -1517,16 +1584,20 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
           nv = reinterpret_cast<const char*>(vp + nblk * BS * TS + h0 * D);
         }
         const int64_t lines = (BS * TS * 4 + 63) / 64, per_head = (lines + (h1 - h0) - 1) / (h1 - h0);
+        // ... and within a head, over its rows: a verify span's 16 rows each issue a sixteenth
+        const int64_t per_row = (per_head + (rb - ra) - 1) / (rb - ra);
         for (int64_t h = h0; h < h1; ++h) {
-          if (nk) {
-            for (int64_t x = (h - h0) * per_head; x < std::min(lines, (h - h0 + 1) * per_head); ++x) {
-              _mm_prefetch(nk + x * 64, _MM_HINT_T0);
-              _mm_prefetch(nv + x * 64, _MM_HINT_T0);
-            }
-          }
           const float* kh = kb + h * D;  // token t of kv head h at kh + t * TS
           const float* vh = vb + h * D;
           for (int64_t r = ra; r < rb; ++r) {
+            if (nk) {
+              const int64_t x0 = (h - h0) * per_head + (r - ra) * per_row;
+              const int64_t x1 = std::min({lines, (h - h0 + 1) * per_head, x0 + per_row});
+              for (int64_t x = x0; x < x1; ++x) {
+                _mm_prefetch(nk + x * 64, _MM_HINT_T0);
+                _mm_prefetch(nv + x * 64, _MM_HINT_T0);
+              }
+            }
             const int64_t L = clp[r0 + r];
             if (b0 >= L) continue;  // this row's causal prefix ends before the block
             const int64_t n = std::min(BS, L - b0);
@@ -1537,34 +1608,45 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
             for (int64_t j0q = h * group + qa; j0q < h * group + qb; j0q += 4) {  // query heads in tiles of <= 4
               const int64_t nq = std::min<int64_t>(4, h * group + qb - j0q);
               float* sq = sbuf.data() + j0q * BSP;
-              if (D % 8 == 0) {
+              float corr[4];
+              if (D % 8 == 0 && BS % 8 == 0) {
+                float* mj = m + j0q;
+                float* lj = l + j0q;
                 switch (nq) {
-                  case 4: gqa_scores<4>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
-                  case 3: gqa_scores<3>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
-                  case 2: gqa_scores<2>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
-                  default: gqa_scores<1>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                  case 4: tile_block_softmax<4>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP, mj, lj, corr); break;
+                  case 3: tile_block_softmax<3>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP, mj, lj, corr); break;
+                  case 2: tile_block_softmax<2>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP, mj, lj, corr); break;
+                  default: tile_block_softmax<1>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP, mj, lj, corr); break;
                 }
               } else {
-                for (int64_t j = 0; j < nq; ++j) block_scores(qrow + (j0q + j) * D, kh, TS, n, D, sc, sq + j * BSP);
-              }
-              float corr[4];
-              for (int64_t jj = 0; jj < nq; ++jj) {
-                const int64_t j = j0q + jj;
-                float* sj = sq + jj * BSP;
-                float bm = -INFINITY;
-                for (int64_t u = 0; u < n; ++u) bm = std::max(bm, sj[u]);
-                for (int64_t u = n; u < BSP; ++u) sj[u] = -INFINITY;
-                const float nm = std::max(m[j], bm);
-                corr[jj] = std::exp(m[j] - nm);  // 0 on the first block (m = -inf)
-                m[j] = nm;
-                const __m256 nmv = _mm256_set1_ps(nm);
-                __m256 lsum = _mm256_setzero_ps();
-                for (int64_t u = 0; u < BSP; u += 8) {
-                  __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj + u), nmv));
-                  _mm256_storeu_ps(sj + u, e);
-                  lsum = _mm256_add_ps(lsum, e);
+                if (D % 8 == 0) {
+                  switch (nq) {
+                    case 4: gqa_scores<4>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                    case 3: gqa_scores<3>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                    case 2: gqa_scores<2>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                    default: gqa_scores<1>(qrow + j0q * D, kh, TS, n, D, sc, sq, BSP); break;
+                  }
+                } else {
+                  for (int64_t j = 0; j < nq; ++j) block_scores(qrow + (j0q + j) * D, kh, TS, n, D, sc, sq + j * BSP);
                 }
-                l[j] = l[j] * corr[jj] + hsum256(lsum);
+                for (int64_t jj = 0; jj < nq; ++jj) {
+                  const int64_t j = j0q + jj;
+                  float* sj = sq + jj * BSP;
+                  float bm = -INFINITY;
+                  for (int64_t u = 0; u < n; ++u) bm = std::max(bm, sj[u]);
+                  for (int64_t u = n; u < BSP; ++u) sj[u] = -INFINITY;
+                  const float nm = std::max(m[j], bm);
+                  corr[jj] = std::exp(m[j] - nm);  // 0 on the first block (m = -inf)
+                  m[j] = nm;
+                  const __m256 nmv = _mm256_set1_ps(nm);
+                  __m256 lsum = _mm256_setzero_ps();
+                  for (int64_t u = 0; u < BSP; u += 8) {
+                    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj + u), nmv));
+                    _mm256_storeu_ps(sj + u, e);
+                    lsum = _mm256_add_ps(lsum, e);
+                  }
+                  l[j] = l[j] * corr[jj] + hsum256(lsum);
+                }
               }
               if (D % 8 == 0) {
                 switch (nq) {
