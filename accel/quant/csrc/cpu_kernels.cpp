@@ -248,6 +248,12 @@ ACCEL_DEFINE_TILE_I16(tile_i16_vnni, ACCEL_DOT_VNNI)
 static const bool HAS_VNNI = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                              __builtin_cpu_supports("avx512bw");  // the prefill GEMM widens bytes with AVX512-BW
 
+// One or two activation rows stream each weight once, in one linear pass per chunk. On Intel (Xeon with AVX-512 /
+// AMX, 2 cores, ~14 GB/s) a software prefetch 4 KB ahead of that pass lifted INT8 decode 1.05-1.12x (8 KB the same,
+// 1 KB 1.05x, 16 KB 1.05x); on AMD EPYC the hardware prefetcher alone ran 9-17% faster than a prefetch of the next
+// tiles, so AMD keeps it.
+static const int64_t STREAM_PREFETCH_AHEAD = __builtin_cpu_is("intel") ? 4096 : 0;
+
 // the prefill GEMMs (AVX512-VNNI), defined below
 // Decode and verify steps (up to 32 rows: the runtime's one-call decode path) keep the row kernels: the INT8 one's
 // result for a row does not depend on the other rows of the call, so greedy output is the same with and without
@@ -611,9 +617,11 @@ static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB,
 // to int16 and two `vpdpwssd` of 8 rows each. The same per-row operations as `vnni_tiles_i8` (identical results);
 // at one row the 512-bit widening cost the decode step ~6% (SmolLM2 INT8, whole engine, paired runs).
 static inline void vnni_tile1_i8(const int16_t* xq, const float* xs, int64_t KB, const int8_t* tile,
-                                 const float* scale, float* y) {
+                                 const float* scale, float* y, const char* ahead) {
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t b = 0; b < KB; ++b) {
+    if (ahead)
+      for (int64_t j = 0; j < 512; j += 64) _mm_prefetch(ahead + b * 512 + j, _MM_HINT_T0);
     __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}, {_mm256_setzero_si256(), _mm256_setzero_si256()}};
 #pragma GCC unroll 16
     for (int64_t j = 0; j < 16; ++j) {
@@ -673,11 +681,12 @@ static void vnni_gemm_i8_tiles(const QuantBlocks& xr, int64_t M, int64_t K, cons
         const char* ahead = t + 4 <= t1 ? reinterpret_cast<const char*>(tile + 32 * K) : nullptr;
         vnni_pass_i8<2>(xr, M, K, tile, scale + t * 16, y + t * 16, N, ahead);
         t += 2;
-      } else {  // no software prefetch: on this linear stream the hardware's ran 9-17% faster (one row, whole engine)
+      } else {
+        const char* ahead = STREAM_PREFETCH_AHEAD ? reinterpret_cast<const char*>(tile) + STREAM_PREFETCH_AHEAD : nullptr;
         if (M == 1)
-          vnni_tile1_i8(xr.q.data(), xr.scale.data(), K / 32, tile, scale + t * 16, y + t * 16);
+          vnni_tile1_i8(xr.q.data(), xr.scale.data(), K / 32, tile, scale + t * 16, y + t * 16, ahead);
         else
-          vnni_pass_i8<1>(xr, M, K, tile, scale + t * 16, y + t * 16, N, nullptr);
+          vnni_pass_i8<1>(xr, M, K, tile, scale + t * 16, y + t * 16, N, ahead);
         t += 1;
       }
     }
@@ -880,7 +889,8 @@ static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t
         vnni_pass_i4<2, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N, ahead);
         t += 2;
       } else {
-        vnni_pass_i4<1, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N, nullptr);  // hardware prefetch (as INT8)
+        const char* ahead = STREAM_PREFETCH_AHEAD ? reinterpret_cast<const char*>(tile) + STREAM_PREFETCH_AHEAD : nullptr;
+        vnni_pass_i4<1, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N, ahead);
         t += 1;
       }
     }
