@@ -26,7 +26,8 @@ repeat, and the `int8 / weight-bytes roofline` row divides each repeat by its ow
 drifts (34-57 GB/s within an hour on a 2-core EPYC), so one probe at the start compared different minutes.
 
 llama.cpp is built once per machine by scripts/peers/build_llama_cpp.sh ($ACCEL_HOME/peers/llama.cpp); the GGUFs
-are made with its llama-quantize --allow-requantize into $ACCEL_HOME/peers/gguf. Not run in CI (too slow): the
+are made with its llama-quantize --allow-requantize into $ACCEL_HOME/peers/gguf. Where its repacked prompt path
+crashes (AMX on some Xeon VMs), llama-server runs with --no-repack and the table says so. Not run in CI (too slow): the
 tests check the parsing and the table with a fake peer.
 """
 
@@ -187,9 +188,24 @@ def start_accel(model: Path, pair: str, threads: int, port: int) -> subprocess.P
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+# llama.cpp repacks weights for its fastest CPU kernels (AMX on Xeons) unless told not to. Where the repacked
+# prompt path crashes (its AMX matmul segfaults on some Xeon VMs), llama-server runs without repacking; llama-bench's
+# decode-only test runs fine repacked and keeps it (the peer at its fastest wherever it runs).
+LLAMA_REPACK = True
+
+
+def llama_repack_works(bin_dir: Path, gguf: Path, threads: int) -> bool:
+    """Whether llama.cpp processes a prompt with its default (repacked) weights on this machine."""
+    run = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "16", "-n", "0",
+                          "-r", "1"], capture_output=True, text=True)
+    return run.returncode == 0
+
+
 def start_llama(bin_dir: Path, gguf: Path, threads: int, port: int, slots: int) -> subprocess.Popen:
     cmd = [str(bin_dir / "llama-server"), "-m", str(gguf), "-t", str(threads), "--host", "127.0.0.1", "--port",
            str(port), "-np", str(slots), "-c", str(slots * 1536), "--alias", "m"]
+    if not LLAMA_REPACK:
+        cmd.append("--no-repack")
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -366,6 +382,12 @@ def main() -> None:
     rows: list[Row] = []
     probes = [read_bandwidth_gbs(a.threads)]
     extra: dict[str, str] = {}
+    global LLAMA_REPACK
+    LLAMA_REPACK = llama_repack_works(bin_dir, ggufs[gguf_type(pairs[0])], a.threads)
+    if not LLAMA_REPACK:
+        extra["llama.cpp"] = ("llama-server without weight repacking (its repacked prompt path crashed on this CPU); "
+                              "llama-bench's decode repacked")
+        print(f"llama.cpp: {extra['llama.cpp']}", flush=True)
 
     if "inprocess" in sections:
         for pair in pairs:

@@ -68,3 +68,18 @@ def test_exports_are_pairs_named_after_their_run_next_to_a_gguf_type(tmp_path):
     for bad in (f"{ck}:Q5_0", f"{tmp_path}:Q8_0", "Q8_0"):
         with pytest.raises(SystemExit, match="expected EXPORT_DIR:TYPE"):
             bench_peers.parse_exports(bad)
+
+
+@pytest.mark.parametrize("crashes", [False, True])
+def test_a_peer_whose_repacked_prompt_path_crashes_runs_without_repacking_everywhere(tmp_path, monkeypatch, crashes):
+    # a fake llama-bench that segfaults on a prompt unless told `--repack 0`, as the native build does on some Xeons
+    bench = tmp_path / "llama-bench"
+    bench.write_text("#!/bin/sh\ncase \"$*\" in *'--repack 0'*) exit 0;; esac\n"
+                     + ("kill -SEGV $$\n" if crashes else "exit 0\n"))
+    bench.chmod(0o755)
+    assert bench_peers.llama_repack_works(tmp_path, tmp_path / "m.gguf", 2) is not crashes
+    launched = []
+    monkeypatch.setattr(bench_peers.subprocess, "Popen", lambda cmd, **kw: launched.append(cmd))
+    monkeypatch.setattr(bench_peers, "LLAMA_REPACK", not crashes)
+    bench_peers.start_llama(tmp_path, tmp_path / "m.gguf", 2, 8080, 1)
+    assert ("--no-repack" in launched[0]) is crashes
