@@ -383,7 +383,7 @@ def main() -> None:
     probes = [read_bandwidth_gbs(a.threads)]
     extra: dict[str, str] = {}
     global LLAMA_REPACK
-    LLAMA_REPACK = llama_repack_works(bin_dir, ggufs[gguf_type(pairs[0])], a.threads)
+    LLAMA_REPACK = all(llama_repack_works(bin_dir, g, a.threads) for g in set(ggufs.values()))
     if not LLAMA_REPACK:
         extra["llama.cpp"] = ("llama-server without weight repacking (its repacked prompt path crashed on this CPU); "
                               "llama-bench's decode repacked")
