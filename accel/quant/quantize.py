@@ -143,6 +143,23 @@ def _llmcompressor_logs_to_stderr() -> None:
                format="{time:YYYY-MM-DDTHH:mm:ss} | {function} | {level} - {message}")
 
 
+@contextlib.contextmanager
+def _no_pinning_without_accelerator():
+    """AWQ pins its cached activations for faster host-to-device copies; torch refuses pin_memory() where there is
+    no accelerator, and on the CPU there is no copy to speed up, so pinning is skipped there."""
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    if torch.accelerator.is_available():
+        yield
+        return
+    saved = IntermediatesCache.pin_memory
+    IntermediatesCache.pin_memory = lambda self, *a, **k: None
+    try:
+        yield
+    finally:
+        IntermediatesCache.pin_memory = saved
+
+
 def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tensor], method: str = "gptq",
                      dampening: float = 0.01, processor=None) -> OneshotResult:
     """Run llm-compressor's oneshot on CPU with our calibration token batches; the model is modified in place.
@@ -165,8 +182,9 @@ def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tenso
     if modifiers:
         n = sum(b.shape[0] for b in batches)
         seq = max(b.shape[1] for b in batches)
-        oneshot(model=model, dataset=_dataloader(batches), processor=processor, recipe=modifiers,
-                num_calibration_samples=n, max_seq_length=seq, tie_word_embeddings=True)
+        with _no_pinning_without_accelerator():
+            oneshot(model=model, dataset=_dataloader(batches), processor=processor, recipe=modifiers,
+                    num_calibration_samples=n, max_seq_length=seq, tie_word_embeddings=True)
     return OneshotResult(model=model, seconds=time.perf_counter() - t0, method=method)
 
 

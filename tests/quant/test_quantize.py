@@ -160,6 +160,22 @@ def test_gptq_oneshot_checkpoint_matches_fake_quant_model(tmp_path):
     torch.testing.assert_close(loaded(X).logits, fq, **KERNEL_TOL)
 
 
+@torch.no_grad()
+def test_awq_oneshot_runs_on_a_machine_without_an_accelerator(tmp_path):
+    """AWQ pins its cached activations for host-to-device copies, which torch refuses without an accelerator."""
+    model = _saved_tiny(tmp_path, fp16_values=True)
+    ref = model(X).logits
+    # one scheme per fusion group (q/k/v, gate/up): AWQ fuses their observers
+    schemes = {n: "int8" if "mlp" in n else "int4" for n in quantizable_linears(model)}
+    plan = Plan(schemes=schemes, group_size=32, avg_bits=0.0, estimated_kl=0.0, lm_head="fp16")
+    norms = {n: p.clone() for n, p in model.named_parameters() if "layernorm" in n}
+    res = oneshot_quantize(model, plan, CAL, "awq", processor=_tokenizer())
+    assert any(not torch.equal(p, norms[n]) for n, p in res.model.named_parameters() if n in norms)  # it smoothed
+    assert (res.model(X).logits - ref).abs().max() > 1e-3  # and quantized
+    loaded = load_quantized_for_runtime(save_checkpoint(res.model, plan, tmp_path / "ck"))
+    torch.testing.assert_close(loaded(X).logits, res.model(X).logits, **KERNEL_TOL)
+
+
 def _q4_1_grid(model, group_size=32):
     """Move every quantizable weight onto a GGUF Q4_1 grid (fp16 d and min per group of 32), as SmolLM2's are."""
     mods = dict(model.named_modules())
