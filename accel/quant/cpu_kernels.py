@@ -210,17 +210,19 @@ def argmax_rows(x: Tensor) -> Tensor:
 
 def decode_tensors(weights: list[Tensor], spec: list[int]):
     """A model's decode-step tensors for `decode_layers`: the weights (see the C++ comment on the spec), checked and
-    held once; then `.bind_caches(k_caches, v_caches)` before the first step."""
+    held once; then `.bind_caches(k_caches, v_caches)` before the first step, and optionally
+    `.set_head(weights, spec)`: the lm_head as one more linear spec."""
     return _module().DecodeTensors(weights, spec)
 
 
 def decode_layers(x: Tensor, cos: Tensor, sin_signed: Tensor, tensors, slots: Tensor, block_tables: Tensor,
-                  context_lens: Tensor, rows: Tensor, spans: Tensor, num_heads: int, num_kv_heads: int,
-                  head_dim: int, eps: float, scale: float) -> Tensor:
-    """Every decoder layer of a decode step in one call -> final hidden [T, hidden]; `tensors` from
-    `decode_tensors`, caches bound. Call only when `available()`."""
+                  context_lens: Tensor, rows: Tensor, spans: Tensor, logit_rows: Tensor, num_heads: int,
+                  num_kv_heads: int, head_dim: int, eps: float, scale: float) -> tuple[Tensor, Tensor]:
+    """Every decoder layer of a decode step in one call -> (final hidden [T, hidden], logits [R, vocab] of the R
+    `logit_rows`, by the head set on `tensors`; [0, 0] when R = 0); `tensors` from `decode_tensors`, caches
+    bound. Call only when `available()`."""
     return _module().decode_layers(x, cos, sin_signed, tensors, slots, block_tables, context_lens, rows, spans,
-                                   num_heads, num_kv_heads, head_dim, eps, scale)
+                                   logit_rows, num_heads, num_kv_heads, head_dim, eps, scale)
 
 
 HUGE_PAGE_MIN_BYTES = 1 << 20  # smaller tensors span a handful of pages: nothing to gain

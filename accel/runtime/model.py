@@ -230,20 +230,38 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
                 kv_caches: list[PagedKVCache]) -> Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
-        x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
-        sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
+        x, cos, sin = self._embed(input_ids, positions)
         native = getattr(self, "native_decode", None)
         if native is not None and native.takes(meta, x.shape[0]):
-            return native(x, cos, sin, meta, kv_caches)
+            return native(x, cos, sin, meta, kv_caches)[0]
         residual = None
         for layer, cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, cos, sin, cache, meta)
         return self.model.norm(x, residual)
 
+    def _embed(self, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """-> token embeddings [T, hidden], RoPE cos and signed sin [T, 1, D]."""
+        cos = self.cos.index_select(0, positions).unsqueeze(1)
+        return self.model.embed_tokens(input_ids), cos, self.sin_signed.index_select(0, positions).unsqueeze(1)
+
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, hidden] -> logits [N, vocab] float32."""
         return self.lm_head(hidden).float()
+
+    def forward_logits(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
+                       kv_caches: list[PagedKVCache], logit_rows: list[int]) -> tuple[Tensor, Tensor]:
+        """forward and compute_logits of the rows `logit_rows` (indices into the T rows) -> (hidden [T, hidden],
+        logits [len(logit_rows), vocab] float32). The native decode step computes both in one call."""
+        native = getattr(self, "native_decode", None)
+        if native is not None and native.has_head and native.takes(meta, input_ids.shape[0]):
+            return native(*self._embed(input_ids, positions), meta, kv_caches, logit_rows)
+        hidden = self(input_ids, positions, meta, kv_caches)
+        if not logit_rows:
+            return hidden, hidden.new_empty(0, self.config.vocab_size, dtype=torch.float32)
+        return hidden, self.compute_logits(hidden[torch.tensor(logit_rows, device=hidden.device)])
+
+
+_NO_ROWS = torch.empty(0, dtype=torch.long)
 
 
 class NativeDecode:
@@ -262,6 +280,7 @@ class NativeDecode:
 
     def __init__(self, model: CausalLM, weights: list[Tensor], spec: list[int]) -> None:
         self.tensors = cpu_kernels.decode_tensors(weights, spec)
+        self.has_head = False  # set_head done: a step can return the lm_head's logits too
         self._caches: list[PagedKVCache] | None = None  # the cache list bound to `tensors`
         c = model.config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, model.num_kv_heads, model.head_dim
@@ -291,14 +310,20 @@ class NativeDecode:
             for x in lins:
                 spec += x
         spec.append(add(model.model.norm.weight))
-        return cls(model, weights, spec)
+        native = cls(model, weights, spec)
+        head = _native_linear(model.lm_head, add)  # None: the lm_head runs as its module (compute_logits)
+        if head is not None:
+            native.tensors.set_head(weights, head)
+            native.has_head = True
+        return native
 
     def takes(self, meta: AttentionMetadata, rows: int) -> bool:
         return (rows <= self.MAX_ROWS and not meta.prefills and len(meta.decode_groups) == 1
                 and meta.decode_groups[0].context_lens is not None)
 
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata,
-                 kv_caches: list[PagedKVCache]) -> Tensor:
+                 kv_caches: list[PagedKVCache], logit_rows: list[int] | None = None) -> tuple[Tensor, Tensor]:
+        """-> (final hidden [T, hidden], logits of `logit_rows` [R, vocab]; R = 0 without them)."""
         g = meta.decode_groups[0]
         if kv_caches is not self._caches:  # a runner's cache tensors never change: bound once, not passed per step
             if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches):
@@ -308,7 +333,8 @@ class NativeDecode:
         return cpu_kernels.decode_layers(
             x.contiguous(), cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1), self.tensors,
             meta.slot_mapping, g.block_table, g.context_lens,
-            g.token_idx, g.spans if g.spans is not None else torch.empty(0, dtype=torch.long), self.num_heads,
+            g.token_idx, g.spans if g.spans is not None else _NO_ROWS,
+            torch.tensor(logit_rows, dtype=torch.long) if logit_rows else _NO_ROWS, self.num_heads,
             self.num_kv_heads, self.head_dim, self.eps, self.scale)
 
 

@@ -153,7 +153,16 @@ class ModelRunner:
         if sched.swap_out or sched.swap_in:
             self.swap(sched.swap_out, sched.swap_in)
         input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+        spec_rows = [(i, row) for i, row in sample_rows if sched.scheduled[i].spec_token_ids]
+        if spec_rows:
+            sample_rows = [(i, row) for i, row in sample_rows if not sched.scheduled[i].spec_token_ids]
+        # the rows that need logits: each verified request's draft rows and sampling row, then the sampling rows
+        logit_rows: list[int] = []
+        for i, last in spec_rows:
+            logit_rows.extend(range(last - len(sched.scheduled[i].spec_token_ids), last + 1))
+        num_verify = len(logit_rows)
+        logit_rows.extend(row for _, row in sample_rows)
+        hidden, logits = self.model.forward_logits(input_ids, positions, meta, self.kv_caches, logit_rows)
         if self.feature_cache is not None:
             self.feature_cache.index_copy_(0, meta.slot_mapping, hidden.to(self.feature_cache.dtype))
         if self.hidden_hook is not None:
@@ -163,22 +172,29 @@ class ModelRunner:
         logprobs: list[list[float] | None] = [None] * len(sched.scheduled)
         top: list = [None] * len(sched.scheduled)
         failed: dict[str, str] = {}
-        spec_rows = [(i, row) for i, row in sample_rows if sched.scheduled[i].spec_token_ids]
         if spec_rows:
-            sample_rows = [(i, row) for i, row in sample_rows if not sched.scheduled[i].spec_token_ids]
             spec = [(sched.scheduled[i], row) for i, row in spec_rows]
+            starts = [0]
+            for r, _ in spec:
+                starts.append(starts[-1] + len(r.spec_token_ids) + 1)
+            verify_logits = logits[:num_verify]
+
+            def rows_of(js: list[int]) -> Tensor:
+                if len(js) == len(spec):
+                    return verify_logits
+                return torch.cat([verify_logits[starts[j]:starts[j + 1]] for j in js])
+
             verified, bad = self._per_request([r.seq for r, _ in spec], lambda js: self._verify(
-                hidden, [spec[j] for j in js], draft_probs or {}))
+                rows_of(js), [spec[j] for j in js], draft_probs or {}))
             failed.update(bad)
             for (i, _), tokens in zip(spec_rows, verified):
                 sampled[i] = tokens or []
         if sample_rows:
             idx = [i for i, _ in sample_rows]
-            logits = self.model.compute_logits(hidden[torch.tensor([row for _, row in sample_rows],
-                                                                  device=self.device)])  # [N, V]
+            sample_logits = logits[num_verify:]  # [N, V]
             seqs = [sched.scheduled[i].seq for i in idx]
             rows, bad = self._per_request(seqs, lambda js: self._sample(
-                logits if len(js) == len(seqs) else logits[js], [seqs[j] for j in js]))
+                sample_logits if len(js) == len(seqs) else sample_logits[js], [seqs[j] for j in js]))
             failed.update(bad)
             for i, row in zip(idx, rows):
                 if row is not None:
@@ -200,11 +216,12 @@ class ModelRunner:
                 rows.append(([tokens[j]], None, None))
         return rows
 
-    def _verify(self, hidden: Tensor, spec: list[tuple[ScheduledRequest, int]],
+    def _verify(self, logits: Tensor, spec: list[tuple[ScheduledRequest, int]],
                 draft_probs: dict[str, Tensor | None]) -> list[list[int]]:
         """Verify the draft tokens of requests scheduled with them; returns accepted drafts + 1 token each.
 
-        A request with n drafts computed n + 1 query rows ending at its sampling row:
+        A request with n drafts computed n + 1 query rows ending at its sampling row; `logits` holds those rows of
+        every request in `spec`, in order ([sum(n + 1), V]):
 
             row:     last-n      last-n+1  ...  last
             input:   x_{t-1}     d_0       ...  d_{n-1}
@@ -216,10 +233,6 @@ class ModelRunner:
         """
         from accel.runtime.rejection import greedy_accept, rejection_sample
 
-        rows: list[int] = []
-        for r, last in spec:
-            rows.extend(range(last - len(r.spec_token_ids), last + 1))
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])  # [R, V]
         # one entry per row: the sequence, and the output tokens that position has seen (drafts included)
         seqs = [r.seq for r, _ in spec for _ in range(len(r.spec_token_ids) + 1)]
         outputs = [r.seq.output_token_ids + r.spec_token_ids[:j] for r, _ in spec

@@ -37,6 +37,36 @@ def test_native_decode_is_identical_to_the_modules(tiny_llama_dir, scheme):
     assert outs["native"] == outs["modules"]
 
 
+@pytest.mark.parametrize("scheme", [None, "int8", "int4", "int4f"])
+def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_llama_dir, scheme):
+    """The lm_head inside the native step: the same logits, to the bit, as the lm_head module on the step's
+    hidden states, for any subset and order of rows (a verify span's rows, then sampling rows)."""
+    import torch
+
+    path, _ = tiny_llama_dir
+    kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
+    engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, enable_prefix_caching=False, **kw)
+    native, runner = engine.model.native_decode, engine.runner
+    assert native is not None and native.has_head
+    seen = []
+    forward_logits = engine.model.forward_logits
+
+    def check(input_ids, positions, meta, kv_caches, logit_rows):
+        if native.takes(meta, input_ids.shape[0]):
+            rows = list(range(input_ids.shape[0]))[::-1] + [0]  # reversed, and a row twice
+            # run twice: the second run writes the same K/V into the same slots
+            hidden, logits = forward_logits(input_ids, positions, meta, kv_caches, rows)
+            want = engine.model.compute_logits(hidden[torch.tensor(rows)])
+            assert logits.shape == want.shape and torch.equal(logits, want)
+            seen.append(len(rows))
+        return forward_logits(input_ids, positions, meta, kv_caches, logit_rows)
+
+    engine.model.forward_logits = check
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    engine.generate(mixed_prompts(3, seed=2, lo=3, hi=12), params)
+    assert seen and max(seen) > 2
+
+
 def test_native_decode_takes_speculative_verify_spans(tiny_llama_dir):
     path, _ = tiny_llama_dir
     prompts = [p * 3 for p in mixed_prompts(4, seed=5, lo=2, hi=10)]  # repeats: n-gram lookup finds drafts
@@ -48,6 +78,7 @@ def test_native_decode_takes_speculative_verify_spans(tiny_llama_dir):
     calls = []
     native = engine.model.native_decode
     engine.model.native_decode = type("Spy", (), {"takes": lambda self, m, r: native.takes(m, r),
+                                                  "has_head": native.has_head,
                                                   "__call__": lambda self, *a: calls.append(1) or native(*a)})()
     assert _run(engine, prompts, greedy) == _run(plain, prompts, greedy)
     assert calls and engine.stats().spec_decode.num_draft_tokens > 0

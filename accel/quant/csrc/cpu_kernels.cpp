@@ -1909,39 +1909,51 @@ struct DecodeTensors {
   };
   std::vector<Layer> layers;
   torch::Tensor final_norm;
+  DecodeLinear head;
+  bool has_head = false;
   std::vector<torch::Tensor> k_caches, v_caches;
 
   DecodeTensors(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
     TORCH_CHECK(!spec.empty() && (spec.size() - 1) % LAYER_FIELDS == 0, "spec: ", LAYER_FIELDS, " ints per layer + 1");
-    auto at_ = [&](int64_t i, at::ScalarType t) {
-      TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(w.size()), "spec index ", i, " outside the weights");
-      TORCH_CHECK(w[i].is_contiguous() && w[i].scalar_type() == t, "weight ", i, ": expected contiguous ", t);
-      return w[i];
-    };
     const int64_t L = (spec.size() - 1) / LAYER_FIELDS;
     for (int64_t l = 0; l < L; ++l) {
       const int64_t* s = spec.data() + l * LAYER_FIELDS;
       Layer y;
-      y.norm1 = at_(s[0], at::kFloat);
-      y.norm2 = at_(s[1], at::kFloat);
-      for (int j = 0; j < 4; ++j) {
-        const int64_t* f = s + 2 + j * LIN_FIELDS;
-        DecodeLinear& d = y.lin[j];
-        d.kind = f[0]; d.gs = f[4]; d.N = f[6];
-        TORCH_CHECK(d.kind >= 0 && d.kind <= 4, "unknown linear kind ", d.kind);
-        TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
-        d.q = at_(f[1], d.kind == 0 ? at::kFloat : d.kind == 1 || d.kind == 3 ? at::kChar : at::kByte);
-        if (d.kind != 0) {
-          TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
-          d.scale = w[f[2]];
-          TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
-                      d.scale.scalar_type() == at::kHalf), "scales: fp32 (INT4 scale_min: fp32 or fp16)");
-        }
-        if (f[5] >= 0) d.bias = at_(f[5], at::kFloat);
-      }
+      y.norm1 = weight(w, s[0], at::kFloat);
+      y.norm2 = weight(w, s[1], at::kFloat);
+      for (int j = 0; j < 4; ++j) y.lin[j] = linear(w, s + 2 + j * LIN_FIELDS);
       layers.push_back(y);
     }
-    final_norm = at_(spec.back(), at::kFloat);
+    final_norm = weight(w, spec.back(), at::kFloat);
+  }
+
+  // the lm_head (one linear spec), run by decode_layers on the final hidden states of the rows it is asked for
+  void set_head(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
+    TORCH_CHECK(static_cast<int64_t>(spec.size()) == LIN_FIELDS, "head spec: ", LIN_FIELDS, " ints");
+    head = linear(w, spec.data());
+    has_head = true;
+  }
+
+  static torch::Tensor weight(const std::vector<torch::Tensor>& w, int64_t i, at::ScalarType t) {
+    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(w.size()), "spec index ", i, " outside the weights");
+    TORCH_CHECK(w[i].is_contiguous() && w[i].scalar_type() == t, "weight ", i, ": expected contiguous ", t);
+    return w[i];
+  }
+
+  static DecodeLinear linear(const std::vector<torch::Tensor>& w, const int64_t* f) {
+    DecodeLinear d;
+    d.kind = f[0]; d.gs = f[4]; d.N = f[6];
+    TORCH_CHECK(d.kind >= 0 && d.kind <= 4, "unknown linear kind ", d.kind);
+    TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
+    d.q = weight(w, f[1], d.kind == 0 ? at::kFloat : d.kind == 1 || d.kind == 3 ? at::kChar : at::kByte);
+    if (d.kind != 0) {
+      TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
+      d.scale = w[f[2]];
+      TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
+                  d.scale.scalar_type() == at::kHalf), "scales: fp32 (INT4 scale_min: fp32 or fp16)");
+    }
+    if (f[5] >= 0) d.bias = weight(w, f[5], at::kFloat);
+    return d;
   }
 
   // one fp32 [blocks, block_size, kv_heads, head_dim] k and v cache per layer, the same shape for every layer
@@ -1962,22 +1974,25 @@ struct DecodeTensors {
     for (const Layer& y : layers) {
       const int64_t K[4] = {Hd, HD, Hd, I}, N[4] = {QKV, Hd, 2 * I, Hd};
       for (int j = 0; j < 4; ++j) {
-        const DecodeLinear& d = y.lin[j];
-        TORCH_CHECK(d.N == N[j], "projection ", j, ": out_features ", d.N, ", the model needs ", N[j]);
-        const int64_t k = K[j], n = d.N;
-        const bool int4 = d.kind == 2 || d.kind == 4;
-        TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : n * k), "projection ", j, ": weight of ", d.q.numel(),
-                    " elements for [", n, ", ", k, "]");
-        if (d.kind == 1 || d.kind == 3) TORCH_CHECK(d.scale.numel() == n, "INT8 scale must be [N]");
-        if (int4)
-          TORCH_CHECK(d.gs > 0 && k % d.gs == 0 && d.scale.numel() == n * (k / d.gs) * 2, "INT4 scale_min shape");
-        if (d.kind == 3) TORCH_CHECK(n % 16 == 0 && k % 32 == 0, "INT8 VNNI layout: N % 16, K % 32");
-        if (d.kind == 4) TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && d.gs % 32 == 0, "INT4 VNNI layout shape");
-        if (d.bias.defined()) TORCH_CHECK(d.bias.numel() == n, "bias must be [N]");
+        TORCH_CHECK(y.lin[j].N == N[j], "projection ", j, ": out_features ", y.lin[j].N, ", the model needs ", N[j]);
+        check_linear(y.lin[j], K[j], j);
       }
       TORCH_CHECK(y.norm1.numel() == Hd && y.norm2.numel() == Hd, "norm weights must be [hidden]");
     }
     TORCH_CHECK(final_norm.numel() == Hd, "norm weights must be [hidden]");
+    if (has_head) check_linear(head, Hd, 4);
+  }
+
+  static void check_linear(const DecodeLinear& d, int64_t k, int j) {
+    const int64_t n = d.N;
+    const bool int4 = d.kind == 2 || d.kind == 4;
+    TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : n * k), "projection ", j, ": weight of ", d.q.numel(),
+                " elements for [", n, ", ", k, "]");
+    if (d.kind == 1 || d.kind == 3) TORCH_CHECK(d.scale.numel() == n, "INT8 scale must be [N]");
+    if (int4) TORCH_CHECK(d.gs > 0 && k % d.gs == 0 && d.scale.numel() == n * (k / d.gs) * 2, "INT4 scale_min shape");
+    if (d.kind == 3) TORCH_CHECK(n % 16 == 0 && k % 32 == 0, "INT8 VNNI layout: N % 16, K % 32");
+    if (d.kind == 4) TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && d.gs % 32 == 0, "INT4 VNNI layout shape");
+    if (d.bias.defined()) TORCH_CHECK(d.bias.numel() == n, "bias must be [N]");
   }
 };
 
@@ -1985,10 +2000,14 @@ struct DecodeTensors {
 // threads for the whole step (see `Team`). Each thread keeps its own residual stream, normed input and SwiGLU
 // output (identical copies, computed redundantly: a few KB, cheaper than a barrier); the Linears' and attention's
 // outputs are shared, written in disjoint chunks. The arithmetic per row is that of the module-by-module path.
-torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, const DecodeTensors& dw,
-                            torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
-                            torch::Tensor rows, torch::Tensor spans, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_dim, double eps, double scale) {
+// With a head set (`set_head`), the same team then computes the logits of `logit_rows` (indices into the step's
+// rows): returns (final hidden [T, hidden], logits [R, vocab]; R = 0 without them). Why in this call: after the
+// step's ~135 MB weight stream the caches are cold, and the lm_head as a separate call from Python (module, its
+// checks, a row gather, another thread team) cost ~0.2-0.3 ms of an INT8 step of ~8.
+std::tuple<torch::Tensor, torch::Tensor> decode_layers(
+    torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, const DecodeTensors& dw, torch::Tensor slots,
+    torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, torch::Tensor spans,
+    torch::Tensor logit_rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
   const int64_t L = static_cast<int64_t>(dw.layers.size());
   const std::vector<torch::Tensor>& k_caches = dw.k_caches;
   const std::vector<torch::Tensor>& v_caches = dw.v_caches;
@@ -2011,6 +2030,13 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
   auto opts = x.options();
   auto qkv = torch::empty({T, QKV}, opts), attn = torch::empty({T, H, D}, opts), gu = torch::empty({T, 2 * I}, opts);
   auto y = torch::empty({T, Hd}, opts), out = torch::empty({T, Hd}, opts);
+  auto lr = logit_rows.to(at::kLong).contiguous();
+  const int64_t R = lr.numel();
+  TORCH_CHECK(R == 0 || dw.has_head, "logit_rows given but no head set (set_head)");
+  const int64_t* lrp = lr.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r) TORCH_CHECK(lrp[r] >= 0 && lrp[r] < T, "logit row ", lrp[r], " outside the ", T, " rows");
+  auto logits = torch::empty({R, R ? dw.head.N : 0}, opts);
+  auto head_in = torch::empty({R, Hd}, opts);
   const float* xp = x.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin_signed.data_ptr<float>();
@@ -2054,12 +2080,20 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
       silu_mul_raw(gp, T, I, act);
       run_linear(ly.lin[3], act, T, I, yp);
     }
-    if (rank == 0) rms_rows(yp, res, dw.final_norm.data_ptr<float>(), op, T, Hd, eps, true);
+    if (rank == 0) {
+      rms_rows(yp, res, dw.final_norm.data_ptr<float>(), op, T, Hd, eps, true);
+      for (int64_t r = 0; r < R; ++r)
+        std::memcpy(head_in.data_ptr<float>() + r * Hd, op + lrp[r] * Hd, Hd * sizeof(float));
+    }
+    if (R) {
+      if (n > 1) team.barrier();
+      run_linear(dw.head, head_in.data_ptr<float>(), R, Hd, logits.data_ptr<float>());
+    }
   };
 
   if (nt == 1 || at::in_parallel_region()) {
     step(0, 1);
-    return out;
+    return {out, logits};
   }
 #pragma omp parallel num_threads(nt)
   {
@@ -2070,7 +2104,7 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
     step(rank, n);
     tl_team = TeamSlot{};
   }
-  return out;
+  return {out, logits};
 }
 
 // ---- greedy sampling ------------------------------------------------------------------------------------------
@@ -2182,7 +2216,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecodeTensors>(m, "DecodeTensors", py::module_local(),
                             "a model's decode-step weights and KV caches for decode_layers")
       .def(py::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
-      .def("bind_caches", &DecodeTensors::bind_caches, "the KV caches decode_layers writes and reads");
+      .def("bind_caches", &DecodeTensors::bind_caches, "the KV caches decode_layers writes and reads")
+      .def("set_head", &DecodeTensors::set_head, "the lm_head decode_layers runs on its logit_rows");
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call",
         py::call_guard<py::gil_scoped_release>());
 }
