@@ -206,7 +206,9 @@ def main() -> None:
     if not args.skip_in_process:
         results["in_process"] = bench_in_process(args, prompts)
         print_phase("in-process", results["in_process"])
-    results["server"] = asyncio.run(bench_server_async(args, prompts))
+    from accel.bench.loadgen import run_client
+
+    results["server"] = run_client(bench_server_async(args, prompts))
     print_phase("server", results["server"])
     if "in_process" in results:
         ratio = results["server"]["tok_per_s"] / results["in_process"]["tok_per_s"]

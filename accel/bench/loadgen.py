@@ -166,7 +166,18 @@ async def arun_bench(backend: Backend, cfg: BenchConfig, requests: list[BenchReq
 def run_bench(backend: Backend, cfg: BenchConfig, requests: list[BenchRequest] | None = None,
               progress: bool = True) -> BenchResult:
     """Run one load test (blocking). `requests` overrides the workload (e.g. a hand-made list)."""
-    return asyncio.run(arun_bench(backend, cfg, requests, progress))
+    return run_client(arun_bench(backend, cfg, requests, progress))
+
+
+def run_client(coro):
+    """Run the client's coroutine on uvloop where it is installed: the client shares the CPU with the server it
+    measures, and uvloop's C event loop spends less per streamed token (batch-1 SSE client, 2 cores: 0.42-0.47 ->
+    0.34-0.39 ms of CPU per token)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def run_sweep(backend: Backend, cfg: BenchConfig, concurrencies: list[int] | None = None,

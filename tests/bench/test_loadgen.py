@@ -321,3 +321,13 @@ def test_in_process_bench_on_the_real_model(real_model_path):
     assert [x.prompt_tokens for x in r.records] == [p.prompt_tokens for p in planned]  # exact token windows
     assert [x.output_tokens for x in r.records] == [p.max_tokens for p in planned]  # ignore_eos
     assert all(p.prompt.strip() and p.domain for p in planned)  # real text from the project's data, with its domain
+
+
+def test_the_client_runs_on_uvloop_where_it_is_installed():
+    pytest.importorskip("uvloop")
+    from accel.bench.loadgen import run_client
+
+    async def loop_module():
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run_client(loop_module()).startswith("uvloop")
