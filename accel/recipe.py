@@ -116,8 +116,8 @@ class QuantizationConfig(Strict):
     method: Literal["gptq", "rtn", "awq", "smoothquant+gptq"] = "gptq"
     candidates: list[Scheme] = ["int4", "int8", "fp16"]
     int4_group_size: Literal[32, 64, 128] | list[Literal[32, 64, 128]] = 64
-    """INT4 group size. A list lets the allocator choose: it allocates at each size and keeps the plan that meets a
-    quality budget with the fewest bits, or a size budget with the least estimated KL."""
+    """INT4 group size. A list lets the allocator choose one per unit (the first is the plan's default): the
+    sensitivity is measured at each size and a unit moves to a coarser group where that saves bits cheapest."""
     budget: BudgetConfig = BudgetConfig()
     sensitivity: SensitivityConfig = SensitivityConfig()
     lm_head: Scheme = "int8"

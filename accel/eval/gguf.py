@@ -57,7 +57,11 @@ def llama_perplexity_path(explicit: str | Path | None) -> Path:
 
 
 def run_llama_perplexity(binary: Path, args: list[str], threads: int) -> str:
+    """Run it; where it crashes on a signal, run it again without weight repacking: llama.cpp's AMX path for
+    repacked Q8_0 segfaults on some Xeon VMs (scripts/bench_peers.py does the same for llama-server)."""
     res = subprocess.run([str(binary), "-t", str(threads), *args], capture_output=True, text=True)
+    if res.returncode < 0:
+        res = subprocess.run([str(binary), "-t", str(threads), *args, "--no-repack"], capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{binary.name} {' '.join(args)} failed (exit {res.returncode}): {res.stderr[-500:]}")
     return res.stdout + res.stderr

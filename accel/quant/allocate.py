@@ -3,11 +3,13 @@
 A unit is a fused module (q/k/v, gate/up: one scheme for all members, as vLLM and accel's runtime load them) or a
 Linear fused with nothing (`accel.quant.schemes.quant_units`); plans store the scheme of every member Linear.
 
-`allocate` is greedy by damage per bit saved. It starts from every unit at its most precise candidate and
-repeatedly takes the cheapest demotion (a unit moves to a lower candidate) ranked by
+`allocate` is greedy by damage per bit saved. It starts from every unit at its most precise option and repeatedly
+takes the cheapest demotion (a unit moves to an option of fewer bits) ranked by
     added damage / bits saved       (bits saved = delta bits per weight x parameter count)
-while the budget still holds. Damage is assumed ADDITIVE across units (the joint KL of a plan is estimated as
-the sum of the single-unit KLs); this is first-order accurate for small perturbations, and
+while the budget still holds. An option is a candidate scheme, and for INT4 each group size measured, so each unit
+gets its own group size (int4-mixed, 32 or 64 per unit: held-out KL 0.0576 after GPTQ, 0.0573 with 64 for all).
+Damage is assumed ADDITIVE across units (the joint KL of a plan is estimated as the sum of the single-unit KLs);
+this is first-order accurate for small perturbations, and
 `check_and_fallback` corrects what it misses by measuring the joint KL of the plan on held-out tokens.
 
 Budgets (exactly one):
@@ -29,7 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from accel.quant.schemes import SCHEME_INFO, SCHEMES, check_scheme, expand_units, fake_quantized
+from accel.quant.schemes import (INT4_SCHEMES, SCHEME_INFO, SCHEMES, GroupSizes, check_scheme, expand_units,
+                                 fake_quantized, group_size_of)
 from accel.quant.sensitivity import SensitivityResult, kl_sum
 
 
@@ -85,14 +88,27 @@ class Plan:
     promoted: list[str] = field(default_factory=list)
     """Units promoted by the accuracy-driven fallback, in order."""
     units: dict[str, list[str]] = field(default_factory=dict)
-    group_size_choice: dict[str, dict[str, float]] = field(default_factory=dict)
-    """When the allocator chose among INT4 group sizes: {size: {avg_bits, estimated_kl}} of each size's allocation."""
+    group_sizes: dict[str, int] = field(default_factory=dict)
+    """INT4 Linears at a group size other than `group_size` (the allocator chooses one per unit)."""
     tied_table: bool = False
     """A tied model's embedding table is stored once, at the INT8 lm_head's integers (accel.quant.quantize
     .tie_int8_table), instead of a 16-bit table beside the lm_head; the held-out check measures it that way."""
 
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for v in self.schemes.values() if v == s) for s in SCHEMES}
+
+    def sizes(self) -> GroupSizes:
+        """{Linear: INT4 group size} (what fake quantization, the bit count and the checkpoint take)."""
+        return GroupSizes(self.group_size, self.group_sizes)
+
+    def size_counts(self) -> dict[str, int]:
+        """{group size: INT4 Linears at it}."""
+        sizes = self.sizes()
+        out: dict[str, int] = {}
+        for n, s in self.schemes.items():
+            if s in INT4_SCHEMES:
+                out[str(sizes[n])] = out.get(str(sizes[n]), 0) + 1
+        return dict(sorted(out.items()))
 
     def unit_map(self) -> dict[str, list[str]]:
         """{unit: members}; a plan without units treats every Linear as its own unit."""
@@ -129,20 +145,28 @@ class Plan:
 
 
 def average_bits(schemes: dict[str, str], param_counts: dict[str, int], in_features: dict[str, int],
-                 group_size: int) -> float:
+                 group_size: int | dict[str, int]) -> float:
     """Parameter-count-weighted mean bits per weight (metadata included, see schemes.py)."""
     total = sum(param_counts[n] for n in schemes)
-    bits = sum(SCHEME_INFO[s].bits_per_weight(in_features[n], group_size) * param_counts[n] for n, s in schemes.items())
+    bits = sum(SCHEME_INFO[s].bits_per_weight(in_features[n], group_size_of(group_size, n)) * param_counts[n]
+               for n, s in schemes.items())
     return bits / total
 
 
-def estimated_kl(sens: SensitivityResult, schemes: dict[str, str]) -> float:
+def _damage(sens: SensitivityResult, unit: str, scheme: str, group_size: int) -> float:
+    """A unit's measured damage at a scheme (INT4 at its group size; INT8's does not depend on it)."""
+    if scheme == "fp16":
+        return 0.0
+    by_g = sens.by_group_size()
+    return by_g.get(group_size, sens).damage[unit].get(scheme, 0.0)
+
+
+def estimated_kl(sens: SensitivityResult, schemes: dict[str, str], group_size: int | dict[str, int] | None = None
+                 ) -> float:
     """Sum of the single-unit damages of a plan ({Linear: scheme}) under the additive assumption."""
-    total = 0.0
-    for unit, members in sens.unit_map().items():
-        s = schemes.get(members[0], "fp16")
-        total += 0.0 if s == "fp16" else sens.damage[unit].get(s, 0.0)
-    return total
+    gs = sens.group_size if group_size is None else group_size
+    return sum(_damage(sens, unit, schemes.get(members[0], "fp16"), group_size_of(gs, members[0]))
+               for unit, members in sens.unit_map().items())
 
 
 def _ordered(candidates: Sequence[str]) -> list[str]:
@@ -177,56 +201,62 @@ def allocate(
     in_features: dict[str, int] | None = None,
 ) -> Plan:
     """Greedy allocation over units by damage per bit saved (module doc); overrides fix their units first.
-    param_counts / in_features are per Linear."""
+    param_counts / in_features are per Linear. INT4 options come at every group size the sensitivity measured."""
     units = sensitivity.unit_map()
     names = [m for ms in units.values() for m in ms]
     missing = [n for n in names if n not in param_counts]
     if missing:
         raise ValueError(f"param_counts lacks {missing[:3]}{'...' if len(missing) > 3 else ''}")
     cands = _ordered(sensitivity.candidates)
-    gs = sensitivity.group_size
-    in_features = in_features or {n: gs for n in names}  # only int8 metadata depends on it (tiny)
+    default_gs = sensitivity.group_size
+    sizes = sorted(sensitivity.by_group_size())
+    in_features = in_features or {n: default_gs for n in names}  # only int8 metadata depends on it (tiny)
+
+    def bits(u, s, g):
+        return sum(SCHEME_INFO[s].bits_per_weight(in_features[m], g) * param_counts[m] for m in units[u])
+
+    def options(u, only=None):  # (scheme, group size, damage, bits), most bits first
+        out = [(s, g, _damage(sensitivity, u, s, g), bits(u, s, g))
+               for s in (cands if only is None else [only]) for g in (sizes if s in INT4_SCHEMES else [default_gs])]
+        return sorted(out, key=lambda o: -o[3])
+
     fixed = apply_overrides({u: "" for u in units}, rules.overrides, units)
-    free = [u for u in units if not fixed[u]]
-    schemes = {u: (fixed[u] or cands[-1]) for u in units}
-
-    def dmg(u, s):
-        return 0.0 if s == "fp16" else sensitivity.damage[u][s]
-
-    def bits(u, s):
-        return sum(SCHEME_INFO[s].bits_per_weight(in_features[m], gs) * param_counts[m] for m in units[u])
-
+    opts = {u: options(u, fixed[u] or None) for u in units}
+    choice = {u: o[0] for u, o in opts.items()}
     total_params = sum(param_counts[n] for n in names)
     kl_limit = budget.kl_limit()
-    cur_kl = sum(dmg(u, s) for u, s in schemes.items())
-    cur_bits = sum(bits(u, s) for u, s in schemes.items())
+    cur_kl = sum(c[2] for c in choice.values())
+    cur_bits = sum(c[3] for c in choice.values())
 
     def done() -> bool:
         return budget.target_avg_bits is not None and cur_bits / total_params <= budget.target_avg_bits + 1e-9
 
     while not done():
-        best = None  # (ratio, name, scheme, d_kl, d_bits)
-        for n in free:
-            i = cands.index(schemes[n])
-            for lower in cands[:i]:
-                d_kl = dmg(n, lower) - dmg(n, schemes[n])
-                d_bits = bits(n, schemes[n]) - bits(n, lower)
+        best = None  # (ratio, unit, option)
+        for u, c in choice.items():
+            for o in opts[u]:
+                if o[3] >= c[3]:
+                    continue
+                d_kl = o[2] - c[2]
                 if kl_limit is not None and cur_kl + d_kl > kl_limit:
                     continue
-                key = (d_kl / d_bits, n, lower)
+                key = (d_kl / (c[3] - o[3]), u, o)
                 if best is None or key[0] < best[0]:
-                    best = (key[0], n, lower, d_kl, d_bits)
+                    best = key
         if best is None:
             break
-        _, n, lower, d_kl, d_bits = best
-        schemes[n] = lower
-        cur_kl += d_kl
-        cur_bits -= d_bits
+        _, u, o = best
+        cur_kl += o[2] - choice[u][2]
+        cur_bits -= choice[u][3] - o[3]
+        choice[u] = o
     if budget.target_avg_bits is not None and not done():
         raise ValueError(f"target_avg_bits {budget.target_avg_bits} is unreachable with candidates {cands} "
                          f"and overrides {rules.overrides}; the lowest is {cur_bits / total_params:.3f}")
-    return Plan(schemes=expand_units(schemes, units), group_size=gs, avg_bits=cur_bits / total_params,
-                estimated_kl=cur_kl, lm_head=rules.lm_head, units=units)
+    group_sizes = {m: c[1] for u, c in choice.items() if c[0] in INT4_SCHEMES and c[1] != default_gs
+                   for m in units[u]}
+    return Plan(schemes=expand_units({u: c[0] for u, c in choice.items()}, units), group_size=default_gs,
+                avg_bits=cur_bits / total_params, estimated_kl=cur_kl, lm_head=rules.lm_head, units=units,
+                group_sizes=group_sizes)
 
 
 # --- accuracy-driven fallback ---------------------------------------------------------------------------------
@@ -269,7 +299,8 @@ def _reference(model: nn.Module, batches: Sequence[torch.Tensor]) -> _Reference:
 
 
 @torch.inference_mode()
-def joint_quality(model: nn.Module, schemes: dict[str, str], group_size: int, batches: Sequence[torch.Tensor],
+def joint_quality(model: nn.Module, schemes: dict[str, str], group_size: int | dict[str, int],
+                  batches: Sequence[torch.Tensor],
                   ref: _Reference | None = None) -> JointQuality:
     """Mean KL and perplexities of the whole plan (all Linears fake-quantized at once) on `batches`."""
     ref = ref or _reference(model, batches)
@@ -295,9 +326,9 @@ def _holds(q: JointQuality, budget: Budget) -> bool:
 def promotion_order(plan: Plan, sensitivity: SensitivityResult, candidates: Sequence[str]) -> list[str]:
     """Units that can still be promoted, worst (largest estimated damage at its current scheme) first."""
     cands = _ordered(candidates)
-    current = plan.unit_schemes()
+    current, units, sizes = plan.unit_schemes(), plan.unit_map(), plan.sizes()
     movable = [u for u, s in current.items() if s in cands and cands.index(s) < len(cands) - 1]
-    return sorted(movable, key=lambda u: -sensitivity.damage[u].get(current[u], 0.0))
+    return sorted(movable, key=lambda u: -_damage(sensitivity, u, current[u], sizes[units[u][0]]))
 
 
 def check_and_fallback(
@@ -333,11 +364,13 @@ def check_and_fallback(
     promoted: list[str] = []
     ref = _reference(model, holdout_batches)
     bar = tqdm(desc="fallback check", disable=not progress, leave=False, file=terminal())
-    q = joint_quality(model, plan.measured_schemes(schemes), plan.group_size, holdout_batches, ref)
+    sizes = plan.sizes()
+    q = joint_quality(model, plan.measured_schemes(schemes), sizes, holdout_batches, ref)
     rounds = 0
     units = plan.unit_map()
     while not _holds(q, budget) and rounds < max_rounds:
-        cur = Plan(schemes=schemes, group_size=plan.group_size, avg_bits=0, estimated_kl=0, units=units)
+        cur = Plan(schemes=schemes, group_size=plan.group_size, avg_bits=0, estimated_kl=0, units=units,
+                   group_sizes=plan.group_sizes)
         order = [u for u in promotion_order(cur, sensitivity, cands) if u not in fixed]
         if not order:
             break
@@ -345,13 +378,14 @@ def check_and_fallback(
             up = cands[cands.index(schemes[units[u][0]]) + 1]
             schemes.update({m: up for m in units[u]})
             promoted.append(u)
-        q = joint_quality(model, plan.measured_schemes(schemes), plan.group_size, holdout_batches, ref)
+        q = joint_quality(model, plan.measured_schemes(schemes), sizes, holdout_batches, ref)
         rounds += 1
         bar.update(1)
         bar.set_postfix(kl=f"{q.mean_kl:.4f}", ppl=f"{q.ppl_increase_pct:+.2f}%")
     bar.close()
     return Plan(schemes=schemes, group_size=plan.group_size,
-                avg_bits=average_bits(schemes, param_counts, in_features, plan.group_size),
-                estimated_kl=estimated_kl(sensitivity, schemes), lm_head=plan.lm_head,
+                avg_bits=average_bits(schemes, param_counts, in_features, sizes),
+                estimated_kl=estimated_kl(sensitivity, schemes, sizes), lm_head=plan.lm_head,
                 measured_kl=q.mean_kl, measured_ppl_increase_pct=q.ppl_increase_pct,
-                promoted=plan.promoted + promoted, units=plan.units, tied_table=plan.tied_table)
+                promoted=plan.promoted + promoted, units=plan.units, tied_table=plan.tied_table,
+                group_sizes={n: g for n, g in plan.group_sizes.items() if schemes[n] in INT4_SCHEMES})

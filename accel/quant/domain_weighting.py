@@ -102,9 +102,10 @@ def pick_rows(per_domain: dict[str, torch.Tensor], counts: dict[str, int]) -> to
 
 
 @torch.inference_mode()
-def damage_weighted_batches(model: nn.Module, schemes: dict[str, str], group_size: int, samples: Sequence,
-                            seq_len: int, total_rows: int, probe_rows: int = 4, base: dict[str, float] | None = None,
-                            keep: float = 0.8, batch_size: int = 4) -> tuple[list[torch.Tensor], DomainWeighting]:
+def damage_weighted_batches(model: nn.Module, schemes: dict[str, str], group_size: int | dict[str, int],
+                            samples: Sequence, seq_len: int, total_rows: int, probe_rows: int = 4,
+                            base: dict[str, float] | None = None, keep: float = 0.8, batch_size: int = 4
+                            ) -> tuple[list[torch.Tensor], DomainWeighting]:
     """Calibration batches whose domain mix follows the plan's per-domain RTN damage (see module doc).
 
     model: the unquantized model (left unchanged); schemes: the plan {module: scheme} (lm_head included or not).

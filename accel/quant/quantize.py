@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from accel.quant.allocate import Plan
-from accel.quant.schemes import TABLE
+from accel.quant.schemes import INT4_SCHEMES, TABLE
 
 METHODS = ("gptq", "rtn", "awq", "smoothquant+gptq")
 PLAN_FILE = "accel_plan.json"
@@ -74,19 +74,23 @@ SEARCHED_METHODS = ("gptq", "smoothquant+gptq")
 def recipe_config(plan: Plan, method: str = "rtn") -> dict:
     """The plan as llm-compressor config groups + ignore list (plain data; `build_modifiers` wraps it).
 
-    {"config_groups": {"int8": {"targets": [...], "weights": {...}, "format": ...}, "int4": {...}},
+    {"config_groups": {"int8": {"targets": [...], "weights": {...}, "format": ...}, "int4": {...},
+                       "int4_g32": {...} (INT4 Linears at a group size other than the plan's)},
      "ignore": [fp16 modules..., "lm_head" when it stays 16-bit]}
     Targets are exact module names (no regex), so the checkpoint states precisely what the plan chose.
     """
-    schemes = {**plan.schemes, "lm_head": plan.lm_head}
+    schemes, sizes = {**plan.schemes, "lm_head": plan.lm_head}, plan.sizes()
     groups = {}
     for scheme, fmt in FORMATS.items():
-        targets = [n for n, s in schemes.items() if s == scheme]
-        if targets:
-            weights = _weights_args(scheme, plan.group_size)
-            if scheme == "int4" and method in SEARCHED_METHODS:
-                weights["observer"] = SEARCHED_OBSERVER
-            groups[scheme] = {"targets": targets, "weights": weights, "format": fmt}
+        at = sorted({sizes[n] for n, s in schemes.items() if s == scheme}, key=lambda g: g != plan.group_size)
+        for g in at if scheme in INT4_SCHEMES else [plan.group_size]:
+            targets = [n for n, s in schemes.items() if s == scheme and (scheme not in INT4_SCHEMES or sizes[n] == g)]
+            if targets:
+                weights = _weights_args(scheme, g)
+                if scheme == "int4" and method in SEARCHED_METHODS:
+                    weights["observer"] = SEARCHED_OBSERVER
+                name = scheme if g == plan.group_size or scheme not in INT4_SCHEMES else f"{scheme}_g{g}"
+                groups[name] = {"targets": targets, "weights": weights, "format": fmt}
     return {"config_groups": groups, "ignore": [n for n, s in schemes.items() if s == "fp16"]}
 
 
@@ -161,11 +165,13 @@ def _no_pinning_without_accelerator():
 
 
 def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tensor], method: str = "gptq",
-                     dampening: float = 0.01, processor=None) -> OneshotResult:
+                     dampening: float = 0.01, processor=None, pipeline: str = "independent") -> OneshotResult:
     """Run llm-compressor's oneshot on CPU with our calibration token batches; the model is modified in place.
 
     The model must have been loaded from a folder (llm-compressor re-reads `config.name_or_path`). `processor` is
     the tokenizer (llm-compressor requires one when a dataset is passed; it is not used to tokenize here).
+    pipeline: llm-compressor's default ("independent") runs GPTQ layer by layer on the outputs of the already quantized
+    layers before it; "basic" calibrates every layer on the unquantized model's activations in one pass.
     """
     with contextlib.redirect_stdout(sys.stderr):  # its import logs through a sink on the sys.stdout of that moment
         from llmcompressor import oneshot
@@ -184,8 +190,20 @@ def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tenso
         seq = max(b.shape[1] for b in batches)
         with _no_pinning_without_accelerator():
             oneshot(model=model, dataset=_dataloader(batches), processor=processor, recipe=modifiers,
-                    num_calibration_samples=n, max_seq_length=seq, tie_word_embeddings=True)
+                    num_calibration_samples=n, max_seq_length=seq, tie_word_embeddings=True, pipeline=pipeline)
     return OneshotResult(model=model, seconds=time.perf_counter() - t0, method=method)
+
+
+def layerwise_gptq(model: nn.Module, names: Sequence[str], group_size: int, batches: Sequence[torch.Tensor],
+                   dampening: float = 0.01, processor=None) -> dict[str, torch.Tensor]:
+    """{Linear: its INT4 weight as GPTQ makes it (dequantized)}, each Linear quantized on the unquantized model's
+    inputs (the basic pipeline): what GPTQ does to a unit alone, which is what the sensitivity measures. GPTQ cuts
+    the units' damage by different factors, so an allocation on RTN's damage misplaces INT8 units. `model` (a fresh fp32 copy) is consumed."""
+    plan = Plan(schemes=dict.fromkeys(names, "int4"), group_size=group_size, avg_bits=4.0, estimated_kl=0.0,
+                lm_head="fp16")
+    res = oneshot_quantize(model, plan, batches, "gptq", dampening, processor, pipeline="basic")
+    modules = dict(res.model.named_modules())
+    return {n: modules[n].weight.detach().float().clone() for n in names}
 
 
 def _fp16_exact_enough(t: torch.Tensor) -> bool:

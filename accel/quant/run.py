@@ -60,7 +60,7 @@ def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, s
         # one domain: nothing to mix; a domain without one full row would drop out of the mix entirely
         return batches, None
     total = sum(b.shape[0] for b in batches)
-    return damage_weighted_batches(model, {**plan.schemes, "lm_head": plan.lm_head}, plan.group_size, train,
+    return damage_weighted_batches(model, {**plan.schemes, "lm_head": plan.lm_head}, plan.sizes(), train,
                                    cal.max_seq_len, total, base=source_tokens, keep=q.calibration_mix_keep)
 
 
@@ -90,14 +90,6 @@ def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int
     return cands, ratio
 
 
-def choose_group_size(plans: dict[int, Plan], budget: Budget) -> int:
-    """The INT4 group size whose allocation serves the budget best: under a quality budget the fewest bits (ties: the
-    least estimated KL), under a size budget the least estimated KL (ties: the fewest bits)."""
-    if budget.kl_limit() is not None:
-        return min(plans, key=lambda g: (plans[g].avg_bits, plans[g].estimated_kl))
-    return min(plans, key=lambda g: (plans[g].estimated_kl, plans[g].avg_bits))
-
-
 def stores_tied_table(model: nn.Module, lm_head: str, export_target: str | None) -> bool:
     """Whether the plan stores a tied model's table once at the INT8 lm_head's integers (accel.quant.quantize
     .tie_int8_table): not for a vLLM export, whose loader ties only an unquantized table."""
@@ -106,29 +98,16 @@ def stores_tied_table(model: nn.Module, lm_head: str, export_target: str | None)
 
 def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence = (), progress: bool = False,
                export_target: str | None = None) -> Plan:
-    """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units (at each
-    INT4 group size measured, keeping the best: `choose_group_size`), then the held-out check that promotes units
-    until a quality budget holds (`model`: the fp32 model, unchanged). Both sensitivity metrics are in KL units (the
-    proxy estimates the KL), so a quality budget is allocated directly. `export_target` decides the tied table
-    (`stores_tied_table`)."""
+    """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units (INT4 at
+    any group size measured, chosen per unit), then the held-out check that promotes units until a quality budget
+    holds (`model`: the fp32 model, unchanged). Both sensitivity metrics are in KL units (the proxy estimates the
+    KL), so a quality budget is allocated directly. `export_target` decides the tied table (`stores_tied_table`)."""
     units = sens.unit_map()
     names = [m for ms in units.values() for m in ms]
     pc, inf = param_counts(model, names), in_features_of(model, names)
     budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
-    plans, unreachable = {}, None
-    for g, s in sens.by_group_size().items():
-        try:
-            plans[g] = allocate(s, budget, pc, rules, inf)
-        except ValueError as e:  # a size budget below this group size's floor: the other sizes may still reach it
-            unreachable = e
-    if not plans:
-        raise unreachable
-    chosen = choose_group_size(plans, budget)
-    plan = plans[chosen]
+    plan = allocate(sens, budget, pc, rules, inf)
     plan.tied_table = stores_tied_table(model, plan.lm_head, export_target)
-    if len(plans) > 1:
-        plan.group_size_choice = {str(g): {"avg_bits": p.avg_bits, "estimated_kl": p.estimated_kl}
-                                  for g, p in sorted(plans.items())}
     if budget.kl_limit() is None:
         return plan
     try:
@@ -140,8 +119,5 @@ def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence =
                          f"holdout has {len(holdout)} unit(s), less than one row of sensitivity.max_seq_len="
                          f"{q.sensitivity.max_seq_len} tokens; raise calibration.holdout_fraction or num_samples, "
                          "or lower sensitivity.max_seq_len")
-    checked = check_and_fallback(model, plan, hold, budget, sens.by_group_size()[chosen], pc, inf,
-                                 step=max(1, len(units) // 30), fixed=overridden_units(units, q.overrides),
-                                 progress=progress)
-    checked.group_size_choice = plan.group_size_choice
-    return checked
+    return check_and_fallback(model, plan, hold, budget, sens, pc, inf, step=max(1, len(units) // 30),
+                              fixed=overridden_units(units, q.overrides), progress=progress)

@@ -104,6 +104,22 @@ def check_scheme(scheme: str) -> str:
     return scheme
 
 
+class GroupSizes(dict):
+    """{Linear: INT4 group size} with one size for the Linears it does not name (`Plan.sizes`)."""
+
+    def __init__(self, default: int, sizes: dict[str, int] | None = None) -> None:
+        super().__init__(sizes or {})
+        self.default = default
+
+    def __missing__(self, name: str) -> int:
+        return self.default
+
+
+def group_size_of(group_size: int | dict[str, int], name: str) -> int:
+    """The INT4 group size of Linear `name`: one size for every Linear, or a `GroupSizes`."""
+    return group_size if isinstance(group_size, int) else group_size[name]
+
+
 def check_group_size(in_features: int, group_size: int, name: str = "") -> None:
     if group_size <= 0 or in_features % group_size:
         raise ValueError(f"int4 group_size {group_size} does not divide in_features {in_features} of {name or 'a Linear'}"
@@ -193,10 +209,19 @@ def fake_quant(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
     return w
 
 
+def quantized_weight(w: torch.Tensor, name: str, scheme: str, group_size: int,
+                     given: dict[str, dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
+    """The weight of Linear `name` at `scheme`: the quantizer's own result where `given` has it, else RTN."""
+    g = (given or {}).get(scheme, {}).get(name)
+    return g if g is not None else fake_quant(w, scheme, group_size)
+
+
 @contextlib.contextmanager
-def fake_quantized(model: nn.Module, schemes: dict[str, str], group_size: int) -> Iterator[None]:
+def fake_quantized(model: nn.Module, schemes: dict[str, str], group_size: int | dict[str, int],
+                   given: dict[str, dict[str, torch.Tensor]] | None = None) -> Iterator[None]:
     """Within the block, the named Linears hold fake-quantized weights; the originals come back afterwards.
 
+    given: {scheme: {Linear: its dequantized weight}} from a real quantizer (GPTQ), used instead of RTN where present.
     Each weight is swapped for a new Parameter (never written in place), so a tied lm_head / embedding pair is
     never corrupted: quantizing lm_head leaves embed_tokens untouched.
     """
@@ -211,7 +236,8 @@ def fake_quantized(model: nn.Module, schemes: dict[str, str], group_size: int) -
             mod = modules[name]
             saved[name] = mod.weight
             with torch.no_grad():
-                mod.weight = nn.Parameter(fake_quant(mod.weight.data, scheme, group_size), requires_grad=False)
+                w = quantized_weight(mod.weight.data, name, scheme, group_size_of(group_size, name), given)
+                mod.weight = nn.Parameter(w.to(mod.weight.dtype), requires_grad=False)
         yield
     finally:
         for name, p in saved.items():

@@ -11,6 +11,9 @@ measurement costs (L - i) / L of a forward (about half a forward on average).
 metric "proxy": the Fisher-weighted output error (`_proxy_damage`), a second-order estimate of the same KL from one
 forward and a few backward passes, in KL units. `rank_agreement` reports how it ranks units against the KL
 measure.
+
+Both measure RTN's weights unless `given` holds the quantizer's own (a GPTQ recipe's INT4: `accel.quant.quantize
+.layerwise_gptq`), since a plan should rank units by the damage the export will have.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accel.quant.schemes import (check_scheme, fake_quant, fake_quantized, layer_index, quant_units,
+from accel.quant.schemes import (check_scheme, fake_quantized, layer_index, quant_units, quantized_weight,
                                  quantizable_linears)
 
 
@@ -164,9 +167,12 @@ def measure_sensitivity(
     metric: str = "kl",
     progress: bool = True,
     modules: Sequence[str] | None = None,
+    given: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> SensitivityResult:
     """Damage per unit (fused module or lone Linear) per candidate scheme, each unit quantized alone (RTN
     fake-quant). `modules`: the Linears to cover (default: every quantizable one), grouped into units.
+    given: {scheme: {Linear: dequantized weight}} from the quantizer the plan will use (`accel.quant.quantize
+    .layerwise_gptq`), measured instead of RTN where present.
 
     batches: LongTensors of token ids [B, S] (packed, no padding). fp16 candidates get damage 0 without a forward.
     """
@@ -178,15 +184,15 @@ def measure_sensitivity(
     units = quant_units(list(modules) if modules is not None else quantizable_linears(model))
     t0 = time.perf_counter()
     if metric == "proxy":
-        damage, ntok = _proxy_damage(model, batches, units, candidates, group_size, progress)
+        damage, ntok = _proxy_damage(model, batches, units, candidates, group_size, progress, given)
     else:
-        damage, ntok = _kl_damage(model, batches, units, candidates, group_size, progress)
+        damage, ntok = _kl_damage(model, batches, units, candidates, group_size, progress, given)
     return SensitivityResult(metric=metric, group_size=group_size, candidates=list(candidates), damage=damage,
                              num_tokens=ntok, seconds=time.perf_counter() - t0, units=units)
 
 
 @torch.inference_mode()
-def _kl_damage(model, batches, units, candidates, group_size, progress):
+def _kl_damage(model, batches, units, candidates, group_size, progress, given=None):
     quantized = [c for c in candidates if c != "fp16"]
     totals = {u: {c: 0.0 for c in candidates} for u in units}
     ntok = 0
@@ -198,7 +204,7 @@ def _kl_damage(model, batches, units, candidates, group_size, progress):
             for unit, members in units.items():
                 start = layer_index(unit)
                 for c in quantized:
-                    with fake_quantized(model, {m: c for m in members}, group_size):
+                    with fake_quantized(model, {m: c for m in members}, group_size, given):
                         logits = _suffix_logits(model, cache, start)
                     totals[unit][c] += kl_sum(cache.ref_logits, logits)
                     bar.update(1)
@@ -210,7 +216,7 @@ def _kl_damage(model, batches, units, candidates, group_size, progress):
 FISHER_SAMPLES = 4  # next tokens drawn per position for the Fisher estimate (backward passes per batch)
 
 
-def _proxy_damage(model, batches, units, candidates, group_size, progress):
+def _proxy_damage(model, batches, units, candidates, group_size, progress, given=None):
     """Fisher-weighted output error: KL(P || P_q) ~ 1/2 E_y[(dlog p(y) / dout . dout)^2] per position, with
     dout = dW x the unit's output change and the gradient taken at tokens y drawn from the model itself (the
     Fisher of the output distribution). Per batch, one forward and FISHER_SAMPLES backward passes collect every
@@ -259,7 +265,7 @@ def _proxy_damage(model, batches, units, candidates, group_size, progress):
                             for n in members:
                                 if (n, c) not in delta:
                                     w = modules[n].weight.float()
-                                    delta[n, c] = fake_quant(w, c, group_size) - w
+                                    delta[n, c] = quantized_weight(w, n, c, group_size, given).float() - w
                                 e = inputs[n] @ delta[n, c].T  # [N, O]
                                 s = s + torch.stack([(e * g).sum(-1) for g in grads[n]])
                             totals[unit][c] += 0.5 * float(s.pow(2).mean(0).sum())

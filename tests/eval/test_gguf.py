@@ -40,7 +40,8 @@ def test_llama_perplexity_kld_output_is_parsed():
 
 def _fake_binary(tmp_path, log):
     """A llama-perplexity that records its arguments, writes the base logits file when asked, and prints KLD_OUTPUT
-    when scoring (a model file named bad.gguf fails)."""
+    when scoring (a model file named bad.gguf fails; amx.gguf segfaults unless weights are not repacked, as llama.cpp's
+    AMX path for Q8_0 does on some Xeon VMs)."""
     script = tmp_path / "llama-perplexity"
     script.write_text(f"""#!{sys.executable}
 import sys
@@ -49,6 +50,9 @@ open({str(log)!r}, "a").write(" ".join(args) + "\\n")
 model = args[args.index("-m") + 1]
 if model.endswith("bad.gguf"):
     sys.exit("failed to load model")
+if model.endswith("amx.gguf") and "--no-repack" not in args:
+    import os, signal
+    os.kill(os.getpid(), signal.SIGSEGV)
 if "--kl-divergence" in args:
     print({KLD_OUTPUT!r})
 else:
@@ -80,3 +84,11 @@ def test_the_binary_defaults_to_the_one_the_peer_build_makes(monkeypatch, tmp_pa
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path))
     assert llama_perplexity_path(None) == tmp_path / "peers" / "llama.cpp" / "bin" / "llama-perplexity"
     assert llama_perplexity_path("/opt/llama/llama-perplexity").name == "llama-perplexity"
+
+
+def test_a_peer_that_crashes_repacked_is_scored_without_repacking(tmp_path):
+    log = tmp_path / "calls.txt"
+    got = score_ggufs(_fake_binary(tmp_path, log), tmp_path / "f32.gguf", {"Q8_0": tmp_path / "amx.gguf"}, "text")
+    assert got["Q8_0"].kld_mean == pytest.approx(0.004512)
+    calls = log.read_text().splitlines()
+    assert len(calls) == 3 and "--no-repack" not in calls[1] and calls[2].endswith("--no-repack")

@@ -264,3 +264,40 @@ def test_distilled_draft_without_quantization_is_exported_beside_the_weights(tmp
     assert any(f.startswith("draft/") for f in manifest["files"])
     train = json.loads((parse_recipe(data).run_dir() / "draft.json").read_text())["train"]
     assert (kind == "eagle") == ("num_model_written_prompts" in train) == ("heldout_second" in train)
+
+
+@pytest.mark.parametrize("method", ["gptq", "rtn"])
+def test_the_sensitivity_of_a_gptq_recipe_measures_gptqs_int4(tmp_path, method, monkeypatch):
+    """A GPTQ recipe's INT4 damage is measured on the weights GPTQ makes (layer-wise), RTN's otherwise."""
+    from pathlib import Path
+
+    from accel.pipeline import optimize as opt
+    from accel.pipeline.stages import StageContext
+    from accel.quant.sensitivity import SensitivityResult
+
+    model_dir = save_tiny_model(tmp_path / "tiny-model")
+    data = tiny_recipe(model_dir, tmp_path / "runs", quantization={"method": method})
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = StageContext(recipe=parse_recipe(data), run_dir=out, out_dir=out, summaries={}, state={})
+    calls = []
+    real = opt.gptq_int4_weights
+    monkeypatch.setattr(opt, "gptq_int4_weights", lambda *a: calls.append(r := real(*a)) or r)
+    summary = opt.stage_sensitivity(ctx)
+    assert summary["int4_quantizer"] == ("gptq (layer-wise)" if method == "gptq" else "rtn")
+    (given,) = calls
+    sens = SensitivityResult.from_json(Path(out) / "sensitivity.json")
+    if method == "rtn":
+        assert given is None
+        return
+    assert set(given) == {"int4"} and set(given["int4"]) == {m for ms in sens.unit_map().values() for m in ms}
+    # the damage measured is that of GPTQ's weights: the same measurement with them given reproduces it
+    from accel.quant.run import token_batches
+    from accel.quant.sensitivity import measure_sensitivity
+
+    q = ctx.recipe.quantization
+    batches = token_batches(opt.calibration_draw(ctx).train, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
+    rtn = measure_sensitivity(opt.fresh_model(ctx), batches, sens.candidates, 32, q.sensitivity.metric, False)
+    assert any(abs(sens.damage[u]["int4"] - rtn.damage[u]["int4"]) > 1e-3 * rtn.damage[u]["int4"]
+               for u in sens.damage)
+    assert all(sens.damage[u]["int8"] == pytest.approx(rtn.damage[u]["int8"], rel=1e-6) for u in sens.damage)

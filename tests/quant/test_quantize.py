@@ -298,3 +298,59 @@ def test_the_table_is_tied_only_for_a_tied_int8_lm_head_outside_vllm():
     assert stores_tied_table(tied, "int8", "transformers") and stores_tied_table(tied, "int8", None)
     assert not stores_tied_table(tied, "int8", "vllm")  # vLLM ties only an unquantized table
     assert not stores_tied_table(tied, "fp16", "transformers") and not stores_tied_table(untied, "int8", None)
+
+
+@torch.no_grad()
+def test_layerwise_gptq_gives_each_linears_int4_weight_with_less_output_error_than_rtn(tmp_path):
+    """What the sensitivity measures for a GPTQ recipe: every Linear at INT4 as GPTQ makes it on the unquantized
+    model's inputs, on the INT4 grid, with less error on those inputs than RTN's."""
+    from accel.quant.quantize import layerwise_gptq
+    from accel.quant.schemes import fake_quant_int4
+
+    model = _saved_tiny(tmp_path, fp16_values=True)
+    names = quantizable_linears(model)
+    ref = copy.deepcopy(model)
+    inputs = {}
+    hooks = [ref.get_submodule(n).register_forward_hook(
+        lambda mod, args, out, n=n: inputs.update({n: args[0].reshape(-1, args[0].shape[-1])})) for n in names]
+    ref(CAL[0])
+    for h in hooks:
+        h.remove()
+    weights = layerwise_gptq(model, names, 32, CAL, processor=_tokenizer())
+    assert set(weights) == set(names)
+    gptq_err = rtn_err = 0.0
+    for n in names:
+        w, x = ref.get_submodule(n).weight, inputs[n]
+        q = weights[n]
+        assert q.shape == w.shape and not torch.equal(q, w)
+        groups = q.reshape(q.shape[0], -1, 32)
+        assert max(len(torch.unique(groups[r, g])) for r in range(q.shape[0]) for g in range(groups.shape[1])) <= 16
+        gptq_err += float((x @ (q - w).T).pow(2).sum())
+        rtn_err += float((x @ (fake_quant_int4(w, 32) - w).T).pow(2).sum())
+    assert gptq_err < 0.8 * rtn_err
+
+
+@torch.no_grad()
+def test_int4_at_two_group_sizes_gets_one_config_group_each_and_loads_at_each(tmp_path):
+    """A plan whose units chose different INT4 group sizes: one compressed-tensors config group per size (vLLM loads
+    each layer by its group), each layer quantized and loaded into a kernel at its unit's size."""
+    from accel.quant.kernels import Int4WeightOnlyLinear
+
+    model = _saved_tiny(tmp_path, fp16_values=True, tie_word_embeddings=True)
+    names = quantizable_linears(model)
+    at64 = [n for n in names if ".mlp." in n and ".layers.1." in n]
+    plan = Plan(schemes=dict.fromkeys(names, "int4"), group_size=32, avg_bits=0.0, estimated_kl=0.0,
+                lm_head="int8", group_sizes=dict.fromkeys(at64, 64))
+    cfg = recipe_config(plan)
+    assert set(cfg["config_groups"]) == {"int4", "int4_g64", "int8"}
+    assert cfg["config_groups"]["int4_g64"]["targets"] == at64
+    assert cfg["config_groups"]["int4_g64"]["weights"]["group_size"] == 64
+    assert cfg["config_groups"]["int4"]["targets"] == [n for n in names if n not in at64]
+    res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
+    for n in names:
+        assert res.model.get_submodule(n).quantization_scheme.weights.group_size == plan.sizes()[n]
+    loaded = load_quantized_for_runtime(save_checkpoint(res.model, plan, tmp_path / "ck"))
+    for n in names:
+        m = loaded.get_submodule(n)
+        assert isinstance(m, Int4WeightOnlyLinear) and m.group_size == plan.sizes()[n]
+    torch.testing.assert_close(loaded(X).logits, res.model(X).logits, **KERNEL_TOL)

@@ -121,44 +121,55 @@ def test_int4f_joins_as_a_lossless_fallback_where_the_weights_sit_on_a_float_min
     assert cands == ["int4", "int8"] and 0.5 < ratio < 1.0
 
 
-def test_choose_group_size_by_the_budget():
-    from accel.quant.allocate import Budget
-    from accel.quant.run import choose_group_size
-
-    plans = {32: Plan(schemes={}, group_size=32, avg_bits=5.1, estimated_kl=0.02),
-             64: Plan(schemes={}, group_size=64, avg_bits=4.9, estimated_kl=0.03)}
-    assert choose_group_size(plans, Budget(max_mean_kl=0.05)) == 64  # both hold the quality: fewer bits
-    assert choose_group_size(plans, Budget(target_avg_bits=5.2)) == 32  # both fit the size: less damage
-
-
-def test_build_plan_chooses_the_int4_group_size_among_those_measured():
+def test_the_allocator_chooses_each_units_int4_group_size():
+    """Unit a loses much more at group 64 than at 32, unit b hardly anything: under a size budget with room for one
+    unit at 32, a gets it."""
     from accel.quant.allocate import Budget, allocate
-    from accel.quant.run import choose_group_size
-    from accel.quant.schemes import in_features_of, param_counts, quantizable_linears
+    from accel.quant.sensitivity import SensitivityResult, with_group_sizes
+
+    units = {"a": ["m.layers.0.a1", "m.layers.0.a2"], "b": ["m.layers.0.b"]}
+    names = [m for ms in units.values() for m in ms]
+    pc, inf = {"m.layers.0.a1": 64, "m.layers.0.a2": 64, "m.layers.0.b": 128}, dict.fromkeys(names, 64)
+
+    def sens(g, da, db):
+        return SensitivityResult(metric="proxy", group_size=g, candidates=["int4", "int8"], num_tokens=1,
+                                 damage={"a": {"int4": da, "int8": 0.0}, "b": {"int4": db, "int8": 0.0}}, units=units)
+
+    both = with_group_sizes([sens(64, 1.0, 0.11), sens(32, 0.1, 0.1)])
+    half = (4.625 + 4.3125) / 2
+    plan = allocate(both, Budget(target_avg_bits=half), pc, Rules(lm_head="fp16"), inf)
+    assert plan.counts()["int4"] == 3 and plan.avg_bits == pytest.approx(half)
+    assert plan.group_size == 64 and plan.group_sizes == {"m.layers.0.a1": 32, "m.layers.0.a2": 32}
+    assert plan.size_counts() == {"32": 2, "64": 1}
+    assert plan.estimated_kl == pytest.approx(0.1 + 0.11)
+    assert Plan.from_json(plan.to_json()) == plan
+    # with b the one that gains, b gets group 32
+    flipped = allocate(with_group_sizes([sens(64, 0.11, 1.0), sens(32, 0.1, 0.1)]), Budget(target_avg_bits=half),
+                       pc, Rules(lm_head="fp16"), inf)
+    assert flipped.group_sizes == {"m.layers.0.b": 32}
+    # group 64's bits for all is the floor
+    floor = allocate(both, Budget(target_avg_bits=4.4), pc, Rules(lm_head="fp16"), inf)
+    assert floor.group_sizes == {} and set(floor.schemes.values()) == {"int4"}
+
+
+def test_build_plan_gives_each_unit_one_int4_group_size_among_those_measured():
+    from accel.quant.schemes import quantizable_linears
     from accel.quant.sensitivity import SensitivityResult, measure_sensitivity, with_group_sizes
 
     model = make_tiny_llama(initializer_range=0.1)
     batches = token_batches(_draw(0, 8), 16, 4)
     measured = [measure_sensitivity(model, batches, ["int4", "int8", "fp16"], g, "proxy", progress=False)
-                for g in (32, 64)]
+                for g in (64, 32)]
     sens = SensitivityResult.from_json(with_group_sizes(measured).to_json())  # one file holds both
     assert sorted(sens.by_group_size()) == [32, 64]
-    assert sens.by_group_size()[64].damage == measured[1].damage
-    names = quantizable_linears(model)
-    pc, inf = param_counts(model, names), in_features_of(model, names)
-    for budget, field in (({"target_avg_bits": 6.0}, "estimated_kl"), ({"max_mean_kl": 1e9}, "avg_bits")):
-        q = parse_recipe({**BASE, "quantization": {"int4_group_size": [32, 64], "budget": budget, "lm_head": "fp16",
-                                                    "sensitivity": {"num_samples": 4, "max_seq_len": 16}}}).quantization
-        plan = build_plan(model, sens, q, _draw(1, 2))
-        each = {g: allocate(s, Budget.from_config(q.budget), pc, Rules.from_config(q), inf)
-                for g, s in sens.by_group_size().items()}
-        assert plan.group_size == choose_group_size(each, Budget.from_config(q.budget))
-        assert plan.group_size_choice == {str(g): {"avg_bits": p.avg_bits, "estimated_kl": p.estimated_kl}
-                                          for g, p in sorted(each.items())}
-        assert Plan.from_json(plan.to_json()) == plan
-    # a quality budget this loose is met by all-INT4 at either size: the plan takes group 64's fewer bits
-    assert plan.group_size == 64 and set(plan.schemes.values()) == {"int4"}
-    # a size budget only group 64 reaches (4 + 20/32 = 4.625 bits is group 32's floor) plans at 64
-    q = parse_recipe({**BASE, "quantization": {"int4_group_size": [32, 64], "budget": {"target_avg_bits": 4.5},
+    assert sens.by_group_size()[32].damage == measured[1].damage
+    q = parse_recipe({**BASE, "quantization": {"int4_group_size": [64, 32], "budget": {"target_avg_bits": 4.5},
                                                 "lm_head": "fp16"}}).quantization
-    assert build_plan(model, sens, q).group_size == 64
+    plan = build_plan(model, sens, q)
+    assert plan.avg_bits <= 4.5 and plan.group_size == 64
+    sizes = plan.sizes()
+    for members in plan.unit_map().values():  # a fused module has one group size
+        assert len({(plan.schemes[m], sizes[m]) for m in members}) == 1
+    assert set(plan.size_counts()) <= {"32", "64"}
+    assert sum(plan.size_counts().values()) == plan.counts()["int4"] == len(quantizable_linears(model))
+    assert Plan.from_json(plan.to_json()) == plan

@@ -127,3 +127,24 @@ def test_the_fisher_proxy_estimates_the_measured_kl_in_its_own_units():
     ratios = [proxy.damage[u][c] / kl.damage[u][c] for u in kl.damage for c in ("int4", "int8")]
     assert all(0.33 < r < 2.5 for r in ratios), ratios
     assert rank_agreement(kl, proxy)["pooled"] > 0.9
+
+
+@pytest.mark.parametrize("metric", ["kl", "proxy"])
+def test_sensitivity_measures_the_quantizers_own_weights_where_given(metric):
+    """`given` weights (what GPTQ made of a Linear) replace RTN's for that Linear and scheme only."""
+    m = _model()
+    batches = _batches()
+    target = "model.layers.1.mlp.down_proj"
+    w = m.get_submodule(target).weight.detach()
+    rtn = measure_sensitivity(m, batches, ["int4", "int8"], 32, metric, progress=False)
+    exact = measure_sensitivity(m, batches, ["int4", "int8"], 32, metric, progress=False,
+                                given={"int4": {target: w.clone()}})
+    assert exact.damage[target]["int4"] < 1e-9 < rtn.damage[target]["int4"]  # the given weight is the original
+    noisy = measure_sensitivity(m, batches, ["int4", "int8"], 32, metric, progress=False,
+                                given={"int4": {target: fake_quant_int4(w, 32) + 0.1 * torch.randn_like(w)}})
+    assert noisy.damage[target]["int4"] > 2 * rtn.damage[target]["int4"]
+    for res in (exact, noisy):  # the other units, and int8 everywhere, are RTN's
+        for u, d in res.damage.items():
+            assert d["int8"] == pytest.approx(rtn.damage[u]["int8"], rel=1e-6)
+            if u != target:
+                assert d["int4"] == pytest.approx(rtn.damage[u]["int4"], rel=1e-6)
