@@ -183,11 +183,17 @@ def stage_quantize(ctx: StageContext) -> dict:
     draw = calibration_draw(ctx)
     batches, weighting = calibration_batches(fresh_model(ctx), plan, draw.train, ctx.recipe, draw.source_tokens)
     res = oneshot_quantize(fresh_model(ctx), plan, batches, q.method, q.gptq_dampening, tokenizer(ctx))
+    tuning = None
+    if q.scale_tuning_steps:
+        from accel.quant.tune import token_rows, tune_scales
+
+        tuning = tune_scales(res.model, fresh_model(ctx), token_rows(batches), q.scale_tuning_steps,
+                             progress=_progress(ctx))
     save_checkpoint(res.model, plan, ctx.out_dir / "checkpoint_quantized", processor=tokenizer(ctx))
     from accel.pipeline.evaluate import file_bits, num_params
 
     # the plan's avg_bits is the decoder Linears' (what the budget counts); this is every byte of the file
-    return {"method": q.method, "rows": sum(b.shape[0] for b in batches),
+    return {"method": q.method, "rows": sum(b.shape[0] for b in batches), "scale_tuning": tuning,
             "calibration_mix": weighting.to_dict() if weighting else None,
             "file_bits": file_bits(ctx.out_dir / "checkpoint_quantized", num_params(model_path(ctx)))}
 
@@ -390,7 +396,7 @@ SENSITIVITY_FIELDS = ("quantization.candidates", "quantization.int4_group_size",
                       "export.enabled", "export.target")  # the export's loaders decide int4 vs int4f
 PLAN_FIELDS = SENSITIVITY_FIELDS + ("quantization.budget", "quantization.overrides", "quantization.lm_head")
 QUANTIZE_FIELDS = ("quantization.method", "quantization.gptq_dampening", "quantization.calibration_mix",
-                   "quantization.calibration_mix_keep",
+                   "quantization.calibration_mix_keep", "quantization.scale_tuning_steps",
                    "calibration.num_samples", "calibration.max_seq_len")
 
 

@@ -301,3 +301,18 @@ def test_the_sensitivity_of_a_gptq_recipe_measures_gptqs_int4(tmp_path, method, 
     assert any(abs(sens.damage[u]["int4"] - rtn.damage[u]["int4"]) > 1e-3 * rtn.damage[u]["int4"]
                for u in sens.damage)
     assert all(sens.damage[u]["int8"] == pytest.approx(rtn.damage[u]["int8"], rel=1e-6) for u in sens.damage)
+
+
+def test_scale_tuning_runs_in_the_quantize_stage_and_keys_it(tmp_path):
+    """`quantization.scale_tuning_steps` tunes the quantized model's scales inside the quantize stage (its summary
+    says so) and is part of that stage's key, not the plan's."""
+    model_dir = save_tiny_model(tmp_path / "tiny-model")
+    data = tiny_recipe(model_dir, tmp_path / "runs", quantization={"budget": {"target_avg_bits": 6.0}})
+    records, _, _ = _run(data, until="quantize")
+    assert records["quantize"].summary["scale_tuning"] is None
+    tuned = tiny_recipe(model_dir, tmp_path / "runs", quantization={"budget": {"target_avg_bits": 6.0},
+                                                                    "scale_tuning_steps": 3})
+    records, _, _ = _run(tuned, until="quantize")
+    assert [records[s].status for s in ("sensitivity", "plan", "quantize")] == ["reused", "reused", "ran"]
+    summary = records["quantize"].summary["scale_tuning"]
+    assert summary["steps"] == 3 and summary["linears"] > 0 and summary["loss_first"] > 0
