@@ -5,8 +5,8 @@ stay as GPTQ chose them, so the checkpoint keeps its format and every loader (vL
 Why: GPTQ fits each Linear on its own output error; the errors then add up through 30 layers. Tuning the scales
 of SmolLM2-135M's 210 INT4 / INT8 Linears against the model's own output (4 x 256 tokens a step, ~7-9 s on 2
 cores with bf16 matmuls) took int4-mixed from KLD 0.068 to 0.063 at 60 steps and 0.061 at 120, PPL x1.065 to
-x1.043 (scripts/bench_quality.py); at 60 steps its calibration holdout's KL went 0.0573 -> 0.0460. Per-layer refits measured far less on that holdout: least-squares
-scales on each Linear's inputs 0.0563, bias correction 0.0571.
+x1.043 (scripts/bench_quality.py); at 60 steps its calibration holdout's KL went 0.0573 -> 0.0460, where per-layer
+refits gained far less: least-squares scales on each Linear's inputs 0.0563, bias correction 0.0571.
 Written here because llm-compressor has no end-to-end step; the model stays a compressed-tensors model.
 """
 
