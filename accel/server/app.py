@@ -203,6 +203,7 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
 
     @app.get("/metrics")
     async def prometheus_metrics():
+        async_engine.refresh()  # the gauges as of now (this is the loop's thread: between steps)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")

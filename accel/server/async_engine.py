@@ -86,7 +86,7 @@ class AdmissionPolicy:
 
 @dataclass
 class EngineSnapshot:
-    """The engine's counts as of its last step or admission (what admission and /metrics read)."""
+    """The engine's counts, read when admission or /metrics asks (on the loop's thread, between steps)."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -207,7 +207,6 @@ class AsyncEngine:
                 self._drain_aborts()
                 self._enforce_drain_deadline()
                 if not self.engine.has_unfinished():
-                    self._publish_stats()
                     self._wakeup.clear()
                     if self._aborts.empty() and not self._stop:
                         try:
@@ -243,7 +242,6 @@ class AsyncEngine:
                 stream.put_nowait(out if getattr(out, "error", None) is None else RequestFailed(
                     f"this request failed in the engine and was ended (other requests were not affected): "
                     f"{out.error}"))
-        self._publish_stats()
 
     def _drain_aborts(self) -> None:
         while True:
@@ -261,20 +259,22 @@ class AsyncEngine:
             except Exception:  # noqa: BLE001
                 log.exception("abort(%s) failed", rid)
             self._streams.pop(rid).put_nowait(error)
-        self._publish_stats()
 
     def _enforce_drain_deadline(self) -> None:
         if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline and self._streams:
             self._fail_all(RequestFailed("the server is shutting down; this request was aborted before it "
                                          "finished", 503, "service_unavailable"))
 
-    def _publish_stats(self) -> None:
+    def refresh(self) -> EngineSnapshot:
+        """Read the engine's counts now (the loop's thread only: between steps) into `snapshot` and the gauges.
+        Not done per step: admission and /metrics read them when they need them."""
         s = self.engine.stats()
         snap = EngineSnapshot(s.num_running, s.num_waiting, s.kv_cache_usage, _held_blocks(self.engine))
         self.snapshot = snap
         if self.metrics is not None:
             self.metrics.update_engine(snap.num_running, snap.num_waiting, snap.kv_cache_usage,
                                        snap.num_held_blocks, _cumulative_counters(self.engine, s))
+        return snap
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -317,7 +317,7 @@ class AsyncEngine:
     # ---- requests --------------------------------------------------------------------------------------
     def check_admission(self) -> None:
         """Raise AdmissionError when a new request must be refused now."""
-        error = admission_error(self.policy, self.snapshot, self._accepting and self.is_running)
+        error = admission_error(self.policy, self.refresh(), self._accepting and self.is_running)
         if error is not None:
             raise error
 
@@ -336,7 +336,6 @@ class AsyncEngine:
         # between steps (this is the loop's thread), so the engine may be touched directly
         self.engine.add_request(prompt_token_ids, params, request_id=request_id, priority=priority)
         stream = self._streams[request_id] = asyncio.Queue()
-        self._publish_stats()  # the next admission check counts this request as waiting
         self._wakeup.set()
         return RequestStream(self, request_id, stream)
 

@@ -199,14 +199,18 @@ class OpenAIHandlers:
                                     stop_reason=out.stop_reason if done else None)
 
         if req.stream:
+            texts = [serving.sse_text_template(lambda text, i=i: chunk([choice(i, text)])) for i in range(req.n)]
+
             async def events():
                 last: dict[int, object] = {}
                 for i in range(req.n if echo else 0):
-                    yield serving.sse(chunk([choice(i, echo)]))
+                    yield texts[i](echo)
                 async for i, out in merged(streams):
                     last[i] = out
-                    if out.text_delta or out.finished:
+                    if out.finished:
                         yield serving.sse(chunk([choice(i, out.text_delta, out)]))
+                    elif out.text_delta:
+                        yield texts[i](out.text_delta)
                 if _include_usage(req) and len(last) == req.n:
                     yield serving.sse(chunk([], usage=serving.usage(list(last.values()))))
 
@@ -236,6 +240,9 @@ class OpenAIHandlers:
                 choices = [] if i is None else [ChatStreamChoice(index=i, delta=delta, finish_reason=finish_reason)]
                 return ChatCompletionChunk(id=rid, created=created, model=req.model, choices=choices, usage=usage)
 
+            texts = [serving.sse_text_template(lambda text, i=i: chunk(i, DeltaMessage(content=text)))
+                     for i in range(req.n)]
+
             async def events():
                 last: dict[int, object] = {}
                 for i in range(req.n):
@@ -243,7 +250,7 @@ class OpenAIHandlers:
                 async for i, out in merged(streams):
                     last[i] = out
                     if out.text_delta:
-                        yield serving.sse(chunk(i, DeltaMessage(content=out.text_delta)))
+                        yield texts[i](out.text_delta)
                     if out.finished:
                         yield serving.sse(chunk(i, DeltaMessage(), out.finish_reason))
                 if _include_usage(req) and len(last) == req.n:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from accel.runtime.sampling_params import MAX_STOP_STRINGS, SEED_MAX, SEED_MIN, SamplingParams
 from accel.server.metrics import spec_counters
@@ -175,3 +176,17 @@ def sse(data) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+_MARK = "accel-sse-text-field"
+
+
+def sse_text_template(build: Callable[[str], object]) -> Callable[[str], str]:
+    """`lambda text: sse(build(text))` for a chunk builder whose chunks differ only in one text field, made fast.
+
+    The event is rendered by pydantic once, with a marker as the text, and each token's text is spliced into it
+    (json.dumps of one string). Why: building and dumping the pydantic models for every token cost ~13 us hot and
+    several times that right after a decode step, whose weight stream leaves the caches cold."""
+    head, mark, tail = sse(build(_MARK)).partition(json.dumps(_MARK))
+    if not mark or _MARK in head or _MARK in tail:  # the marker spelled elsewhere too (a model name): no splicing
+        return lambda text: sse(build(text))
+    return lambda text: head + json.dumps(text, ensure_ascii=False) + tail

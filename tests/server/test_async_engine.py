@@ -154,3 +154,48 @@ def test_the_engine_steps_on_the_event_loop_thread_and_outputs_are_sent_before_t
     loop_thread = run(main())
     assert {t for t, _ in seen} == {loop_thread}
     assert [n for _, n in seen] == [0, 1, 2]
+
+
+def test_a_step_only_buffers_metrics_and_a_scrape_folds_them_in():
+    """No Prometheus object is touched per step (Python right after a decode step runs with cold caches): the
+    counters read 0 until a scrape renders them, and then they hold every token, gap and finished request."""
+    from accel.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m")
+
+    def value(name: str, **labels) -> float | None:
+        return metrics.registry.get_sample_value(name, {"model_name": "m", **labels})
+
+    async def main():
+        ae = AsyncEngine(FakeEngine(), metrics=metrics)
+        ae.start()
+        outs = [o async for o in ae.generate(ids("abc"), SamplingParams(max_tokens=5), "r1")]
+        before = (value("vllm:generation_tokens_total"), value("vllm:inter_token_latency_seconds_count"),
+                  value("vllm:request_success_total", finished_reason="length"))
+        ae.refresh()
+        text = metrics.render().decode()
+        await ae.shutdown(1)
+        return outs, before, text
+
+    outs, before, text = run(main())
+    assert len(outs) == 5 and before == (0.0, 0.0, None)
+    assert value("vllm:generation_tokens_total") == 5.0
+    assert value("vllm:inter_token_latency_seconds_count") == 4.0
+    assert value("vllm:request_success_total", finished_reason="length") == 1.0
+    assert value("vllm:prompt_tokens_total") == 3.0
+    assert 'vllm:num_requests_running{model_name="m"} 0.0' in text
+
+
+def test_unscraped_metrics_stay_bounded():
+    from types import SimpleNamespace
+
+    from accel.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m")
+    times: list[float] = []
+    for i in range(10_000):
+        times.append(i * 0.01)
+        metrics.observe_output(SimpleNamespace(new_token_ids=[1], finished=False, metrics=SimpleNamespace(
+            token_times=times)))
+    assert len(metrics._gaps) < 4096
+    assert metrics.registry.get_sample_value("vllm:inter_token_latency_seconds_count", {"model_name": "m"}) >= 8192
