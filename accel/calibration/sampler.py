@@ -65,6 +65,8 @@ class CalibrationDraw:
     source_tokens: dict[str, int] = field(default_factory=dict)
     """Tokens per domain in the whole source (every unit, after truncation): the share a random draw gives each
     domain on average; the base of quantization.calibration_mix 'damage'."""
+    unused: list[DrawnSample] = field(default_factory=list)
+    """The units neither drawn nor held out: more text for steps that need more than the draw (scale tuning)."""
 
 
 def stratified_draw(samples: Sequence[TextSample], tokenizer, cfg) -> CalibrationDraw:
@@ -88,16 +90,17 @@ def stratified_draw(samples: Sequence[TextSample], tokenizer, cfg) -> Calibratio
                              {k: len(units[k]) - quota.get(k, 0) for k in units})
     if sum(hold_quota.values()) < want_hold:
         notes.append(f"the holdout has {sum(hold_quota.values())} unit(s) instead of {want_hold} (strata exhausted)")
-    train, holdout, strata = [], [], {}
+    train, holdout, unused, strata = [], [], [], {}
     for k, pool in units.items():
         order = rng.sample(range(len(pool)), len(pool))
         n_train, n_hold = quota.get(k, 0), hold_quota.get(k, 0)
         train += [pool[i] for i in order[:n_train]]
         holdout += [pool[i] for i in order[n_train:n_train + n_hold]]
+        unused += [pool[i] for i in order[n_train + n_hold:]]
         strata[k] = StratumReport(available=len(pool), drawn=n_train, held_out=n_hold)
     _note_truncation(train + holdout, cfg.max_seq_len, notes)
     return CalibrationDraw(train=train, holdout=holdout, strata=strata, notes=notes, method="stratified", seed=cfg.seed,
-                           source_tokens=_tokens_per_domain(units))
+                           source_tokens=_tokens_per_domain(units), unused=unused)
 
 
 def random_draw(samples: Sequence[TextSample], tokenizer, cfg) -> CalibrationDraw:
@@ -112,13 +115,14 @@ def random_draw(samples: Sequence[TextSample], tokenizer, cfg) -> CalibrationDra
     order = rng.sample(range(len(flat)), len(flat))
     train = [flat[i] for i in order[:n_train]]
     holdout = [flat[i] for i in order[n_train:n_train + n_hold]]
+    unused = [flat[i] for i in order[n_train + n_hold:]]
     strata = {}
     for k, pool in units.items():
         strata[k] = StratumReport(available=len(pool), drawn=sum(1 for u in train if (u.domain, u.bucket) == k),
                                   held_out=sum(1 for u in holdout if (u.domain, u.bucket) == k))
     _note_truncation(train + holdout, cfg.max_seq_len, notes)
     return CalibrationDraw(train=train, holdout=holdout, strata=strata, notes=notes, method="random", seed=cfg.seed,
-                           source_tokens=_tokens_per_domain(units))
+                           source_tokens=_tokens_per_domain(units), unused=unused)
 
 
 def _tokens_per_domain(units: dict[Stratum, list[DrawnSample]]) -> dict[str, int]:

@@ -185,10 +185,13 @@ def stage_quantize(ctx: StageContext) -> dict:
     res = oneshot_quantize(fresh_model(ctx), plan, batches, q.method, q.gptq_dampening, tokenizer(ctx))
     tuning = None
     if q.scale_tuning_steps:
-        from accel.quant.tune import token_rows, tune_scales
+        from accel.quant.tune import BATCH_ROWS, tuning_rows, tune_scales
 
-        tuning = tune_scales(res.model, fresh_model(ctx), token_rows(batches), q.scale_tuning_steps,
+        rows = tuning_rows(draw.train + draw.unused, q.scale_tuning_steps * BATCH_ROWS,
+                           weighting.shares if weighting else None)
+        tuning = tune_scales(res.model, fresh_model(ctx), rows, q.scale_tuning_steps, batch_size=BATCH_ROWS,
                              progress=_progress(ctx))
+        tuning["rows"] = int(rows.unique(dim=0).shape[0])
     save_checkpoint(res.model, plan, ctx.out_dir / "checkpoint_quantized", processor=tokenizer(ctx))
     from accel.pipeline.evaluate import file_bits, num_params
 

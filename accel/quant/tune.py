@@ -5,10 +5,11 @@ stay as GPTQ chose them, so the checkpoint keeps its format and every loader (vL
 Why: GPTQ fits each Linear on its own output error; the errors then add up through 30 layers. Tuning the scales
 of SmolLM2-135M's 210 INT4 / INT8 Linears against the model's own output (4 x 256 tokens a step, ~7-9 s on 2
 cores with bf16 matmuls) took int4-mixed from KLD 0.068 to 0.063 at 60 steps, 0.061 at 120 and 0.0604 at 200
-with the decay below, PPL x1.065 to x1.044 (scripts/bench_quality.py); the loss on the calibration rows kept
-falling (0.026 at 120, 0.020 at 200), so more steps fit those rows more than other text. At 60 steps the
-calibration holdout's KL went 0.0573 -> 0.0460, where per-layer
-refits gained far less: least-squares scales on each Linear's inputs 0.0563, bias correction 0.0571.
+with the decay below (scripts/bench_quality.py). On the draw's ~150 rows the loss kept falling (0.026 at 120,
+0.020 at 200) while the held-out KLD barely moved: the steps fit those rows. On 683 distinct rows from every
+calibration unit not held out (`tuning_rows`) the loss ends at 0.033 and the KLD at 0.0594, PPL x1.037. At 60
+steps the calibration holdout's KL went 0.0573 -> 0.0460, where per-layer refits gained far less: least-squares
+scales on each Linear's inputs 0.0563, bias correction 0.0571.
 Written here because llm-compressor has no end-to-end step; the model stays a compressed-tensors model.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -23,6 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from accel.quant.sensitivity import _progress
+
+
+BATCH_ROWS = 4  # rows of 256 tokens a step: ~7-9 s on 2 cores
 
 
 def native_bf16() -> bool:
@@ -84,14 +89,25 @@ def tunable_linears(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def token_rows(batches: list[torch.Tensor], seq_len: int = 256) -> torch.Tensor:
-    """The calibration batches cut into rows of `seq_len` tokens (whole batches where shorter): shorter rows give
-    more, smaller steps for the same tokens."""
-    parts = [b[:, i:i + seq_len] for b in batches for i in range(0, b.shape[1] - seq_len + 1, seq_len)]
-    if not parts:
-        n = min(b.shape[1] for b in batches)
-        parts = [b[:, :n] for b in batches]
-    return torch.cat(parts)
+def tuning_rows(samples: Sequence, n: int, shares: dict[str, float] | None = None, seq_len: int = 256
+                ) -> torch.Tensor:
+    """`n` rows [n, seq_len] for scale tuning, packed per domain from `samples` (every calibration unit not held out,
+    not only the draw: steps x batch rows read the draw's ~150 rows several times over and fit them more than other
+    text) and mixed by `shares` (the GPTQ rows' domain mix; None = each domain's tokens). Rows are distinct while a
+    domain has enough; a domain with fewer cycles."""
+    from accel.calibration import largest_remainder
+    from accel.quant.domain_weighting import domain_rows, pick_rows
+
+    if n < 1:
+        raise ValueError(f"n={n} is invalid; allowed: >= 1")
+    per_domain = domain_rows(samples, seq_len)
+    if not per_domain:
+        raise ValueError(f"scale tuning needs a row of {seq_len} tokens of one domain; the calibration text has "
+                         f"none: add text or turn quantization.scale_tuning_steps off")
+    weights = {d: shares.get(d, 0.0) if shares else float(r.numel()) for d, r in per_domain.items()}
+    if not sum(weights.values()):
+        weights = {d: 1.0 for d in per_domain}
+    return pick_rows(per_domain, largest_remainder(n, weights))
 
 
 def _swap(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
@@ -103,11 +119,11 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
 
 
 def tune_scales(model: nn.Module, teacher: nn.Module, rows: torch.Tensor, steps: int, lr: float = 1e-3,
-                batch_size: int = 4, seed: int = 0, progress: bool = False) -> dict:
+                batch_size: int = BATCH_ROWS, seed: int = 0, progress: bool = False) -> dict:
     """Tune the group scales of `model`'s quantized Linears (in place) for `steps` Adam steps on the mean per-token
-    KL(teacher || model) over batches of `rows` [N, T] drawn with `seed`. Each scale ends rounded to fp16 (what the
-    checkpoint stores) and each weight is codes x scale, so the library's compressor reproduces the same codes.
-    Returns a summary: Linears tuned, steps, seconds, the mean loss of the first and last steps."""
+    KL(teacher || model) over batches of `rows` [N, T], each row once per pass in an order drawn with `seed`. Each
+    scale ends rounded to fp16 (what the checkpoint stores) and each weight is codes x scale, so the library's
+    compressor reproduces the same codes. Returns a summary: Linears tuned, steps, seconds, the mean loss of the first and last steps."""
     if steps < 1:
         raise ValueError(f"steps={steps} is invalid; allowed: an integer >= 1")
     targets = tunable_linears(model)
@@ -131,6 +147,8 @@ def tune_scales(model: nn.Module, teacher: nn.Module, rows: torch.Tensor, steps:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 1.0 if s < stable else 0.5 * (1.0 + math.cos(math.pi * (s - stable) / (steps - stable))))
     gen = torch.Generator().manual_seed(seed)
+    order = torch.empty(0, dtype=torch.long)
+    bs = min(batch_size, rows.shape[0])
     bf16 = native_bf16()
     losses: list[float] = []
     t0 = time.perf_counter()
@@ -138,7 +156,9 @@ def tune_scales(model: nn.Module, teacher: nn.Module, rows: torch.Tensor, steps:
     try:
         model.train()
         for step in range(steps):
-            x = rows[torch.randint(0, rows.shape[0], (min(batch_size, rows.shape[0]),), generator=gen)]
+            if order.numel() < bs:
+                order = torch.randperm(rows.shape[0], generator=gen)
+            x, order = rows[order[:bs]], order[bs:]
             with torch.no_grad():
                 target = teacher(x, use_cache=False).logits.float().log_softmax(-1)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):

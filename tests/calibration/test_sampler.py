@@ -80,6 +80,16 @@ def test_holdout_is_shared_over_the_strata_like_the_draw_and_disjoint(base_sampl
     assert len(stratified_draw(base_samples, tok, cfg(holdout_fraction=0.1)).holdout) == 1
 
 
+@pytest.mark.parametrize("draw", [stratified_draw, random_draw])
+def test_train_holdout_and_unused_split_the_source(base_samples, tok, draw):
+    """Every unit is drawn, held out or unused, exactly once: scale tuning reads train + unused and must never see
+    the holdout the plan is checked on."""
+    d = draw(base_samples, tok, cfg(holdout_fraction=0.2))
+    ids = [u.id for u in d.train + d.holdout + d.unused]
+    assert len(ids) == len(set(ids)) == len(base_samples) == 30
+    assert len(d.unused) == 30 - 10 - 2
+
+
 def test_packs_short_samples_with_a_note(tok):
     samples = make_samples({"c": [(7, 2), (2, 10)]})
     d = stratified_draw(samples, tok, cfg(num_samples=100))

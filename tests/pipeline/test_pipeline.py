@@ -316,3 +316,4 @@ def test_scale_tuning_runs_in_the_quantize_stage_and_keys_it(tmp_path):
     assert [records[s].status for s in ("sensitivity", "plan", "quantize")] == ["reused", "reused", "ran"]
     summary = records["quantize"].summary["scale_tuning"]
     assert summary["steps"] == 3 and summary["linears"] > 0 and summary["loss_first"] > 0
+    assert summary["rows"] == 3 * 4  # distinct rows, one per read, from the draw and the units it left unused

@@ -356,11 +356,34 @@ def test_int4_at_two_group_sizes_gets_one_config_group_each_and_loads_at_each(tm
     torch.testing.assert_close(loaded(X).logits, res.model(X).logits, **KERNEL_TOL)
 
 
+def test_tuning_rows_mix_domains_by_share_and_stay_distinct_while_a_domain_has_enough():
+    from types import SimpleNamespace
+
+    from accel.quant.tune import tuning_rows
+
+    def units(domain, count, start):
+        return [SimpleNamespace(domain=domain, token_ids=list(range(start + 64 * i, start + 64 * (i + 1))))
+                for i in range(count)]
+
+    samples = units("a", 10, 0) + units("b", 2, 10_000)  # a: 20 rows of 32 tokens, b: 4
+    rows = tuning_rows(samples, 8, {"a": 0.5, "b": 0.5}, seq_len=32)
+    assert rows.shape == (8, 32) and int((rows >= 10_000).all(1).sum()) == 4
+    assert rows.unique(dim=0).shape[0] == 8
+    cycled = tuning_rows(samples, 12, {"a": 0.5, "b": 0.5}, seq_len=32)
+    assert cycled[(cycled >= 10_000).all(1)].unique(dim=0).shape[0] == 4  # b's 4 rows, read again
+    by_tokens = tuning_rows(samples, 12, None, seq_len=32)  # 640 : 128 tokens
+    assert int((by_tokens >= 10_000).all(1).sum()) == 2
+    with pytest.raises(ValueError, match="row of 1024 tokens"):
+        tuning_rows(samples, 4, None, seq_len=1024)
+    with pytest.raises(ValueError, match="n=0 is invalid"):
+        tuning_rows(samples, 0)
+
+
 def test_scale_tuning_lowers_the_kl_to_the_unquantized_model_and_keeps_every_code(tmp_path):
     """End-to-end scale tuning after quantization: the KL to the unquantized model falls on the rows it tunes on,
     every INT4 / INT8 code stays as the quantizer chose it, scales end on the fp16 grid, and the checkpoint the
     library writes from the tuned model loads into our kernels with the same output."""
-    from accel.quant.tune import token_rows, tunable_linears, tune_scales
+    from accel.quant.tune import tunable_linears, tune_scales
 
     model = _saved_tiny(tmp_path, fp16_values=True)
     teacher = copy.deepcopy(model)
@@ -378,7 +401,7 @@ def test_scale_tuning_lowers_the_kl_to_the_unquantized_model_and_keeps_every_cod
 
     before = kl()
     scales = {n: res.model.get_submodule(n).weight_scale.detach().clone() for n in codes}
-    summary = tune_scales(res.model, teacher, token_rows([rows], 16), steps=60, lr=1e-2, batch_size=8)
+    summary = tune_scales(res.model, teacher, rows.reshape(-1, 16), steps=60, lr=1e-2, batch_size=8)
     assert summary["linears"] == len(codes) and summary["steps"] == 60
     after = kl()
     assert after < 0.9 * before, (before, after)
