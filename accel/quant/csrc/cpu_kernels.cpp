@@ -317,37 +317,85 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale)
 }
 
 // ---- fp32 small GEMM (1-96 rows: decode, verification, batched decode) -------------------------------------
-// A register tile of MR activation rows x NR weight rows: per 8 inputs, NR weight + MR activation loads feed
-// MR * NR FMAs (4 x 3: 7 loads for 12 FMAs, 12 accumulators + 4 operands = 16 ymm). With PF the next NR weight rows (contiguous after these) are
-// prefetched while this tile computes, so the DRAM stream runs ahead of the arithmetic.
+// Every output is two FMA chains, one over the even and one over the odd 8-input blocks (a last lone block is
+// even), summed once at the end. At one activation row a single chain per output waits on FMA latency, not memory:
+// 2 cores of an AVX2 EPYC, the model's Linears with cold weights, one chain 24.2 GB/s, two 27.6, four 29.1 (four
+// don't fit a tile in 16 ymm). Every M computes an output in this order, so a row's result does not depend on how
+// many rows share the call: verifying draft tokens reproduces the decode step exactly.
+
+// One activation row, one weight row: both chains live in one sequential pass (the hardware prefetcher's best
+// case). Two rows or halves streamed at once measured 0.88-0.96x of one.
+static inline float dot_row(const float* x, const float* w, int64_t K) {
+  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    a = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), a);
+    b = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_loadu_ps(w + k + 8), b);
+  }
+  if (k < K) a = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), a);
+  return hsum256(_mm256_add_ps(a, b));
+}
+
+// A register tile of MR activation rows x NR weight rows, one chain at a time (both at once would not fit 4 x 3 in
+// 16 ymm): per 8 inputs NR weight + MR activation loads feed MR * NR FMAs. `xe` holds each activation row's even
+// blocks, then its odd ones (`split_blocks`), so both passes read activations contiguously; the weight tile comes
+// from DRAM in the first pass and from L1 in the second. With PF the next NR weight rows (contiguous after these)
+// are prefetched evenly over both passes, so the DRAM stream never waits for the second.
 template <int MR, int NR, bool PF>
-static inline void micro(const float* x, int64_t K, const float* w, float* y, int64_t N) {
-  __m256 a[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) a[m][r] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
-    __m256 wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(w + r * K + k);
-    if (PF) {  // NR * 32 bytes of the next tile per step: two lines cover NR <= 4
-      const char* p = reinterpret_cast<const char*>(w + NR * K + k * NR);
-      _mm_prefetch(p, _MM_HINT_T0);
-      _mm_prefetch(p + 64, _MM_HINT_T0);
+static inline void micro(const float* xe, int64_t K, const float* w, float* y, int64_t N) {
+  const int64_t E = (K + 8) / 16 * 8;  // even inputs per row
+  const int64_t S = (K + 15) / 16;     // 16-input steps; PF covers 3 * 32 = NR * 32 bytes per step and pass
+  const char* next = reinterpret_cast<const char*>(w + NR * K);
+  __m256 even[MR][NR], a[MR][NR];
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < NR; ++r) a[m][r] = _mm256_setzero_ps();
+    const float* xp = xe + pass * E;
+    for (int64_t k = 8 * pass, i = 0; k < K; k += 16, ++i) {
+      if (PF) {
+        const char* p = next + (pass * S + i) * NR * 32;
+        _mm_prefetch(p, _MM_HINT_T0);
+        if (NR > 2) _mm_prefetch(p + 64, _MM_HINT_T0);
+      }
+      __m256 wv[NR];
+      for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(w + r * K + k);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 xv = _mm256_loadu_ps(xp + m * K + 8 * i);
+        for (int r = 0; r < NR; ++r) a[m][r] = _mm256_fmadd_ps(xv, wv[r], a[m][r]);
+      }
     }
-    for (int m = 0; m < MR; ++m) {
-      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
-      for (int r = 0; r < NR; ++r) a[m][r] = _mm256_fmadd_ps(xv, wv[r], a[m][r]);
-    }
+    if (pass == 0)
+      for (int m = 0; m < MR; ++m)
+        for (int r = 0; r < NR; ++r) even[m][r] = a[m][r];
   }
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) y[m * N + r] = hsum256(a[m][r]);
+    for (int r = 0; r < NR; ++r) y[m * N + r] = hsum256(_mm256_add_ps(even[m][r], a[m][r]));
+}
+
+// Each row of x as its even 8-input blocks, then its odd ones.
+static void split_blocks(const float* x, int64_t M, int64_t K, float* out) {
+  const int64_t E = (K + 8) / 16 * 8;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    float* o = out + m * K;
+    for (int64_t k = 0, i = 0; k < K; k += 16, i += 8) {
+      std::memcpy(o + i, xr + k, 8 * sizeof(float));
+      if (k + 8 < K) std::memcpy(o + E + i, xr + k + 8, 8 * sizeof(float));
+    }
+  }
 }
 
 // Output rows [n0, n1) for all M activation rows, weight-row tiles outermost: each tile of NR weight rows comes
 // from DRAM once (prefetched during the previous tile's first row block) and is reused from L1 by every row
 // block, while the activations (M x K floats) stay in L2. Measured on a 2-core AVX2 CPU, the model's 30 layers of
-// Linears with cold weights: +15-45% over the row-pass kernel at 12-64 rows (scripts/bench_kernels.py).
-static void gemm_rows(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N, int64_t n0,
-                      int64_t n1) {
+// Linears with cold weights: +15-45% over the row-pass kernel at 12-64 rows (scripts/bench_kernels.py). One
+// activation row has no reuse for a tile to buy and streams each weight row in turn.
+static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, const float* w, float* y, int64_t N,
+                      int64_t n0, int64_t n1) {
+  if (M == 1) {
+    for (int64_t n = n0; n < n1; ++n) y[n] = dot_row(x, w + n * K, K);
+    return;
+  }
   constexpr int NR = 3;
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) {
@@ -355,32 +403,35 @@ static void gemm_rows(const float* x, int64_t M, int64_t K, const float* w, floa
     const bool pf = n + 2 * NR <= N;
     int64_t m0 = 0;
     for (; m0 + 4 <= M; m0 += 4) {
-      if (m0 == 0 && pf) micro<4, NR, true>(x, K, wn, y + n, N);
-      else micro<4, NR, false>(x + m0 * K, K, wn, y + m0 * N + n, N);
+      if (m0 == 0 && pf) micro<4, NR, true>(xe, K, wn, y + n, N);
+      else micro<4, NR, false>(xe + m0 * K, K, wn, y + m0 * N + n, N);
     }
     const bool pf0 = m0 == 0 && pf;  // M < 4: the one row block prefetches the next tile
-    const float* xm = x + m0 * K;
+    const float* xm = xe + m0 * K;
     float* ym = y + m0 * N + n;
     switch (M - m0) {
       case 3: if (pf0) micro<3, NR, true>(xm, K, wn, ym, N); else micro<3, NR, false>(xm, K, wn, ym, N); break;
       case 2: if (pf0) micro<2, NR, true>(xm, K, wn, ym, N); else micro<2, NR, false>(xm, K, wn, ym, N); break;
-      case 1: if (pf0) micro<1, NR, true>(xm, K, wn, ym, N); else micro<1, NR, false>(xm, K, wn, ym, N); break;
+      case 1: micro<1, NR, false>(xm, K, wn, ym, N); break;
       default: break;
     }
   }
   for (; n < n1; ++n)
-    for (int64_t m = 0; m < M; ++m) micro<1, 1, false>(x + m * K, K, w + n * K, y + m * N + n, N);
+    for (int64_t m = 0; m < M; ++m) y[m * N + n] = dot_row(x + m * K, w + n * K, K);
 }
 
 static void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, float* yp, int64_t N) {
-  // Every M takes the register-tiled GEMM with prefetch. It used to serve M >= 4 only, with a one-pass row
-  // kernel (no prefetch) for 1-3 rows; on the 30 layers' Linears + lm_head with cold weights (an AVX-512/AMX
-  // Xeon, 2 threads) the tiled kernel measured 25.6 vs 33.1 ms at M = 1, 27.7 vs 38.6 at 2, 28.5 vs 44.3 at 3,
-  // so verifying a few draft tokens now costs close to one decode step. One kernel for every M also makes a
-  // row's result independent of how many rows share the call (each output is one FMA chain in k order).
+  // Inside a decode team every thread splits its own copy (no barrier; M x K floats is small).
+  static thread_local std::vector<float> split;
+  const float* xe = xp;
+  if (M > 1) {
+    if (static_cast<int64_t>(split.size()) < M * K) split.resize(M * K);
+    split_blocks(xp, M, K, split.data());
+    xe = split.data();
+  }
   const int64_t CR = chunk_rows(M, N, K * 4, 48);  // larger M: chunks of 48 output rows (a multiple of NR)
   parallel_chunks((N + CR - 1) / CR,
-                  [&](int64_t c) { gemm_rows(xp, M, K, wp, yp, N, c * CR, std::min(N, (c + 1) * CR)); });
+                  [&](int64_t c) { gemm_rows(xp, xe, M, K, wp, yp, N, c * CR, std::min(N, (c + 1) * CR)); });
 }
 
 torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
