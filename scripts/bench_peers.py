@@ -14,7 +14,7 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
   inprocess   batch-1 decode tok/s: accel's Engine (128 tokens after a 4-token prompt, timed from the first token)
               vs llama-bench tg128 (-p 0 -n 128)
   http        batch-1 decode over HTTP, one streaming chat request at a time (8 held-out prompts, 128 tokens):
-              `accel serve` vs llama-server, the same client (accel.eval's OpenAI backend), tok/s = 1 / mean TPOT;
+              `accel serve` vs llama-server, the same client (accel bench's OpenAI backend), tok/s = 1 / mean TPOT;
               the two servers and accel in-process take turns request by request
   throughput  64 long-tailed requests at once (prompts 16-1024, outputs 16-256 tokens): `accel serve` vs
               llama-server with 16 slots, output tokens/s

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 PACKAGES = ("accel", "torch", "transformers", "tokenizers", "safetensors", "numpy", "llmcompressor",
-            "compressed-tensors", "accelerate", "fastapi", "uvicorn", "httpx", "aiohttp", "matplotlib", "vllm")
+            "compressed-tensors", "accelerate", "fastapi", "uvicorn", "httpx", "httptools", "matplotlib", "vllm")
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:

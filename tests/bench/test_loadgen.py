@@ -253,6 +253,22 @@ def test_connection_error_is_counted():
     assert r.errors_by_kind == {"connection": 1} and r.num_completed == 0
 
 
+def test_sse_events_take_the_arrival_time_of_the_piece_that_completes_them():
+    from accel.bench.backends import _sse_events
+
+    parts = [(1.0, b'data: {"a"'), (2.0, b': 1}\n\n: a comment\n'), (3.0, b"event: x\ndata: [DONE]\n\n")]
+    assert list(_sse_events(parts)) == [(2.0, b'{"a": 1}'), (3.0, b"[DONE]")]
+
+
+def test_the_url_path_prefix_and_api_key_reach_the_request_line():
+    b = OpenAIBackend("http://example.org:8080/proxy/v1/", "m", api_key="k", endpoint="chat")
+    raw = b._request_bytes("/v1/chat/completions", {"x": 1})
+    head, body = raw.split(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /proxy/v1/chat/completions HTTP/1.1" and "Host: example.org:8080" in lines
+    assert "Authorization: Bearer k" in lines and f"Content-Length: {len(body)}" in lines and json.loads(body) == {"x": 1}
+
+
 def test_sweep_runs_each_concurrency_on_the_same_requests(fake_server):
     reqs = [req(i, n=4) for i in range(4)]
     s = run_sweep(OpenAIBackend(fake_server.url, "fake"), BenchConfig(warmup=0), concurrencies=[2, 1],

@@ -385,15 +385,47 @@ static void split_blocks(const float* x, int64_t M, int64_t K, float* out) {
   }
 }
 
+// 2-4 activation rows (a verify step's draft rows) against one weight row: both chains of every row live in one
+// sequential pass, dot_row's stream and summation order (a row's result is dot_row's bit for bit), the weight row
+// read from DRAM once. All fp32 Linears of a step, 2 cores of an AVX2 EPYC, against the 4 x 3 tiles: 1.04-1.09x at
+// 2-4 rows, 0.93-0.96x at 6-16 (both FMA chains of more rows do not fit the registers).
+constexpr int64_t F32_ROW_PASS_MAX = 4;
+template <int MR>
+static inline void dot_rows(const float* x, int64_t K, const float* w, float* y, int64_t N) {
+  __m256 a[MR], b[MR];
+  for (int m = 0; m < MR; ++m) a[m] = b[m] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
+    for (int m = 0; m < MR; ++m) {
+      a[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), w0, a[m]);
+      b[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k + 8), w1, b[m]);
+    }
+  }
+  if (k < K) {
+    const __m256 w0 = _mm256_loadu_ps(w + k);
+    for (int m = 0; m < MR; ++m) a[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), w0, a[m]);
+  }
+  for (int m = 0; m < MR; ++m) y[m * N] = hsum256(_mm256_add_ps(a[m], b[m]));
+}
+
 // Output rows [n0, n1) for all M activation rows, weight-row tiles outermost: each tile of NR weight rows comes
 // from DRAM once (prefetched during the previous tile's first row block) and is reused from L1 by every row
 // block, while the activations (M x K floats) stay in L2. Measured on a 2-core AVX2 CPU, the model's 30 layers of
-// Linears with cold weights: +15-45% over the row-pass kernel at 12-64 rows (scripts/bench_kernels.py). One
-// activation row has no reuse for a tile to buy and streams each weight row in turn.
+// Linears with cold weights: +15-45% over the row-pass kernel at 12-64 rows (scripts/bench_kernels.py). Up to
+// F32_ROW_PASS_MAX rows stream each weight row in turn instead (`dot_row`, `dot_rows`).
 static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, const float* w, float* y, int64_t N,
                       int64_t n0, int64_t n1) {
-  if (M == 1) {
-    for (int64_t n = n0; n < n1; ++n) y[n] = dot_row(x, w + n * K, K);
+  if (M <= F32_ROW_PASS_MAX) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* wn = w + n * K;
+      switch (M) {
+        case 4: dot_rows<4>(x, K, wn, y + n, N); break;
+        case 3: dot_rows<3>(x, K, wn, y + n, N); break;
+        case 2: dot_rows<2>(x, K, wn, y + n, N); break;
+        default: y[n] = dot_row(x, wn, K); break;
+      }
+    }
     return;
   }
   constexpr int NR = 3;
@@ -402,16 +434,15 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
     const float* wn = w + n * K;
     const bool pf = n + 2 * NR <= N;
     int64_t m0 = 0;
-    for (; m0 + 4 <= M; m0 += 4) {
+    for (; m0 + 4 <= M; m0 += 4) {  // the first row block prefetches the next tile
       if (m0 == 0 && pf) micro<4, NR, true>(xe, K, wn, y + n, N);
       else micro<4, NR, false>(xe + m0 * K, K, wn, y + m0 * N + n, N);
     }
-    const bool pf0 = m0 == 0 && pf;  // M < 4: the one row block prefetches the next tile
     const float* xm = xe + m0 * K;
     float* ym = y + m0 * N + n;
     switch (M - m0) {
-      case 3: if (pf0) micro<3, NR, true>(xm, K, wn, ym, N); else micro<3, NR, false>(xm, K, wn, ym, N); break;
-      case 2: if (pf0) micro<2, NR, true>(xm, K, wn, ym, N); else micro<2, NR, false>(xm, K, wn, ym, N); break;
+      case 3: micro<3, NR, false>(xm, K, wn, ym, N); break;
+      case 2: micro<2, NR, false>(xm, K, wn, ym, N); break;
       case 1: micro<1, NR, false>(xm, K, wn, ym, N); break;
       default: break;
     }
@@ -424,7 +455,7 @@ static void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, flo
   // Inside a decode team every thread splits its own copy (no barrier; M x K floats is small).
   static thread_local std::vector<float> split;
   const float* xe = xp;
-  if (M > 1) {
+  if (M > F32_ROW_PASS_MAX) {
     if (static_cast<int64_t>(split.size()) < M * K) split.resize(M * K);
     split_blocks(xp, M, K, split.data());
     xe = split.data();
