@@ -288,8 +288,10 @@ class NativeDecode:
         self.scale = self.head_dim ** -0.5
 
     @classmethod
-    def for_model(cls, model: CausalLM) -> NativeDecode | None:
-        """The native decode of `model`, or None where a layer does not fit it (then the modules run as usual)."""
+    def for_model(cls, model: CausalLM, input_proj: nn.Module | None = None) -> NativeDecode | None:
+        """The native decode of `model`, or None where a layer does not fit it (then the modules run as usual).
+        input_proj: a projection the call runs on its input first (an EAGLE draft's fc); its x is then that
+        projection's input."""
         p = next(model.parameters())
         if p.device.type != "cpu" or p.dtype != torch.float32 or not cpu_kernels.available():
             return None
@@ -315,6 +317,11 @@ class NativeDecode:
         if head is not None:
             native.tensors.set_head(weights, head)
             native.has_head = True
+        if input_proj is not None:
+            proj = _native_linear(input_proj, add)
+            if proj is None:
+                return None
+            native.tensors.set_input_proj(weights, proj)
         return native
 
     def takes(self, meta: AttentionMetadata, rows: int) -> bool:

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from accel.runtime.model import CausalLM, fuse_projections
+from accel.runtime.model import CausalLM, NativeDecode, fuse_projections
 from accel.runtime.outputs import ScheduledRequest
 from accel.runtime.sequence import Sequence
 from accel.speculative.paged_draft import _GREEDY, PagedDraftProposer
@@ -65,16 +65,33 @@ class EagleDraft(CausalLM):
     def forward(self, input_ids: Tensor, positions: Tensor, meta, kv_caches, features: Tensor | None = None
                 ) -> Tensor:
         """input_ids, positions [T], features [T, H] (f_i of the token before each input) -> h [T, H] (normed)."""
-        if features is None:
-            raise ValueError("an EAGLE draft needs the target's features for every input token")
-        emb = self.model.embed_tokens(input_ids)
-        x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
-        cos = self.cos.index_select(0, positions).unsqueeze(1)
-        sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
+        x, cos, sin = self._inputs(input_ids, positions, features)
+        x = self.fc(x)
         residual = None
         for layer, cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, cos, sin, cache, meta)
         return self.model.norm(x, residual)
+
+    def forward_logits(self, input_ids: Tensor, positions: Tensor, meta, kv_caches, logit_rows: list[int],
+                       features: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """-> (h [T, H], head logits of `logit_rows` [R, K] float32). A step the native decode takes (the chain's
+        one-row forwards, short catch-up spans) runs fc, the layer, norm and head in one call. Why: the
+        module path cost ~1.0 ms per forward on a 2-core CPU against a few hundred us of weights (int8: 4 MB
+        for the layer and 8,192 head rows), and a chain runs several per target step."""
+        native = getattr(self, "native_decode", None)
+        if native is not None and native.has_head and native.takes(meta, input_ids.shape[0]):
+            return native(*self._inputs(input_ids, positions, features), meta, kv_caches, logit_rows)
+        hidden = self(input_ids, positions, meta, kv_caches, features=features)
+        rows = torch.tensor(logit_rows, dtype=torch.long, device=hidden.device)
+        return hidden, self.lm_head(hidden.index_select(0, rows)).float()
+
+    def _inputs(self, input_ids: Tensor, positions: Tensor, features: Tensor | None
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        """-> fc's input [embed ; feature] [T, 2H], RoPE cos and signed sin [T, 1, D]."""
+        if features is None:
+            raise ValueError("an EAGLE draft needs the target's features for every input token")
+        emb, cos, sin = self._embed(input_ids, positions)
+        return torch.cat([emb, features.to(emb.dtype)], dim=-1), cos, sin
 
 
 def load_eagle_draft(path: str | Path, embed_weight: Tensor, dtype: torch.dtype, device: torch.device
@@ -154,7 +171,6 @@ class EagleProposer(PagedDraftProposer):
         self.context_window = context_window
         self.base: dict[str, int] = {}  # request id -> index of the draft's first position in the shifted tokens
         self.vocab_ids = torch.tensor(vocab_ids, dtype=torch.long, device=self.runner.device)
-        self.head = _linear_weight(model.lm_head).detach()  # [K, H]
         self.vocab_size = int(model.config.vocab_size)
         self.target_runner = target_runner
         self.block_size = block_size
@@ -179,21 +195,17 @@ class EagleProposer(PagedDraftProposer):
         if quant_scheme is not None:
             from accel.speculative.paged_draft import quantize_draft
 
-            quantize_draft(model, quant_scheme)  # every Linear but lm_head (its rows are copied out below)
+            quantize_draft(model, quant_scheme, head=True)
         fuse_projections(model)
-        proposer = cls(model, vocab_ids, target_runner, num_blocks, block_size)
-        if quant_scheme == "int8":
-            from accel.quant.kernels import Int8WeightOnlyLinear
-
-            lin = nn.Linear(proposer.head.shape[1], proposer.head.shape[0], bias=False, device=proposer.head.device)
-            lin.weight = nn.Parameter(proposer.head.float(), requires_grad=False)
-            proposer._head_linear = Int8WeightOnlyLinear.from_linear(lin)
-        try:  # CPU fp32: the runtime's pre-packed Linears (fc, the layer; the head was copied out above)
+        try:  # CPU fp32: the runtime's pre-packed Linears, and the native decode step over the layer and head
             from accel.quant.kernels import pack_float_linears
         except ImportError:
-            return proposer
-        pack_float_linears(model)
-        return proposer
+            pass
+        else:
+            pack_float_linears(model)
+            if p.device.type == "cpu" and p.dtype == torch.float32:
+                model.native_decode = NativeDecode.for_model(model, input_proj=model.fc)
+        return cls(model, vocab_ids, target_runner, num_blocks, block_size)
 
     def finish(self, request_id: str) -> None:
         super().finish(request_id)
@@ -228,10 +240,11 @@ class EagleProposer(PagedDraftProposer):
     def _real_features(self, block_table: list[int], start: int, end: int) -> Tensor:
         """The target's features f_start .. f_{end-1} from its feature cache (rows by KV slot)."""
         bs = self.block_size
-        pos = torch.arange(start, end)
-        table = torch.tensor(block_table, dtype=torch.long)
-        slots = (table[pos // bs] * bs + pos % bs).to(self.target_runner.feature_cache.device)
-        return self.target_runner.feature_cache.index_select(0, slots)
+        cache = self.target_runner.feature_cache
+        # slots as a Python list, one tensor made: these are 1-9 positions a step, and tensor arithmetic on the
+        # whole block table cost ~0.2 ms
+        slots = [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+        return cache.index_select(0, torch.tensor(slots, dtype=torch.long, device=cache.device))
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> Proposals:
@@ -255,10 +268,12 @@ class EagleProposer(PagedDraftProposer):
             forwards += 1
             scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
-            hidden = self.model(ids, pos, meta, self.runner.kv_caches, features=torch.cat(feats))  # [T, H]
-            last = hidden[torch.tensor([row for _, row in rows], device=hidden.device)]  # [B, H]
+            picked = [row for _, row in rows]
+            hidden, logits = self.model.forward_logits(ids, pos, meta, self.runner.kv_caches, picked,
+                                                       features=torch.cat(feats))  # [T, H], [B, K]
+            last = hidden[torch.tensor(picked, device=hidden.device)]  # [B, H]
             tokens, q, top = self._pick(last, [requests[i] for i, _ in active],
-                                              [drafts[i] for i, _ in active])
+                                        [drafts[i] for i, _ in active], reduced=logits)
             nxt, feats = [], []
             for b, (i, seq) in enumerate(active):
                 seq.num_computed_tokens = seq.num_tokens
@@ -273,9 +288,3 @@ class EagleProposer(PagedDraftProposer):
         return Proposals(drafts, probs if any(p is not None for p in probs) else None, num_forwards=forwards,
                          max_catchup=catchup)
 
-
-def _linear_weight(mod: nn.Module) -> Tensor:
-    w = getattr(mod, "weight", None)
-    if w is None:
-        raise ValueError(f"EAGLE draft head {type(mod).__name__} has no float weight")
-    return w

@@ -37,11 +37,13 @@ from accel.speculative.tokenizer_check import check_tokenizers_match
 _GREEDY = SamplingParams(temperature=0.0)
 
 
-def quantize_draft(model: CausalLM, scheme: str) -> None:
-    """Quantize every decoder Linear of the draft (not the head) with `scheme` ("int8" | "int4")."""
+def quantize_draft(model: CausalLM, scheme: str, head: bool = False) -> None:
+    """Quantize every decoder Linear of the draft with `scheme` ("int8" | "int4"); lm_head too with `head` (a
+    token draft keeps it float: its reduced-vocabulary rows are copied out of it)."""
     from accel.quant.kernels import apply_plan
 
-    plan = {name: scheme for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"}
+    plan = {name: scheme for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and (head or name != "lm_head")}
     apply_plan(model, plan)
 
 
@@ -181,24 +183,24 @@ class PagedDraftProposer(Proposer):
             qs[i].append(q[b])
         return True
 
-    def _pick(self, last: Tensor, reqs: list[ProposalRequest], drafts: list[list[int]]
+    def _pick(self, last: Tensor, reqs: list[ProposalRequest], drafts: list[list[int]], reduced: Tensor | None = None
               ) -> tuple[list[int], Tensor | None, list[float] | None]:
         """One draft token per row of `last` [B, H]: (tokens, q of the sampled rows or None, the draft's top
         probability per row when a confidence gate is set else None). Greedy rows read it from the draft's raw
         distribution. All-greedy batches take the argmax over the reduced head and never build a full-vocabulary
-        row."""
+        row. `reduced`: the rows' logits over vocab_ids when the forward computed them already."""
         want_top = self.min_path_confidence is not None or self.min_first_confidence is not None
         if all(plain_greedy(r.params) for r in reqs):
             if not want_top:
-                return self._greedy(last), None, None
-            if self.head is None:
+                return self._greedy(last, reduced), None, None
+            if self.vocab_ids is None:
                 p, best = self._logits(last).softmax(-1).max(-1)
                 tokens = best.tolist()
             else:
-                p, best = self._reduced_logits(last).softmax(-1).max(-1)
+                p, best = self._reduced(last, reduced).softmax(-1).max(-1)
                 tokens = self.vocab_ids[best].tolist()
             return tokens, None, p.tolist()
-        logits = self._logits(last)
+        logits = self._logits(last, reduced)
         tokens, q = self._choose(logits, reqs, drafts)
         if not want_top:
             return tokens, q, None
@@ -226,19 +228,21 @@ class PagedDraftProposer(Proposer):
                 self._head_linear = lin
         return self._head_linear(hidden.float() if hidden.dtype != self.head.dtype else hidden).float()
 
-    def _greedy(self, hidden: Tensor) -> list[int]:
-        if self.head is None:
-            return self._logits(hidden).argmax(-1).tolist()
-        return self.vocab_ids[self._reduced_logits(hidden).argmax(-1)].tolist()
+    def _reduced(self, hidden: Tensor, reduced: Tensor | None) -> Tensor:
+        return self._reduced_logits(hidden) if reduced is None else reduced
 
-    def _logits(self, hidden: Tensor) -> Tensor:
+    def _greedy(self, hidden: Tensor, reduced: Tensor | None = None) -> list[int]:
+        if self.vocab_ids is None:
+            return self._logits(hidden).argmax(-1).tolist()
+        return self.vocab_ids[self._reduced(hidden, reduced).argmax(-1)].tolist()
+
+    def _logits(self, hidden: Tensor, reduced: Tensor | None = None) -> Tensor:
         """hidden [B, H] -> logits [B, V] float32 over the full target vocabulary (-inf outside vocab_ids)."""
-        if self.head is None:
+        if self.vocab_ids is None:
             logits = self.model.compute_logits(hidden)
             return logits + self._mask if hasattr(self, "_mask") else logits
-        reduced = self._reduced_logits(hidden)  # [B, K]
         out = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)
-        out[:, self.vocab_ids] = reduced
+        out[:, self.vocab_ids] = self._reduced(hidden, reduced)  # [B, K]
         return out
 
     def _choose(self, logits: Tensor, reqs: list[ProposalRequest], drafts: list[list[int]]

@@ -160,7 +160,8 @@ def test_an_oracle_draft_is_fully_accepted(tmp_path, tiny_model_dir):
 
     proposer.propose = propose
     proposer.model.forward = oracle
-    proposer.head = target.lm_head.weight.detach()
+    proposer.model.native_decode = None  # the module path, whose forward is the oracle
+    proposer.model.lm_head = target.lm_head
     engine.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0))
     s = engine.stats().spec_decode
     assert s.num_drafts > 3 and s.num_accepted_tokens == s.num_draft_tokens
@@ -396,6 +397,39 @@ def test_min_path_confidence_drafts_only_likely_paths_and_keeps_outputs_exact(tm
     assert out == ref and first.num_drafts > 0 and first.num_draft_tokens == first.num_drafts
 
 
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_the_native_draft_step_matches_the_module_path(tmp_path, tiny_model_dir, quant):
+    """fc, the layer, norm and head in one native call give the module path's hidden states and head logits."""
+    from accel.quant import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no native CPU kernels here")
+    _, _, folder = _save(tmp_path, tiny_model_dir, list(range(0, 320, 2)))
+    engine = Engine.from_pretrained(tiny_model_dir, speculative=SpeculativeConfig(
+        method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+        disable_above_batch_size=None, max_step_rows=None, draft_quantization=quant))
+    draft = engine.spec.proposer.model
+    native, real = draft.native_decode, draft.forward_logits
+    assert native is not None and native.has_head
+    seen = []
+
+    def both(ids, pos, meta, kv, rows, features=None):
+        if not native.takes(meta, ids.shape[0]):
+            return real(ids, pos, meta, kv, rows, features=features)
+        draft.native_decode = None  # the module path first: both write the same K/V slots, the native one last
+        ref = real(ids, pos, meta, kv, rows, features=features)
+        draft.native_decode = native
+        out = real(ids, pos, meta, kv, rows, features=features)
+        seen.append(([(a - b).abs().max().item() for a, b in zip(out, ref)],
+                     torch.equal(out[1].argmax(-1), ref[1].argmax(-1))))
+        return out
+
+    draft.forward_logits = both
+    engine.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0))  # one row per request and step
+    engine.generate(PROMPTS[:1], SamplingParams(max_tokens=12, temperature=0))  # one row a step
+    assert len(seen) > 8 and all(d < 1e-4 for diffs, _ in seen for d in diffs) and all(same for _, same in seen)
+
+
 def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):
     from accel.quant.kernels import Int8WeightOnlyLinear
 
@@ -407,7 +441,7 @@ def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):
     out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
     assert out == ref and engine.stats().spec_decode.num_draft_tokens > 0
     proposer = engine.spec.proposer
-    assert isinstance(proposer._head_linear, Int8WeightOnlyLinear)
+    assert isinstance(proposer.model.lm_head, Int8WeightOnlyLinear)
     assert any(isinstance(m, Int8WeightOnlyLinear) for m in proposer.model.modules())
     with pytest.raises(ValueError, match="int4"):
         _run(tiny_model_dir, PROMPTS[:1], params, SpeculativeConfig(method="draft", draft_model=str(folder),

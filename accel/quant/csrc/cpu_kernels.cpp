@@ -388,7 +388,9 @@ static void split_blocks(const float* x, int64_t M, int64_t K, float* out) {
 // 2-4 activation rows (a verify step's draft rows) against one weight row: both chains of every row live in one
 // sequential pass, dot_row's stream and summation order (a row's result is dot_row's bit for bit), the weight row
 // read from DRAM once. All fp32 Linears of a step, 2 cores of an AVX2 EPYC, against the 4 x 3 tiles: 1.04-1.09x at
-// 2-4 rows, 0.93-0.96x at 6-16 (both FMA chains of more rows do not fit the registers).
+// 2-4 rows, 0.93-0.96x at 6-16 (both FMA chains of more rows do not fit the registers). Each 64-byte step
+// prefetches the line 1 KB ahead: with 2-4 rows of FMAs between loads the hardware prefetcher alone fell behind
+// (1.09x / 1.02x / 1.03x at 2 / 3 / 4 rows with it; 512 B and 2 KB ahead were worse, and one row gains nothing).
 constexpr int64_t F32_ROW_PASS_MAX = 4;
 template <int MR>
 static inline void dot_rows(const float* x, int64_t K, const float* w, float* y, int64_t N) {
@@ -396,6 +398,7 @@ static inline void dot_rows(const float* x, int64_t K, const float* w, float* y,
   for (int m = 0; m < MR; ++m) a[m] = b[m] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + k) + 1024, _MM_HINT_T0);
     const __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
     for (int m = 0; m < MR; ++m) {
       a[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), w0, a[m]);
@@ -1993,6 +1996,8 @@ struct DecodeTensors {
   torch::Tensor final_norm;
   DecodeLinear head;
   bool has_head = false;
+  DecodeLinear in_proj;  // an EAGLE draft's fc over [embedding ; feature]: x [T, in] -> [T, hidden] first
+  bool has_in_proj = false;
   std::vector<torch::Tensor> k_caches, v_caches;
 
   DecodeTensors(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
@@ -2014,6 +2019,13 @@ struct DecodeTensors {
     TORCH_CHECK(static_cast<int64_t>(spec.size()) == LIN_FIELDS, "head spec: ", LIN_FIELDS, " ints");
     head = linear(w, spec.data());
     has_head = true;
+  }
+
+  // a projection decode_layers runs on x first (x then holds its in_features per row)
+  void set_input_proj(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
+    TORCH_CHECK(static_cast<int64_t>(spec.size()) == LIN_FIELDS, "input projection spec: ", LIN_FIELDS, " ints");
+    in_proj = linear(w, spec.data());
+    has_in_proj = true;
   }
 
   static torch::Tensor weight(const std::vector<torch::Tensor>& w, int64_t i, at::ScalarType t) {
@@ -2052,7 +2064,7 @@ struct DecodeTensors {
 
   // every projection's tensors against the step's sizes (checked before the threads start: a kernel's own check
   // failing inside the team would leave the other threads at a barrier)
-  void check(int64_t Hd, int64_t QKV, int64_t HD, int64_t I) const {
+  void check(int64_t Xd, int64_t Hd, int64_t QKV, int64_t HD, int64_t I) const {
     for (const Layer& y : layers) {
       const int64_t K[4] = {Hd, HD, Hd, I}, N[4] = {QKV, Hd, 2 * I, Hd};
       for (int j = 0; j < 4; ++j) {
@@ -2063,6 +2075,10 @@ struct DecodeTensors {
     }
     TORCH_CHECK(final_norm.numel() == Hd, "norm weights must be [hidden]");
     if (has_head) check_linear(head, Hd, 4);
+    if (has_in_proj) {
+      TORCH_CHECK(in_proj.N == Hd, "input projection: out_features ", in_proj.N, ", the model needs ", Hd);
+      check_linear(in_proj, Xd, 5);
+    }
   }
 
   static void check_linear(const DecodeLinear& d, int64_t k, int j) {
@@ -2082,6 +2098,7 @@ struct DecodeTensors {
 // threads for the whole step (see `Team`). Each thread keeps its own residual stream, normed input and SwiGLU
 // output (identical copies, computed redundantly: a few KB, cheaper than a barrier); the Linears' and attention's
 // outputs are shared, written in disjoint chunks. The arithmetic per row is that of the module-by-module path.
+// With an input projection set (`set_input_proj`), x is its input and the team runs it first (an EAGLE draft's fc).
 // With a head set (`set_head`), the same team then computes the logits of `logit_rows` (indices into the step's
 // rows): returns (final hidden [T, hidden], logits [R, vocab]; R = 0 without them). Why in this call: after the
 // step's ~135 MB weight stream the caches are cold, and the lm_head as a separate call from Python (module, its
@@ -2095,9 +2112,10 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
   const std::vector<torch::Tensor>& v_caches = dw.v_caches;
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == L, "bind_caches first");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x fp32 [T, hidden]");
-  const int64_t T = x.size(0), Hd = x.size(1), H = num_heads, KVH = num_kv_heads, D = head_dim;
+  const int64_t T = x.size(0), Xd = x.size(1), Hd = dw.has_in_proj ? dw.in_proj.N : Xd;
+  const int64_t H = num_heads, KVH = num_kv_heads, D = head_dim;
   const int64_t QKV = (H + 2 * KVH) * D, I = dw.layers.empty() ? 0 : dw.layers[0].lin[2].N / 2, W = KVH * D;
-  dw.check(Hd, QKV, H * D, I);
+  dw.check(Xd, Hd, QKV, H * D, I);
   TORCH_CHECK(L == 0 || (k_caches[0].size(2) == KVH && k_caches[0].size(3) == D), "caches: [blocks, block_size, ",
               KVH, ", ", D, "]");
   cos = cos.contiguous(); sin_signed = sin_signed.contiguous();
@@ -2119,7 +2137,8 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
   for (int64_t r = 0; r < R; ++r) TORCH_CHECK(lrp[r] >= 0 && lrp[r] < T, "logit row ", lrp[r], " outside the ", T, " rows");
   auto logits = torch::empty({R, R ? dw.head.N : 0}, opts);
   auto head_in = torch::empty({R, Hd}, opts);
-  const float* xp = x.data_ptr<float>();
+  auto xin = dw.has_in_proj ? torch::empty({T, Hd}, opts) : x;  // the first layer's input
+  const float* xp = xin.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin_signed.data_ptr<float>();
   float* qp = qkv.data_ptr<float>();
@@ -2138,6 +2157,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
     float* res = priv.data() + rank * PRIV;
     float* h = res + T * Hd;
     float* act = h + T * Hd;
+    if (dw.has_in_proj) run_linear(dw.in_proj, x.data_ptr<float>(), T, Xd, xin.data_ptr<float>());  // ends in a barrier
     std::memcpy(res, xp, T * Hd * sizeof(float));
     for (int64_t l = 0; l < L; ++l) {
       const DecodeTensors::Layer& ly = dw.layers[l];
@@ -2299,7 +2319,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                             "a model's decode-step weights and KV caches for decode_layers")
       .def(py::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
       .def("bind_caches", &DecodeTensors::bind_caches, "the KV caches decode_layers writes and reads")
-      .def("set_head", &DecodeTensors::set_head, "the lm_head decode_layers runs on its logit_rows");
+      .def("set_head", &DecodeTensors::set_head, "the lm_head decode_layers runs on its logit_rows")
+      .def("set_input_proj", &DecodeTensors::set_input_proj, "a projection decode_layers runs on x first");
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call",
         py::call_guard<py::gil_scoped_release>());
 }
