@@ -339,24 +339,21 @@ static inline float dot_row(const float* x, const float* w, int64_t K) {
 // A register tile of MR activation rows x NR weight rows, one chain at a time (both at once would not fit 4 x 3 in
 // 16 ymm): per 8 inputs NR weight + MR activation loads feed MR * NR FMAs. `xe` holds each activation row's even
 // blocks, then its odd ones (`split_blocks`), so both passes read activations contiguously; the weight tile comes
-// from DRAM in the first pass and from L1 in the second. With PF the next NR weight rows (contiguous after these)
-// are prefetched evenly over both passes, so the DRAM stream never waits for the second.
-template <int MR, int NR, bool PF>
-static inline void micro(const float* xe, int64_t K, const float* w, float* y, int64_t N) {
+// from DRAM in the first pass and from L1 in the second. `pf_lines` lines from `pf` (a share of the next tile) are
+// prefetched evenly over both passes, so the DRAM stream never waits for the second.
+template <int MR, int NR>
+static inline void micro(const float* xe, int64_t K, const float* w, float* y, int64_t N, const char* pf,
+                         int64_t pf_lines) {
   const int64_t E = (K + 8) / 16 * 8;  // even inputs per row
-  const int64_t S = (K + 15) / 16;     // 16-input steps; PF covers 3 * 32 = NR * 32 bytes per step and pass
-  const char* next = reinterpret_cast<const char*>(w + NR * K);
+  const int64_t steps = 2 * ((K + 15) / 16);  // both passes' steps: pf_lines spread evenly over them
+  int64_t acc = 0;
   __m256 even[MR][NR], a[MR][NR];
   for (int pass = 0; pass < 2; ++pass) {
     for (int m = 0; m < MR; ++m)
       for (int r = 0; r < NR; ++r) a[m][r] = _mm256_setzero_ps();
     const float* xp = xe + pass * E;
     for (int64_t k = 8 * pass, i = 0; k < K; k += 16, ++i) {
-      if (PF) {
-        const char* p = next + (pass * S + i) * NR * 32;
-        _mm_prefetch(p, _MM_HINT_T0);
-        if (NR > 2) _mm_prefetch(p + 64, _MM_HINT_T0);
-      }
+      for (acc += pf_lines; acc >= steps; acc -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
       __m256 wv[NR];
       for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(w + r * K + k);
       for (int m = 0; m < MR; ++m) {
@@ -385,13 +382,13 @@ static void split_blocks(const float* x, int64_t M, int64_t K, float* out) {
   }
 }
 
-// 2-4 activation rows (a verify step's draft rows) against one weight row: both chains of every row live in one
+// 2-6 activation rows (a verify step's draft rows) against one weight row: both chains of every row live in one
 // sequential pass, dot_row's stream and summation order (a row's result is dot_row's bit for bit), the weight row
-// read from DRAM once. All fp32 Linears of a step, 2 cores of an AVX2 EPYC, against the 4 x 3 tiles: 1.04-1.09x at
-// 2-4 rows, 0.93-0.96x at 6-16 (both FMA chains of more rows do not fit the registers). Each 64-byte step
-// prefetches the line 1 KB ahead: with 2-4 rows of FMAs between loads the hardware prefetcher alone fell behind
-// (1.09x / 1.02x / 1.03x at 2 / 3 / 4 rows with it; 512 B and 2 KB ahead were worse, and one row gains nothing).
-constexpr int64_t F32_ROW_PASS_MAX = 4;
+// read from DRAM once. Each 64-byte step prefetches the line 1 KB ahead: with 2-4 rows of FMAs between loads the
+// hardware prefetcher alone fell behind (1.09x / 1.02x / 1.03x at 2 / 3 / 4 rows; 512 B and 2 KB ahead were
+// worse, and one row gains nothing). All fp32 Linears of a step, 2 cores of an AVX2 EPYC, against the 4 x 3
+// tiles: 1.04-1.09x at 2-4 rows, 1.08x at 5, 1.19x at 6, 1.03x at 7 and 0.89x at 8 (16 accumulators spill).
+constexpr int64_t F32_ROW_PASS_MAX = 6;
 template <int MR>
 static inline void dot_rows(const float* x, int64_t K, const float* w, float* y, int64_t N) {
   __m256 a[MR], b[MR];
@@ -413,7 +410,7 @@ static inline void dot_rows(const float* x, int64_t K, const float* w, float* y,
 }
 
 // Output rows [n0, n1) for all M activation rows, weight-row tiles outermost: each tile of NR weight rows comes
-// from DRAM once (prefetched during the previous tile's first row block) and is reused from L1 by every row
+// from DRAM once (prefetched during the previous tile's row blocks) and is reused from L1 by every row
 // block, while the activations (M x K floats) stay in L2. Measured on a 2-core AVX2 CPU, the model's 30 layers of
 // Linears with cold weights: +15-45% over the row-pass kernel at 12-64 rows (scripts/bench_kernels.py). Up to
 // F32_ROW_PASS_MAX rows stream each weight row in turn instead (`dot_row`, `dot_rows`).
@@ -423,6 +420,8 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
     for (int64_t n = n0; n < n1; ++n) {
       const float* wn = w + n * K;
       switch (M) {
+        case 6: dot_rows<6>(x, K, wn, y + n, N); break;
+        case 5: dot_rows<5>(x, K, wn, y + n, N); break;
         case 4: dot_rows<4>(x, K, wn, y + n, N); break;
         case 3: dot_rows<3>(x, K, wn, y + n, N); break;
         case 2: dot_rows<2>(x, K, wn, y + n, N); break;
@@ -432,22 +431,26 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
     return;
   }
   constexpr int NR = 3;
+  const int64_t blocks = (M + 3) / 4, tile_lines = NR * K * 4 / 64;
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) {
     const float* wn = w + n * K;
-    const bool pf = n + 2 * NR <= N;
-    int64_t m0 = 0;
-    for (; m0 + 4 <= M; m0 += 4) {  // the first row block prefetches the next tile
-      if (m0 == 0 && pf) micro<4, NR, true>(xe, K, wn, y + n, N);
-      else micro<4, NR, false>(xe + m0 * K, K, wn, y + m0 * N + n, N);
-    }
-    const float* xm = xe + m0 * K;
-    float* ym = y + m0 * N + n;
-    switch (M - m0) {
-      case 3: micro<3, NR, false>(xm, K, wn, ym, N); break;
-      case 2: micro<2, NR, false>(xm, K, wn, ym, N); break;
-      case 1: micro<1, NR, false>(xm, K, wn, ym, N); break;
-      default: break;
+    // every row block prefetches its share of the next tile, so the weight stream runs through the whole tile's
+    // arithmetic: the first block prefetching all of it left DRAM idle during the others (all fp32 Linears of a
+    // step, 2 AVX2 EPYC cores: 1.10x / 1.13x / 1.15x at 9 / 12 / 16 rows, 0.99x at 32)
+    const char* pf = reinterpret_cast<const char*>(wn + NR * K);
+    const int64_t pf_lines = n + 2 * NR <= N ? tile_lines : 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t m0 = 4 * b, lines = pf_lines * (b + 1) / blocks - pf_lines * b / blocks;
+      const float* xm = xe + m0 * K;
+      float* ym = y + m0 * N + n;
+      switch (std::min<int64_t>(4, M - m0)) {
+        case 4: micro<4, NR>(xm, K, wn, ym, N, pf, lines); break;
+        case 3: micro<3, NR>(xm, K, wn, ym, N, pf, lines); break;
+        case 2: micro<2, NR>(xm, K, wn, ym, N, pf, lines); break;
+        default: micro<1, NR>(xm, K, wn, ym, N, pf, lines); break;
+      }
+      pf += lines * 64;
     }
   }
   for (; n < n1; ++n)
