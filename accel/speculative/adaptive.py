@@ -258,6 +258,10 @@ class CostMeter:
     decay: float = 0.95
     propose_ratio: float | None = None
     _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, w x, w x^2, w y, w x y
+    # decode-only steps of one request with 1 and 2 rows: their seconds, exponentially averaged. The 2nd row is
+    # where the linear fit is furthest off (fp32 row kernels stream each weight once for both rows: 1.00x of a
+    # 1-row step, INT8 1.20x, INT4 1.61x on 2 AVX2 EPYC cores), and what a one-token guess costs
+    _one_request: dict[int, float] = field(default_factory=dict)
 
     def observe(self, propose_seconds: float, draft_forwards: int, step_seconds: float, rows: int,
                 decode_rows: int, decode_only: bool) -> None:
@@ -269,10 +273,19 @@ class CostMeter:
             r = propose_seconds / draft_forwards / step_seconds
             self.propose_ratio = r if self.propose_ratio is None else self.decay * self.propose_ratio + (
                 1 - self.decay) * r
+        if decode_only and decode_rows == 1 and rows in (1, 2):
+            last = self._one_request.get(rows)
+            self._one_request[rows] = step_seconds if last is None else self.decay * last + (
+                1 - self.decay) * step_seconds
         if decode_only and rows > 0:
             x, y = float(rows), step_seconds
             for i, v in enumerate((1.0, x, x * x, y, x * y)):
                 self._s[i] = self.decay * self._s[i] + v
+
+    def second_row_cost(self) -> float | None:
+        """Extra cost of a request's 2nd row at batch 1, in 1-row steps (None until both kinds of step ran)."""
+        t1, t2 = self._one_request.get(1), self._one_request.get(2)
+        return None if t1 is None or t2 is None else t2 / t1 - 1.0
 
     def slope(self) -> float | None:
         """Extra seconds per row from the fit; None while the rows have not varied enough (variance < 1 row^2)."""

@@ -37,6 +37,9 @@ from accel.speculative.stats import SpecDecodeStats
 
 log = logging.getLogger("accel.engine")
 
+# what one-token guesses are assumed to accept until they have been verified GUESS_PRIOR_WEIGHT times
+GUESS_PRIOR_ACCEPTANCE, GUESS_PRIOR_WEIGHT = 0.2, 10.0
+
 
 def build_proposer(config: SpeculativeConfig, target_dir: str | None, num_blocks: int, block_size: int,
                    device, dtype, target_runner=None) -> Proposer:
@@ -80,11 +83,13 @@ class SpecDecoder:
         self.cost = CostMeter()  # the draft's cost, measured on this engine
         self._propose_s, self._draft_forwards = 0.0, 0
         self.total = SpecDecodeStats()
+        self.guesses = SpecDecodeStats()  # one-token guesses alone (`Proposals.guesses`)
         self.per_domain: dict[str, SpecDecodeStats] = {}
         self.per_source: dict[str, SpecDecodeStats] = {}  # proposals that carry `sources` (NgramFirstProposer)
         self._source: dict[str, str] = {}  # request id -> which proposer drafted it this step
         self._domain: dict[str, str | None] = {}
         self._drafted: set[str] = set()  # requests asked for drafts this step (k >= 0 decided)
+        self._guessed: set[str] = set()  # requests whose draft this step is a guess (`Proposals.guesses`)
         self._undraftable: set[str] = set()  # requests whose proposal raised: decoded without drafts from then on
 
     def add(self, request_id: str, domain: str | None) -> None:
@@ -104,6 +109,7 @@ class SpecDecoder:
         carry (the scheduler's `draft_budget`; None: no cap)."""
         self._drafted = set()
         self._source = {}
+        self._guessed = set()
         self._propose_s, self._draft_forwards = 0.0, 0
         batch = len(running)
         reqs, seqs = [], []
@@ -112,14 +118,17 @@ class SpecDecoder:
         eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1 and s.params.logprobs is None
                     and s.request_id not in self._undraftable]
         lengths = self.adaptive.lengths([s.request_id for s in eligible], batch)
+        free_row = self._free_row(batch)
         for seq, k in zip(eligible, lengths):
             self._drafted.add(seq.request_id)
+            if free_row:
+                k = max(k, 1)
             # accepted drafts + the bonus token must fit in max_tokens and the model length
             k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_len - seq.num_tokens - 1)
             if k <= 0:
                 continue
             reqs.append(ProposalRequest(seq.token_ids, k, seq.request_id, seq.num_prompt_tokens, seq.params,
-                                        generator_for(seq), seq.block_table))
+                                        generator_for(seq), seq.block_table, guess=free_row))
             seqs.append(seq)
         if not reqs:
             return {}, {}
@@ -144,6 +153,7 @@ class SpecDecoder:
             self._draft_forwards = 0
         self._source = {} if props.sources is None else {s.request_id: src for s, src in zip(seqs, props.sources)
                                                            if src}
+        self._guessed = set() if props.guesses is None else {s.request_id for s, g in zip(seqs, props.guesses) if g}
         drafts: dict[str, list[int]] = {}
         probs: dict[str, Tensor | None] = {}
         for i, seq in enumerate(seqs):
@@ -151,6 +161,21 @@ class SpecDecoder:
                 drafts[seq.request_id] = list(props.token_ids[i])
                 probs[seq.request_id] = None if props.probs is None else props.probs[i]
         return drafts, probs
+
+    def _free_row(self, batch: int) -> bool:
+        """Whether a free proposer drafts this step whatever the adaptive length, guessing one token where nothing
+        better matches. At batch 1 a 2nd row can cost the target next to nothing (fp32: the row kernel streams
+        each weight once for both rows), and then a guess right 18% of the time (n-gram, input-grounded prompts)
+        pays: n-gram 1.95x -> 2.07x there. Decided on measurements of this engine: the 2nd row's cost
+        (`CostMeter.second_row_cost`; INT4's 1.61x step does not pay) against the guesses' acceptance."""
+        if batch != 1 or not self.proposer.free or self.adaptive.config.k_max == 0:
+            return False
+        extra = None if self.cost is None else self.cost.second_row_cost()
+        if extra is None:
+            return True
+        g = self.guesses
+        return extra < (g.num_accepted_tokens + GUESS_PRIOR_ACCEPTANCE * GUESS_PRIOR_WEIGHT) / (
+            g.num_draft_tokens + GUESS_PRIOR_WEIGHT)
 
     def _contained_propose(self, reqs: list[ProposalRequest]) -> Proposals:
         """The proposer's drafts; when it raises, each request is proposed for alone and the ones that still fail
@@ -162,12 +187,14 @@ class SpecDecoder:
         token_ids: list[list[int]] = []
         probs: list[Tensor | None] = []
         sources: list[str | None] = []
+        guesses: list[bool] = []
         for r in reqs:
             try:
                 one = self.proposer.propose([r])
                 token_ids.append(list(one.token_ids[0]))
                 probs.append(None if one.probs is None else one.probs[0])
                 sources.append((one.sources or [None])[0])
+                guesses.append((one.guesses or [False])[0])
             except Exception:  # noqa: BLE001
                 log.exception("the proposer failed for request %s; it decodes without drafts", r.request_id)
                 self._undraftable.add(r.request_id)
@@ -175,7 +202,9 @@ class SpecDecoder:
                 token_ids.append([])
                 probs.append(None)
                 sources.append(None)
-        return Proposals(token_ids, probs if any(q is not None for q in probs) else None, sources=sources)
+                guesses.append(False)
+        return Proposals(token_ids, probs if any(q is not None for q in probs) else None, sources=sources,
+                         guesses=guesses if any(guesses) else None)
 
     def _fit_budget(self, reqs: list[ProposalRequest], seqs: list, budget: int
                     ) -> tuple[list[ProposalRequest], list]:
@@ -207,10 +236,15 @@ class SpecDecoder:
                 continue
             n = len(req.spec_token_ids)
             accepted = len(sampled) - 1
-            self.adaptive.observe(rid, n, accepted)
+            # a guess says nothing of the request's acceptance on real drafts: a step without one, for the estimate
+            # (counting guesses, mostly wrong, measured 1-2% slower on input-grounded prompts: later real drafts
+            # were cut short)
+            self.adaptive.observe(rid, 0, 0) if rid in self._guessed else self.adaptive.observe(rid, n, accepted)
             if n == 0:
                 continue
             self.total.observe(n, accepted)
+            if rid in self._guessed:
+                self.guesses.observe(n, accepted)
             domain = self._domain.get(rid)
             if domain is not None:
                 self.per_domain.setdefault(domain, SpecDecodeStats()).observe(n, accepted)

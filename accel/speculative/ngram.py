@@ -52,9 +52,17 @@ class NgramIndex:
             raise ValueError(f"min_n={min_n}, max_n={max_n} are invalid; allowed: 1 <= min_n <= max_n")
         self.min_n, self.max_n = min_n, max_n
         self.tokens: list[int] = []
-        self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        # 1-grams are indexed whatever min_n is: `lookup` falls back to them for a one-token guess
+        self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(1, max_n + 1)}
 
     def propose(self, token_ids: list[int], k: int) -> list[int]:
+        tokens, n = self.lookup(token_ids, k)
+        return tokens if n >= self.min_n else []
+
+    def lookup(self, token_ids: list[int], k: int) -> tuple[list[int], int]:
+        """(proposal, n): what `propose` answers, except that without a match of min_n tokens or more the
+        continuation of a shorter one (down to a single token) is returned, with its n; ([], 0) when nothing
+        matches. Callers treat n < min_n as a weak guess."""
         if k < 0:
             raise ValueError(f"k={k} is invalid; allowed: an integer >= 0")
         done = len(self.tokens)
@@ -72,9 +80,9 @@ class NgramIndex:
                 if start >= 0:
                     last[tuple(t[start:end + 1])] = start
         if k == 0:
-            return []
-        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            return [], 0
+        for n in range(min(self.max_n, length - 1), 0, -1):
             start = self.last[n].get(tuple(t[length - n:]))
             if start is not None:
-                return t[start + n: start + n + k]
-        return []
+                return t[start + n: start + n + k], n
+        return [], 0

@@ -205,3 +205,60 @@ def test_spec_decoder_drafts_from_the_running_requests_it_is_handed_and_writes_n
     drafts, q = dec.propose([seq], lambda s: None)
     assert drafts == {"a": [3, 4, 1]} and q == {"a": None}
     assert seq.spec_token_ids == [] and dec.last.token_ids == [[3, 4, 1]]  # the scheduler applies drafts
+
+
+def test_spec_decoder_drafts_a_free_proposer_every_step_at_batch_1_and_keeps_guesses_out_of_the_estimate():
+    from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+    from accel.runtime.sampling_params import SamplingParams
+    from accel.runtime.sequence import Sequence
+    from accel.speculative.config import SpeculativeConfig
+    from accel.speculative.engine_spec import SpecDecoder
+
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=4, disable_above_batch_size=None,
+                            max_step_rows=None)
+    dec = SpecDecoder(cfg, NgramProposer(2, 3), max_model_len=64)
+
+    def decoding(rid, tokens):
+        seq = Sequence(rid, tokens, SamplingParams(max_tokens=20, temperature=0))
+        seq.num_computed_tokens = seq.num_tokens - 1
+        return seq
+
+    dec.adaptive.estimates["a"] = est = dec.adaptive._prior()
+    est.successes, est.failures = 0.0, 10.0  # the adaptive rule alone says k = 0 ...
+    assert dec.adaptive.num_speculative_tokens("a", 1) == 0
+    weak = decoding("a", [4, 9, 3, 4])
+    drafts, _ = dec.propose([weak], lambda s: None)
+    assert drafts == {"a": [9]} and dec.last.guesses == [True]  # ... but a free row at batch 1 carries a guess
+    sched = SchedulerOutput([ScheduledRequest(weak, 2, [9])], 2)
+    dec.observe(sched, ModelRunnerOutput(["a"], [[9, 5]]), 0.01)
+    assert (est.successes, est.failures, est.steps_without_draft) == (0.0, 10.0, 1)  # not evidence
+    assert dec.total.num_draft_tokens == 1 and dec.total.num_accepted_tokens == 1  # still counted as verified
+    strong = decoding("a", [1, 2, 3, 1, 2])
+    assert dec.propose([strong], lambda s: None)[0] == {"a": [3]}  # a real match: one draft token
+    # at batch 2 the extra row is not free: no floor, no guesses
+    drafts, _ = dec.propose([decoding("a", [4, 9, 3, 4]), decoding("b", [7, 8])], lambda s: None)
+    assert drafts == {}
+
+
+def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept():
+    from accel.speculative.config import SpeculativeConfig
+    from accel.speculative.engine_spec import SpecDecoder
+
+    dec = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
+    assert dec._free_row(1) and not dec._free_row(2)  # nothing measured yet: a guess is tried
+    for _ in range(3):  # one request, decode-only steps of 1 and 2 rows (an INT4 target: 1.6x)
+        dec.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
+        dec.cost.observe(0.0, 0, 0.016, rows=2, decode_rows=1, decode_only=True)
+    assert abs(dec.cost.second_row_cost() - 0.6) < 1e-9 and not dec._free_row(1)
+    for _ in range(100):  # an fp32 target: the 2nd row is free, and guesses pay once they are right 18% of the time
+        dec.cost.observe(0.0, 0, 0.010, rows=2, decode_rows=1, decode_only=True)
+    dec.guesses.observe(100, 18)
+    assert dec._free_row(1)
+    dec.guesses.observe(20000, 0)  # guesses that (almost) never hit do not pay even a 0.25% row
+    dec.cost.observe(0.0, 0, 0.0105, rows=2, decode_rows=1, decode_only=True)
+    assert not dec._free_row(1)
+    assert not SpecDecoder(SpeculativeConfig(method="ngram"), _NotFree(), 64)._free_row(1)
+
+
+class _NotFree(NgramProposer):
+    free = False
