@@ -382,13 +382,14 @@ static void split_blocks(const float* x, int64_t M, int64_t K, float* out) {
   }
 }
 
-// 2-6 activation rows (a verify step's draft rows) against one weight row: both chains of every row live in one
+// 2-4 activation rows (a verify step's draft rows) against one weight row: both chains of every row live in one
 // sequential pass, dot_row's stream and summation order (a row's result is dot_row's bit for bit), the weight row
 // read from DRAM once. Each 64-byte step prefetches the line 1 KB ahead: with 2-4 rows of FMAs between loads the
 // hardware prefetcher alone fell behind (1.09x / 1.02x / 1.03x at 2 / 3 / 4 rows; 512 B and 2 KB ahead were
-// worse, and one row gains nothing). All fp32 Linears of a step, 2 cores of an AVX2 EPYC, against the 4 x 3
-// tiles: 1.04-1.09x at 2-4 rows, 1.08x at 5, 1.19x at 6, 1.03x at 7 and 0.89x at 8 (16 accumulators spill).
-constexpr int64_t F32_ROW_PASS_MAX = 6;
+// worse, and one row gains nothing). Whole decode steps of the engine, 2 cores of an AVX2 EPYC, against the 4 x 3
+// tiles: the tiles' steps take 1.11x at 3 rows and 1.04x at 4, but 0.88x at 5 and 0.84x at 6 (the row pass's
+// 10-12 accumulators and the x rows it rereads per weight row cost more than a second tile block).
+constexpr int64_t F32_ROW_PASS_MAX = 4;
 template <int MR>
 static inline void dot_rows(const float* x, int64_t K, const float* w, float* y, int64_t N) {
   __m256 a[MR], b[MR];
@@ -420,8 +421,6 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
     for (int64_t n = n0; n < n1; ++n) {
       const float* wn = w + n * K;
       switch (M) {
-        case 6: dot_rows<6>(x, K, wn, y + n, N); break;
-        case 5: dot_rows<5>(x, K, wn, y + n, N); break;
         case 4: dot_rows<4>(x, K, wn, y + n, N); break;
         case 3: dot_rows<3>(x, K, wn, y + n, N); break;
         case 2: dot_rows<2>(x, K, wn, y + n, N); break;
