@@ -79,20 +79,21 @@ def test_proposer_keeps_an_index_per_request_until_finish():
     assert set(prop._index) == {"b"}
 
 
-def test_lookup_falls_back_to_shorter_matches_with_their_length():
-    index = NgramIndex(2, 3)
-    assert index.lookup([4, 9, 3, 4], 2) == ([9, 3], 1)  # only "4" occurred before: a weak match, n = 1
-    assert index.propose([4, 9, 3, 4], 2) == []  # below min_n: no proposal
-    assert index.lookup([4, 9, 3, 4, 9], 2) == ([3, 4], 2)
-    assert index.lookup([4, 9, 3, 4, 9, 7], 2) == ([], 0)  # 7 never occurred
-    assert index.lookup([4, 9, 3, 4, 9, 7], 0) == ([], 0)
+def test_guess_is_the_last_tokens_most_frequent_follower_most_recent_on_ties():
+    assert NgramIndex(2, 3).guess([4, 9, 3, 4]) == 9
+    assert NgramIndex(2, 3).guess([4, 9, 3, 4, 1, 5, 4, 1, 6, 4]) == 1  # 4 -> 1 twice, 4 -> 9 once
+    assert NgramIndex(2, 3).guess([4, 9, 3, 4, 1, 2, 4, 1, 3, 4, 9, 7, 4]) == 9  # twice each: the most recent
+    assert NgramIndex(2, 3).guess([4, 9, 7]) is None and NgramIndex(2, 3).guess([]) is None
+    index = NgramIndex(2, 3)  # counts grow with the request
+    assert index.guess([4, 9, 3, 4]) == 9 and index.guess([4, 9, 3, 4, 1, 5, 4, 1, 6, 4]) == 1
 
 
 def test_proposer_guesses_one_token_from_a_weak_match_only_when_asked():
     prop = NgramProposer(2, 3)
     weak = [4, 9, 3, 4]  # only the 1-gram "4" matches
-    out = prop.propose([ProposalRequest(weak, 3, "a", guess=True), ProposalRequest(weak, 3, "b")])
-    assert out.token_ids == [[9], []] and out.guesses == [True, False]
+    out = prop.propose([ProposalRequest(weak, 3, "a", guess=True), ProposalRequest(weak, 3, "b"),
+                        ProposalRequest(weak, 0, "c", guess=True)])
+    assert out.token_ids == [[9], [], []] and out.guesses == [True, False, False]
     strong = [1, 2, 3, 1, 2]  # "1 2" matches: a real draft, guess or not
     out = prop.propose([ProposalRequest(strong, 3, "c", guess=True)])
     assert out.token_ids == [[3, 1, 2]] and out.guesses is None
