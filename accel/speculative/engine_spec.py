@@ -39,6 +39,9 @@ log = logging.getLogger("accel.engine")
 
 # what one-token guesses are assumed to accept until they have been verified GUESS_PRIOR_WEIGHT times
 GUESS_PRIOR_ACCEPTANCE, GUESS_PRIOR_WEIGHT = 0.2, 10.0
+# a free row is taken where guesses accept this many times its measured cost, not just at break-even: INT8 without
+# VNNI (2nd row 0.20 of a step, guesses right 25%) measured n-gram 1.38x with guesses against 1.43x without
+GUESS_PAYBACK = 2.0
 
 
 def build_proposer(config: SpeculativeConfig, target_dir: str | None, num_blocks: int, block_size: int,
@@ -166,15 +169,16 @@ class SpecDecoder:
         """Whether a free proposer drafts this step whatever the adaptive length, guessing one token where nothing
         better matches. At batch 1 a 2nd row can cost the target next to nothing (fp32: the row kernel streams
         each weight once for both rows), and then a guess right 18% of the time (n-gram, input-grounded prompts)
-        pays: n-gram 1.95x -> 2.07x there. Decided on measurements of this engine: the 2nd row's cost
-        (`CostMeter.second_row_cost`; INT4's 1.61x step does not pay) against the guesses' acceptance."""
+        pays: n-gram 1.95x -> 2.0-2.05x there. Decided on measurements of this engine: the 2nd row's cost
+        (`CostMeter.second_row_cost`; INT8's 1.20x and INT4's 1.61x steps without VNNI do not pay) against the
+        guesses' acceptance."""
         if batch != 1 or not self.proposer.free or self.adaptive.config.k_max == 0:
             return False
         extra = None if self.cost is None else self.cost.second_row_cost()
         if extra is None:
             return True
         g = self.guesses
-        return extra < (g.num_accepted_tokens + GUESS_PRIOR_ACCEPTANCE * GUESS_PRIOR_WEIGHT) / (
+        return GUESS_PAYBACK * extra < (g.num_accepted_tokens + GUESS_PRIOR_ACCEPTANCE * GUESS_PRIOR_WEIGHT) / (
             g.num_draft_tokens + GUESS_PRIOR_WEIGHT)
 
     def _contained_propose(self, reqs: list[ProposalRequest]) -> Proposals:

@@ -258,6 +258,11 @@ def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept(
     dec.cost.observe(0.0, 0, 0.0105, rows=2, decode_rows=1, decode_only=True)
     assert not dec._free_row(1)
     assert not SpecDecoder(SpeculativeConfig(method="ngram"), _NotFree(), 64)._free_row(1)
+    int8 = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
+    int8.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
+    int8.cost.observe(0.0, 0, 0.012, rows=2, decode_rows=1, decode_only=True)
+    int8.guesses.observe(100, 25)
+    assert not int8._free_row(1)  # a 0.2 row for guesses right 25% of the time: a guess must return twice its cost
 
 
 class _NotFree(NgramProposer):
