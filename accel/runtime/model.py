@@ -230,10 +230,10 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
                 kv_caches: list[PagedKVCache]) -> Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
-        x, cos, sin = self._embed(input_ids, positions)
         native = getattr(self, "native_decode", None)
-        if native is not None and native.takes(meta, x.shape[0]):
-            return native(x, cos, sin, meta, kv_caches)[0]
+        if native is not None and native.takes(meta, input_ids.shape[0]):
+            return native(*native.inputs(self, input_ids, positions), meta, kv_caches)[0]
+        x, cos, sin = self._embed(input_ids, positions)
         residual = None
         for layer, cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, cos, sin, cache, meta)
@@ -249,19 +249,22 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def forward_logits(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
-                       kv_caches: list[PagedKVCache], logit_rows: list[int]) -> tuple[Tensor, Tensor]:
+                       kv_caches: list[PagedKVCache], logit_rows: list[int]
+                       ) -> tuple[Tensor, Tensor, Tensor | None]:
         """forward and compute_logits of the rows `logit_rows` (indices into the T rows) -> (hidden [T, hidden],
-        logits [len(logit_rows), vocab] float32). The native decode step computes both in one call."""
+        logits [len(logit_rows), vocab] float32, each logit row's argmax or None). The native decode step computes
+        all three in one call."""
         native = getattr(self, "native_decode", None)
         if native is not None and native.has_head and native.takes(meta, input_ids.shape[0]):
-            return native(*self._embed(input_ids, positions), meta, kv_caches, logit_rows)
+            return native(*native.inputs(self, input_ids, positions), meta, kv_caches, logit_rows)
         hidden = self(input_ids, positions, meta, kv_caches)
         if not logit_rows:
-            return hidden, hidden.new_empty(0, self.config.vocab_size, dtype=torch.float32)
-        return hidden, self.compute_logits(hidden[torch.tensor(logit_rows, device=hidden.device)])
+            return hidden, hidden.new_empty(0, self.config.vocab_size, dtype=torch.float32), None
+        return hidden, self.compute_logits(hidden[torch.tensor(logit_rows, device=hidden.device)]), None
 
 
 _NO_ROWS = torch.empty(0, dtype=torch.long)
+_NO_FLOATS = torch.empty(0)
 
 
 class NativeDecode:
@@ -281,6 +284,7 @@ class NativeDecode:
     def __init__(self, model: CausalLM, weights: list[Tensor], spec: list[int]) -> None:
         self.tensors = cpu_kernels.decode_tensors(weights, spec)
         self.has_head = False  # set_head done: a step can return the lm_head's logits too
+        self.has_tables = False  # set_tables done: a step takes token ids and positions
         self._caches: list[PagedKVCache] | None = None  # the cache list bound to `tensors`
         c = model.config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, model.num_kv_heads, model.head_dim
@@ -322,23 +326,39 @@ class NativeDecode:
             if proj is None:
                 return None
             native.tensors.set_input_proj(weights, proj)
+        else:
+            tables = [model.model.embed_tokens.weight, model.cos, model.sin_signed]
+            if all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2 for t in tables):
+                native.tensors.set_tables(*(t.contiguous() for t in tables))
+                native.has_tables = True
         return native
+
+    def inputs(self, model: CausalLM, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The call's (x, cos, sin): token ids and positions where the tables are set, else the gathered rows."""
+        if self.has_tables:
+            return input_ids, positions, None
+        return model._embed(input_ids, positions)
 
     def takes(self, meta: AttentionMetadata, rows: int) -> bool:
         return (rows <= self.MAX_ROWS and not meta.prefills and len(meta.decode_groups) == 1
                 and meta.decode_groups[0].context_lens is not None)
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata,
-                 kv_caches: list[PagedKVCache], logit_rows: list[int] | None = None) -> tuple[Tensor, Tensor]:
-        """-> (final hidden [T, hidden], logits of `logit_rows` [R, vocab]; R = 0 without them)."""
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor | None, meta: AttentionMetadata,
+                 kv_caches: list[PagedKVCache], logit_rows: list[int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """x [T, hidden] or token ids [T]; cos / sin [T, 1, D], or positions [T] and None (`inputs`) ->
+        (final hidden [T, hidden], logits of `logit_rows` [R, vocab], their argmax [R]; R = 0 without them)."""
         g = meta.decode_groups[0]
         if kv_caches is not self._caches:  # a runner's cache tensors never change: bound once, not passed per step
             if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches):
                 raise ValueError("the native decode step needs an fp32 KV cache")
             self.tensors.bind_caches([c.k for c in kv_caches], [c.v for c in kv_caches])
             self._caches = kv_caches
+        if sin is None:  # positions: the rows come from the tables
+            cos, sin = cos, _NO_FLOATS
+        else:
+            cos, sin = cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1)
         return cpu_kernels.decode_layers(
-            x.contiguous(), cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1), self.tensors,
+            x.contiguous(), cos, sin, self.tensors,
             meta.slot_mapping, g.block_table, g.context_lens,
             g.token_idx, g.spans if g.spans is not None else _NO_ROWS,
             torch.tensor(logit_rows, dtype=torch.long) if logit_rows else _NO_ROWS, self.num_heads,

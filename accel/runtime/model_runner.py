@@ -162,7 +162,7 @@ class ModelRunner:
             logit_rows.extend(range(last - len(sched.scheduled[i].spec_token_ids), last + 1))
         num_verify = len(logit_rows)
         logit_rows.extend(row for _, row in sample_rows)
-        hidden, logits = self.model.forward_logits(input_ids, positions, meta, self.kv_caches, logit_rows)
+        hidden, logits, argmax = self.model.forward_logits(input_ids, positions, meta, self.kv_caches, logit_rows)
         if self.feature_cache is not None:
             self.feature_cache.index_copy_(0, meta.slot_mapping, hidden.to(self.feature_cache.dtype))
         if self.hidden_hook is not None:
@@ -185,7 +185,8 @@ class ModelRunner:
                 return torch.cat([verify_logits[starts[j]:starts[j + 1]] for j in js])
 
             verified, bad = self._per_request([r.seq for r, _ in spec], lambda js: self._verify(
-                rows_of(js), [spec[j] for j in js], draft_probs or {}))
+                rows_of(js), [spec[j] for j in js], draft_probs or {},
+                argmax[:num_verify] if argmax is not None and len(js) == len(spec) else None))
             failed.update(bad)
             for (i, _), tokens in zip(spec_rows, verified):
                 sampled[i] = tokens or []
@@ -194,16 +195,22 @@ class ModelRunner:
             sample_logits = logits[num_verify:]  # [N, V]
             seqs = [sched.scheduled[i].seq for i in idx]
             rows, bad = self._per_request(seqs, lambda js: self._sample(
-                sample_logits if len(js) == len(seqs) else sample_logits[js], [seqs[j] for j in js]))
+                sample_logits if len(js) == len(seqs) else sample_logits[js], [seqs[j] for j in js],
+                argmax[num_verify:] if argmax is not None and len(js) == len(seqs) else None))
             failed.update(bad)
             for i, row in zip(idx, rows):
                 if row is not None:
                     sampled[i], logprobs[i], top[i] = row
         return ModelRunnerOutput(request_ids, sampled, logprobs, top, failed)
 
-    def _sample(self, logits: Tensor, seqs: list[Sequence]) -> list[tuple[list[int], list | None, list | None]]:
-        """One token per row of logits [N, V]: (token ids, logprobs, top logprobs) per request."""
-        self._mask_early_stop(logits, seqs)
+    def _sample(self, logits: Tensor, seqs: list[Sequence], argmax: Tensor | None = None
+                ) -> list[tuple[list[int], list | None, list | None]]:
+        """One token per row of logits [N, V]: (token ids, logprobs, top logprobs) per request. argmax: the rows'
+        argmax where the forward computed it (the native step): a plain greedy batch then skips the sampler."""
+        masked = self._mask_early_stop(logits, seqs)
+        if argmax is not None and not masked and all(plain_greedy(s.params) and s.params.logprobs is None
+                                                      for s in seqs):
+            return [([t], None, None) for t in argmax.tolist()]
         out = self.sampler(logits, [s.params for s in seqs], [self._generator(s) for s in seqs],
                            [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
         tokens = out.token_ids.tolist()
@@ -217,7 +224,7 @@ class ModelRunner:
         return rows
 
     def _verify(self, logits: Tensor, spec: list[tuple[ScheduledRequest, int]],
-                draft_probs: dict[str, Tensor | None]) -> list[list[int]]:
+                draft_probs: dict[str, Tensor | None], argmax: Tensor | None = None) -> list[list[int]]:
         """Verify the draft tokens of requests scheduled with them; returns accepted drafts + 1 token each.
 
         A request with n drafts computed n + 1 query rows ending at its sampling row; `logits` holds those rows of
@@ -237,10 +244,10 @@ class ModelRunner:
         seqs = [r.seq for r, _ in spec for _ in range(len(r.spec_token_ids) + 1)]
         outputs = [r.seq.output_token_ids + r.spec_token_ids[:j] for r, _ in spec
                    for j in range(len(r.spec_token_ids) + 1)]
-        self._mask_early_stop(logits, seqs, [len(o) for o in outputs])
+        masked = self._mask_early_stop(logits, seqs, [len(o) for o in outputs])
         all_plain_greedy = all(plain_greedy(r.seq.params) for r, _ in spec)
         if all_plain_greedy:
-            argmax, probs = row_argmax(logits), None  # [R]
+            argmax, probs = (row_argmax(logits) if argmax is None or masked else argmax), None  # [R]
         else:
             probs = self.sampler.probs(logits, [s.params for s in seqs], [s.prompt_token_ids for s in seqs],
                                        outputs)  # [R, V]; greedy rows one-hot
@@ -262,8 +269,10 @@ class ModelRunner:
         return out
 
     @staticmethod
-    def _mask_early_stop(logits: Tensor, seqs: list[Sequence], num_outputs: list[int] | None = None) -> None:
-        """min_tokens: eos and stop token ids cannot be sampled before min_tokens outputs (as vLLM)."""
+    def _mask_early_stop(logits: Tensor, seqs: list[Sequence], num_outputs: list[int] | None = None) -> bool:
+        """min_tokens: eos and stop token ids cannot be sampled before min_tokens outputs (as vLLM). True if a row
+        was masked."""
+        masked = False
         for row, seq in enumerate(seqs):
             p = seq.params
             if (seq.num_output_tokens if num_outputs is None else num_outputs[row]) < p.min_tokens:
@@ -272,6 +281,8 @@ class ModelRunner:
                     banned.append(seq.eos_token_id)
                 if banned:
                     logits[row, banned] = float("-inf")
+                    masked = True
+        return masked
 
     def generator_for(self, seq: Sequence) -> torch.Generator | None:
         """The request's generator (seeded requests), shared with the proposer so draws stay per request."""

@@ -73,17 +73,17 @@ class EagleDraft(CausalLM):
         return self.model.norm(x, residual)
 
     def forward_logits(self, input_ids: Tensor, positions: Tensor, meta, kv_caches, logit_rows: list[int],
-                       features: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """-> (h [T, H], head logits of `logit_rows` [R, K] float32). A step the native decode takes (the chain's
-        one-row forwards, short catch-up spans) runs fc, the layer, norm and head in one call. Why: the
-        module path cost ~1.0 ms per forward on a 2-core CPU against a few hundred us of weights (int8: 4 MB
-        for the layer and 8,192 head rows), and a chain runs several per target step."""
+                       features: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """-> (h [T, H], head logits of `logit_rows` [R, K] float32, their argmax or None). A step the native
+        decode takes (the chain's one-row forwards, short catch-up spans) runs fc, the layer, norm and head in one
+        call. Why: the module path cost ~1.0 ms per forward on a 2-core CPU against a few hundred us of weights
+        (int8: 4 MB for the layer and 8,192 head rows), and a chain runs several per target step."""
         native = getattr(self, "native_decode", None)
         if native is not None and native.has_head and native.takes(meta, input_ids.shape[0]):
             return native(*self._inputs(input_ids, positions, features), meta, kv_caches, logit_rows)
         hidden = self(input_ids, positions, meta, kv_caches, features=features)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=hidden.device)
-        return hidden, self.lm_head(hidden.index_select(0, rows)).float()
+        return hidden, self.lm_head(hidden.index_select(0, rows)).float(), None
 
     def _inputs(self, input_ids: Tensor, positions: Tensor, features: Tensor | None
                 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -269,7 +269,7 @@ class EagleProposer(PagedDraftProposer):
             scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
             picked = [row for _, row in rows]
-            hidden, logits = self.model.forward_logits(ids, pos, meta, self.runner.kv_caches, picked,
+            hidden, logits, _ = self.model.forward_logits(ids, pos, meta, self.runner.kv_caches, picked,
                                                        features=torch.cat(feats))  # [T, H], [B, K]
             last = hidden[torch.tensor(picked, device=hidden.device)]  # [B, H]
             tokens, q, top = self._pick(last, [requests[i] for i, _ in active],

@@ -82,10 +82,10 @@ def test_a_failing_verification_ends_that_request_only(tiny_llama_dir, prompts, 
     engine.spec.proposer = AlwaysDraft()
     verify = engine.runner._verify
 
-    def failing_verify(hidden, spec, draft_probs):
+    def failing_verify(hidden, spec, draft_probs, argmax=None):
         if any(r.seq.params.seed == MAGIC_SEED for r, _ in spec):
             raise RuntimeError("verification failed for this request")
-        return verify(hidden, spec, draft_probs)
+        return verify(hidden, spec, draft_probs, argmax)
 
     monkeypatch.setattr(engine.runner, "_verify", failing_verify)
     outs = _run(engine, prompts, [GREEDY, SAMPLED, VICTIM])

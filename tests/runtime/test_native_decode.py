@@ -55,9 +55,10 @@ def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_ll
         if native.takes(meta, input_ids.shape[0]):
             rows = list(range(input_ids.shape[0]))[::-1] + [0]  # reversed, and a row twice
             # run twice: the second run writes the same K/V into the same slots
-            hidden, logits = forward_logits(input_ids, positions, meta, kv_caches, rows)
+            hidden, logits, argmax = forward_logits(input_ids, positions, meta, kv_caches, rows)
             want = engine.model.compute_logits(hidden[torch.tensor(rows)])
             assert logits.shape == want.shape and torch.equal(logits, want)
+            assert torch.equal(argmax, want.argmax(-1))
             seen.append(len(rows))
         return forward_logits(input_ids, positions, meta, kv_caches, logit_rows)
 
@@ -79,6 +80,7 @@ def test_native_decode_takes_speculative_verify_spans(tiny_llama_dir):
     native = engine.model.native_decode
     engine.model.native_decode = type("Spy", (), {"takes": lambda self, m, r: native.takes(m, r),
                                                   "has_head": native.has_head,
+                                                  "inputs": lambda self, *a: native.inputs(*a),
                                                   "__call__": lambda self, *a: calls.append(1) or native(*a)})()
     assert _run(engine, prompts, greedy) == _run(plain, prompts, greedy)
     assert calls and engine.stats().spec_decode.num_draft_tokens > 0

@@ -2003,6 +2003,8 @@ struct DecodeTensors {
   bool has_head = false;
   DecodeLinear in_proj;  // an EAGLE draft's fc over [embedding ; feature]: x [T, in] -> [T, hidden] first
   bool has_in_proj = false;
+  torch::Tensor embed, cos, sin_signed;  // set_tables: the step's inputs from token ids and positions
+  bool has_tables = false;
   std::vector<torch::Tensor> k_caches, v_caches;
 
   DecodeTensors(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
@@ -2031,6 +2033,17 @@ struct DecodeTensors {
     TORCH_CHECK(static_cast<int64_t>(spec.size()) == LIN_FIELDS, "input projection spec: ", LIN_FIELDS, " ints");
     in_proj = linear(w, spec.data());
     has_in_proj = true;
+  }
+
+  // the input embedding [vocab, hidden] and RoPE tables [positions, head_dim] (cos, signed sin): decode_layers then
+  // takes token ids and positions and gathers the rows itself
+  void set_tables(torch::Tensor e, torch::Tensor c, torch::Tensor s) {
+    TORCH_CHECK(!has_in_proj, "an input projection's step takes its x, not token ids");
+    for (const auto& t : {e, c, s})
+      TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.scalar_type() == at::kFloat, "tables: fp32 contiguous 2-D");
+    TORCH_CHECK(c.sizes() == s.sizes(), "cos and sin tables: the same shape");
+    embed = e; cos = c; sin_signed = s;
+    has_tables = true;
   }
 
   static torch::Tensor weight(const std::vector<torch::Tensor>& w, int64_t i, at::ScalarType t) {
@@ -2099,16 +2112,79 @@ struct DecodeTensors {
   }
 };
 
+// ---- greedy sampling ------------------------------------------------------------------------------------------
+// A row's index of its largest value, as torch.argmax returns it (the first of equal maxima; a NaN counts as the
+// largest). torch's took ~50 us for one 49,152-logit row on 2 threads (its parallel reduction's overhead), ~1% of
+// a batch-1 decode step; two vector passes over the row take ~10.
+static int64_t argmax_row(const float* r, int64_t N) {
+  __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= N; i += 8) {
+    const __m256 v = _mm256_loadu_ps(r + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    mx = _mm256_max_ps(mx, v);
+  }
+  float best = -INFINITY;
+  bool has_nan = _mm256_movemask_ps(nan) != 0;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  for (float f : lanes) best = std::max(best, f);
+  for (int64_t j = i; j < N; ++j) {
+    if (std::isnan(r[j])) has_nan = true;
+    else best = std::max(best, r[j]);
+  }
+  int64_t idx = 0;
+  if (has_nan) {
+    while (!std::isnan(r[idx])) ++idx;
+    return idx;
+  }
+  const __m256 b = _mm256_set1_ps(best);
+  int64_t j = 0;
+  for (; j + 8 <= N; j += 8) {
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + j), b, _CMP_EQ_OQ));
+    if (mask) break;
+  }
+  while (r[j] != best) ++j;  // the first equal lane of that vector, or the tail
+  return j;
+}
+
+torch::Tensor argmax_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) > 0, "x: fp32 [M, N], N > 0");
+  x = x.contiguous();
+  const int64_t M = x.size(0), N = x.size(1);
+  auto out = torch::empty({M}, x.options().dtype(at::kLong));
+  for (int64_t m = 0; m < M; ++m) out.data_ptr<int64_t>()[m] = argmax_row(x.data_ptr<float>() + m * N, N);
+  return out;
+}
+
+// rows idx [T] (long) of a table set by `set_tables`, as fp32 [T, width]
+static torch::Tensor gather_rows(const DecodeTensors& dw, const torch::Tensor& table, torch::Tensor idx, const char* what) {
+  TORCH_CHECK(dw.has_tables, what, "s given but no tables set (set_tables)");
+  idx = idx.contiguous();
+  TORCH_CHECK(idx.dim() == 1, what, "s: [T]");
+  const int64_t T = idx.numel(), n = table.size(0), w = table.size(1);
+  auto out = torch::empty({T, w}, table.options());
+  const int64_t* ip = idx.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(ip[t] >= 0 && ip[t] < n, what, " ", ip[t], " outside the table's ", n, " rows");
+    std::memcpy(out.data_ptr<float>() + t * w, table.data_ptr<float>() + ip[t] * w, w * sizeof(float));
+  }
+  return out;
+}
+
 // Every decoder layer of a decode step (T <= 32 rows, all on the paged decode kernel) in one call, on one team of
 // threads for the whole step (see `Team`). Each thread keeps its own residual stream, normed input and SwiGLU
 // output (identical copies, computed redundantly: a few KB, cheaper than a barrier); the Linears' and attention's
 // outputs are shared, written in disjoint chunks. The arithmetic per row is that of the module-by-module path.
 // With an input projection set (`set_input_proj`), x is its input and the team runs it first (an EAGLE draft's fc).
 // With a head set (`set_head`), the same team then computes the logits of `logit_rows` (indices into the step's
-// rows): returns (final hidden [T, hidden], logits [R, vocab]; R = 0 without them). Why in this call: after the
-// step's ~135 MB weight stream the caches are cold, and the lm_head as a separate call from Python (module, its
-// checks, a row gather, another thread team) cost ~0.2-0.3 ms of an INT8 step of ~8.
-std::tuple<torch::Tensor, torch::Tensor> decode_layers(
+// rows): returns (final hidden [T, hidden], logits [R, vocab], each logit row's argmax [R]; R = 0 without them).
+// Why in this call: after the step's ~135 MB weight stream the caches are cold, and the lm_head as a separate call
+// from Python (module, its checks, a row gather, another thread team) cost ~0.2-0.3 ms of an INT8 step of ~8.
+// With tables set (`set_tables`), x may be the step's token ids [T] (long) and cos its positions [T] (long; then
+// sin_signed is unused): the rows are gathered here. Why: the gathers as torch ops from Python (embedding, two
+// index_selects and their reshapes) cost ~0.1 ms a step with caches cold after the weight stream.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
     torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, const DecodeTensors& dw, torch::Tensor slots,
     torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, torch::Tensor spans,
     torch::Tensor logit_rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
@@ -2116,9 +2192,14 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
   const std::vector<torch::Tensor>& k_caches = dw.k_caches;
   const std::vector<torch::Tensor>& v_caches = dw.v_caches;
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == L, "bind_caches first");
+  const int64_t H = num_heads, KVH = num_kv_heads, D = head_dim;
+  if (x.scalar_type() == at::kLong) x = gather_rows(dw, dw.embed, x, "token id");
+  if (cos.scalar_type() == at::kLong) {
+    sin_signed = gather_rows(dw, dw.sin_signed, cos, "position");
+    cos = gather_rows(dw, dw.cos, cos, "position");
+  }
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x fp32 [T, hidden]");
   const int64_t T = x.size(0), Xd = x.size(1), Hd = dw.has_in_proj ? dw.in_proj.N : Xd;
-  const int64_t H = num_heads, KVH = num_kv_heads, D = head_dim;
   const int64_t QKV = (H + 2 * KVH) * D, I = dw.layers.empty() ? 0 : dw.layers[0].lin[2].N / 2, W = KVH * D;
   dw.check(Xd, Hd, QKV, H * D, I);
   TORCH_CHECK(L == 0 || (k_caches[0].size(2) == KVH && k_caches[0].size(3) == D), "caches: [blocks, block_size, ",
@@ -2141,6 +2222,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
   const int64_t* lrp = lr.data_ptr<int64_t>();
   for (int64_t r = 0; r < R; ++r) TORCH_CHECK(lrp[r] >= 0 && lrp[r] < T, "logit row ", lrp[r], " outside the ", T, " rows");
   auto logits = torch::empty({R, R ? dw.head.N : 0}, opts);
+  auto amax = torch::empty({R}, opts.dtype(at::kLong));
   auto head_in = torch::empty({R, Hd}, opts);
   auto xin = dw.has_in_proj ? torch::empty({T, Hd}, opts) : x;  // the first layer's input
   const float* xp = xin.data_ptr<float>();
@@ -2194,13 +2276,15 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
     }
     if (R) {
       if (n > 1) team.barrier();
-      run_linear(dw.head, head_in.data_ptr<float>(), R, Hd, logits.data_ptr<float>());
+      run_linear(dw.head, head_in.data_ptr<float>(), R, Hd, logits.data_ptr<float>());  // ends in a barrier
+      for (int64_t r = rank; r < R; r += n)  // while the rows are in cache (the sampler's greedy tokens)
+        amax.data_ptr<int64_t>()[r] = argmax_row(logits.data_ptr<float>() + r * dw.head.N, dw.head.N);
     }
   };
 
   if (nt == 1 || at::in_parallel_region()) {
     step(0, 1);
-    return {out, logits};
+    return {out, logits, amax};
   }
 #pragma omp parallel num_threads(nt)
   {
@@ -2211,54 +2295,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
     step(rank, n);
     tl_team = TeamSlot{};
   }
-  return {out, logits};
-}
-
-// ---- greedy sampling ------------------------------------------------------------------------------------------
-// Each row's index of its largest value, as torch.argmax returns it (the first of equal maxima; a NaN counts as the
-// largest). torch's took ~50 us for one 49,152-logit row on 2 threads (its parallel reduction's overhead), ~1% of
-// a batch-1 decode step; two vector passes over the row take ~10.
-torch::Tensor argmax_rows(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) > 0, "x: fp32 [M, N], N > 0");
-  x = x.contiguous();
-  const int64_t M = x.size(0), N = x.size(1);
-  auto out = torch::empty({M}, x.options().dtype(at::kLong));
-  const float* xp = x.data_ptr<float>();
-  int64_t* op = out.data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m) {
-    const float* r = xp + m * N;
-    __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= N; i += 8) {
-      const __m256 v = _mm256_loadu_ps(r + i);
-      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-      mx = _mm256_max_ps(mx, v);
-    }
-    float best = -INFINITY;
-    bool has_nan = _mm256_movemask_ps(nan) != 0;
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, mx);
-    for (float f : lanes) best = std::max(best, f);
-    for (int64_t j = i; j < N; ++j) {
-      if (std::isnan(r[j])) has_nan = true;
-      else best = std::max(best, r[j]);
-    }
-    int64_t idx = 0;
-    if (has_nan) {
-      while (!std::isnan(r[idx])) ++idx;
-    } else {
-      const __m256 b = _mm256_set1_ps(best);
-      int64_t j = 0;
-      for (; j + 8 <= N; j += 8) {
-        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + j), b, _CMP_EQ_OQ));
-        if (mask) break;
-      }
-      while (r[j] != best) ++j;  // the first equal lane of that vector, or the tail
-      idx = j;
-    }
-    op[m] = idx;
-  }
-  return out;
+  return {out, logits, amax};
 }
 
 // ---- weights in 2 MB pages ----------------------------------------------------------------------------------
@@ -2325,7 +2362,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
       .def("bind_caches", &DecodeTensors::bind_caches, "the KV caches decode_layers writes and reads")
       .def("set_head", &DecodeTensors::set_head, "the lm_head decode_layers runs on its logit_rows")
-      .def("set_input_proj", &DecodeTensors::set_input_proj, "a projection decode_layers runs on x first");
+      .def("set_input_proj", &DecodeTensors::set_input_proj, "a projection decode_layers runs on x first")
+      .def("set_tables", &DecodeTensors::set_tables, "the embedding and RoPE tables decode_layers gathers rows from");
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call",
         py::call_guard<py::gil_scoped_release>());
 }
