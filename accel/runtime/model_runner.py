@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from accel.runtime.attention import AttentionMetadata, DecodeGroup, PagedKVCache, PrefillSpan
-from accel.runtime.model import CausalLM
+from accel.runtime.model import CausalLM, longs
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from accel.runtime.sampler import Sampler, plain_greedy, row_argmax
 from accel.runtime.sequence import Sequence
@@ -328,10 +328,9 @@ class ModelRunner:
             if r.samples:
                 sample_rows.append((i, q_start + n - 1))
         dev = self.device
-        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), prefills=prefills,
+        meta = AttentionMetadata(slot_mapping=longs(slots, dev), prefills=prefills,
                                  decode_groups=self._decode_groups(decodes))
-        return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(positions, dtype=torch.long, device=dev),
-                meta, sample_rows)
+        return longs(ids, dev), longs(positions, dev), meta, sample_rows
 
     def _decode_groups(self, decodes: list[tuple[int, int, list[int]]]) -> list[DecodeGroup]:
         """Batch decode rows of similar context length (sorted, split when padding would exceed the ratio).
@@ -349,10 +348,9 @@ class ModelRunner:
                 if j and bt is not decodes[j - 1][2]:  # a new request (rows of one request share its table)
                     offsets.append(j)
             offsets.append(len(decodes))
-            return [DecodeGroup(token_idx=torch.tensor([d[0] for d in decodes]),
-                                block_table=torch.tensor(rows, dtype=torch.long), mask=_NO_MASK,
-                                context_lens=torch.tensor([d[1] for d in decodes]),
-                                spans=torch.tensor(offsets, dtype=torch.long))]
+            return [DecodeGroup(token_idx=longs([d[0] for d in decodes]),
+                                block_table=longs([b for r in rows for b in r]).view(len(rows), nb), mask=_NO_MASK,
+                                context_lens=longs([d[1] for d in decodes]), spans=longs(offsets))]
         decodes = sorted(decodes, key=lambda d: d[1])
         ratio = self.config.decode_group_ratio
         groups: list[list[tuple[int, int, list[int]]]] = [[decodes[0]]]
