@@ -177,7 +177,9 @@ class ModelRunner:
             starts = [0]
             for r, _ in spec:
                 starts.append(starts[-1] + len(r.spec_token_ids) + 1)
-            verify_logits = logits[:num_verify]
+            only_verify = not sample_rows  # then every logit row is a verify row: no slice ops
+            verify_logits = logits if only_verify else logits[:num_verify]
+            verify_argmax = argmax if only_verify or argmax is None else argmax[:num_verify]
 
             def rows_of(js: list[int]) -> Tensor:
                 if len(js) == len(spec):
@@ -186,17 +188,19 @@ class ModelRunner:
 
             verified, bad = self._per_request([r.seq for r, _ in spec], lambda js: self._verify(
                 rows_of(js), [spec[j] for j in js], draft_probs or {},
-                argmax[:num_verify] if argmax is not None and len(js) == len(spec) else None))
+                verify_argmax if len(js) == len(spec) else None))
             failed.update(bad)
             for (i, _), tokens in zip(spec_rows, verified):
                 sampled[i] = tokens or []
         if sample_rows:
             idx = [i for i, _ in sample_rows]
-            sample_logits = logits[num_verify:]  # [N, V]
+            # [N, V]; no slice op when nothing was verified (the common decode step: each op costs ~10 us cold)
+            sample_logits = logits[num_verify:] if num_verify else logits
+            sample_argmax = argmax[num_verify:] if argmax is not None and num_verify else argmax
             seqs = [sched.scheduled[i].seq for i in idx]
             rows, bad = self._per_request(seqs, lambda js: self._sample(
                 sample_logits if len(js) == len(seqs) else sample_logits[js], [seqs[j] for j in js],
-                argmax[num_verify:] if argmax is not None and len(js) == len(seqs) else None))
+                sample_argmax if len(js) == len(seqs) else None))
             failed.update(bad)
             for i, row in zip(idx, rows):
                 if row is not None:
