@@ -176,6 +176,12 @@ def f32_linear(x: Tensor, w: Tensor) -> Tensor:
     return _module().f32_linear(x, w)
 
 
+def f32_avx512(on: bool) -> bool:
+    """Use the AVX-512 fp32 kernels where the CPU has them (the default); returns the previous setting. Both paths
+    give the same bits, which the tests check by running each."""
+    return _module().f32_avx512(on)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """fp32 RMSNorm over the last dim (HF's math in fp32). Call only when `available()`."""
     return _module().rms_norm(x, weight, eps)

@@ -491,14 +491,24 @@ def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
 @pytest.mark.parametrize("k", [96, 104])
-def test_f32_kernel_rows_do_not_depend_on_how_many_share_the_call(k):
-    # speculation's exactness and batch invariance: a row's result must not change with the rows verified next to it
+@pytest.mark.parametrize("avx512", [True, False])
+def test_f32_kernel_rows_do_not_depend_on_how_many_share_the_call(k, avx512):
+    # speculation's exactness and batch invariance: a row's result must not change with the rows verified next to it,
+    # nor with the instruction set (AVX2 and AVX-512 kernels give the same bits; where AVX-512 is missing both runs
+    # take the AVX2 path)
     torch.manual_seed(k)
     w, x = torch.randn(203, k), torch.randn(23, k)
-    full = cpu_kernels.f32_linear(x, w)
-    for m in range(1, 23):
-        assert torch.equal(cpu_kernels.f32_linear(x[:m], w), full[:m]), m
-        assert torch.equal(cpu_kernels.f32_linear(x[m:m + 1], w), full[m:m + 1]), m
+    was = cpu_kernels.f32_avx512(False)
+    try:
+        reference = cpu_kernels.f32_linear(x, w)
+        cpu_kernels.f32_avx512(avx512)
+        full = cpu_kernels.f32_linear(x, w)
+        for m in range(1, 23):
+            assert torch.equal(cpu_kernels.f32_linear(x[:m], w), full[:m]), m
+            assert torch.equal(cpu_kernels.f32_linear(x[m:m + 1], w), full[m:m + 1]), m
+    finally:
+        cpu_kernels.f32_avx512(was)
+    assert torch.equal(full, reference)
     torch.testing.assert_close(full, x @ w.T, atol=1e-4, rtol=1e-4)
 
 
