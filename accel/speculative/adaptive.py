@@ -19,6 +19,8 @@ distilled draft at acceptance 0.18 cost 9% throughput while each new request lea
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from accel.speculative.stats import leviathan_speedup
@@ -238,6 +240,10 @@ class AdaptiveSpeculation:
         self.estimates.pop(request_id, None)
 
 
+ROW_COST_WINDOW, ROW_COST_MIN_SAMPLES = 9, 5
+"""`CostMeter.second_row_cost`: 1- and 2-row steps kept, and needed before it answers."""
+
+
 @dataclass
 class CostMeter:
     """The draft/target cost ratio c of Leviathan's formula, measured on the running engine.
@@ -258,10 +264,12 @@ class CostMeter:
     decay: float = 0.95
     propose_ratio: float | None = None
     _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, w x, w x^2, w y, w x y
-    # decode-only steps of one request with 1 and 2 rows: their seconds, exponentially averaged. The 2nd row is
-    # where the linear fit is furthest off (fp32 row kernels stream each weight once for both rows: 1.00x of a
-    # 1-row step, INT8 1.20x, INT4 1.61x on 2 AVX2 EPYC cores), and what a one-token guess costs
-    _one_request: dict[int, float] = field(default_factory=dict)
+    # decode-only steps of one request with 1 and 2 rows: their last seconds. The 2nd row is where the linear fit is
+    # furthest off (fp32 row kernels stream each weight once for both rows: 1.00x of a 1-row step, INT8 1.20x, INT4
+    # 1.61x on 2 AVX2 EPYC cores), and what a one-token guess costs
+    _one_request: dict[int, deque] = field(default_factory=lambda: {1: deque(maxlen=ROW_COST_WINDOW),
+                                                                    2: deque(maxlen=ROW_COST_WINDOW)})
+    steps_since_two_rows: int = 0  # decode-only steps of one request since the last one with 2 rows
 
     def observe(self, propose_seconds: float, draft_forwards: int, step_seconds: float, rows: int,
                 decode_rows: int, decode_only: bool) -> None:
@@ -274,18 +282,25 @@ class CostMeter:
             self.propose_ratio = r if self.propose_ratio is None else self.decay * self.propose_ratio + (
                 1 - self.decay) * r
         if decode_only and decode_rows == 1 and rows in (1, 2):
-            last = self._one_request.get(rows)
-            self._one_request[rows] = step_seconds if last is None else self.decay * last + (
-                1 - self.decay) * step_seconds
+            self._one_request[rows].append(step_seconds)
+        if decode_only and decode_rows == 1:
+            self.steps_since_two_rows = 0 if rows == 2 else self.steps_since_two_rows + 1
         if decode_only and rows > 0:
             x, y = float(rows), step_seconds
             for i, v in enumerate((1.0, x, x * x, y, x * y)):
                 self._s[i] = self.decay * self._s[i] + v
 
     def second_row_cost(self) -> float | None:
-        """Extra cost of a request's 2nd row at batch 1, in 1-row steps (None until both kinds of step ran)."""
-        t1, t2 = self._one_request.get(1), self._one_request.get(2)
-        return None if t1 is None or t2 is None else t2 / t1 - 1.0
+        """Extra cost of a request's 2nd row at batch 1, in 1-row steps: the median 2-row step over the median 1-row
+        step of the last ROW_COST_WINDOW each (None until ROW_COST_MIN_SAMPLES of each ran). Why medians: the
+        guesses this decides stop once it reads high, and with them the 2-row samples that would correct it; an
+        exponential average seeded by an engine's first 2-row steps (20.6, 32.1, 42.2 ms against 17-20 ms 1-row
+        steps: first-call costs) read 0.63-0.90 where the 2nd row costs 0.07 (fp32, Zen 4), and n-gram ran 1.94x
+        without guesses."""
+        t1, t2 = self._one_request[1], self._one_request[2]
+        if len(t1) < ROW_COST_MIN_SAMPLES or len(t2) < ROW_COST_MIN_SAMPLES:
+            return None
+        return statistics.median(t2) / statistics.median(t1) - 1.0
 
     def slope(self) -> float | None:
         """Extra seconds per row from the fit; None while the rows have not varied enough (variance < 1 row^2)."""

@@ -42,6 +42,9 @@ GUESS_PRIOR_ACCEPTANCE, GUESS_PRIOR_WEIGHT = 0.2, 10.0
 # a free row is taken where guesses accept this many times its measured cost, not just at break-even: INT8 without
 # VNNI (2nd row 0.20 of a step, guesses right 25%) measured n-gram 1.38x with guesses against 1.43x without
 GUESS_PAYBACK = 2.0
+# where guesses do not pay, the free row still comes back once this many steps passed without a 2-row step (and
+# until one runs): the measured cost stays current (a 2nd row that got cheaper would otherwise never be measured)
+GUESS_REFRESH_STEPS = 128
 
 
 def build_proposer(config: SpeculativeConfig, target_dir: str | None, num_blocks: int, block_size: int,
@@ -175,7 +178,7 @@ class SpecDecoder:
         if batch != 1 or not self.proposer.free or self.adaptive.config.k_max == 0:
             return False
         extra = None if self.cost is None else self.cost.second_row_cost()
-        if extra is None:
+        if extra is None or self.cost.steps_since_two_rows >= GUESS_REFRESH_STEPS:
             return True
         g = self.guesses
         return GUESS_PAYBACK * extra < (g.num_accepted_tokens + GUESS_PRIOR_ACCEPTANCE * GUESS_PRIOR_WEIGHT) / (

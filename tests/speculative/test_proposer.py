@@ -246,7 +246,7 @@ def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept(
 
     dec = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
     assert dec._free_row(1) and not dec._free_row(2)  # nothing measured yet: a guess is tried
-    for _ in range(3):  # one request, decode-only steps of 1 and 2 rows (an INT4 target: 1.6x)
+    for _ in range(5):  # one request, decode-only steps of 1 and 2 rows (an INT4 target: 1.6x)
         dec.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
         dec.cost.observe(0.0, 0, 0.016, rows=2, decode_rows=1, decode_only=True)
     assert abs(dec.cost.second_row_cost() - 0.6) < 1e-9 and not dec._free_row(1)
@@ -254,15 +254,42 @@ def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept(
         dec.cost.observe(0.0, 0, 0.010, rows=2, decode_rows=1, decode_only=True)
     dec.guesses.observe(100, 18)
     assert dec._free_row(1)
-    dec.guesses.observe(20000, 0)  # guesses that (almost) never hit do not pay even a 0.25% row
-    dec.cost.observe(0.0, 0, 0.0105, rows=2, decode_rows=1, decode_only=True)
+    dec.guesses.observe(20000, 0)  # guesses that (almost) never hit do not pay even a 5% row
+    for _ in range(5):
+        dec.cost.observe(0.0, 0, 0.0105, rows=2, decode_rows=1, decode_only=True)
     assert not dec._free_row(1)
     assert not SpecDecoder(SpeculativeConfig(method="ngram"), _NotFree(), 64)._free_row(1)
     int8 = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
-    int8.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
-    int8.cost.observe(0.0, 0, 0.012, rows=2, decode_rows=1, decode_only=True)
+    for _ in range(5):
+        int8.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
+        int8.cost.observe(0.0, 0, 0.012, rows=2, decode_rows=1, decode_only=True)
     int8.guesses.observe(100, 25)
     assert not int8._free_row(1)  # a 0.2 row for guesses right 25% of the time: a guess must return twice its cost
+
+
+def test_slow_first_two_row_steps_do_not_stop_guesses_for_good():
+    from accel.speculative.config import SpeculativeConfig
+    from accel.speculative.engine_spec import GUESS_REFRESH_STEPS, SpecDecoder
+
+    dec = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
+    for _ in range(5):
+        dec.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
+    for t in (0.0103, 0.016, 0.021):  # an engine's first 2-row steps (first-call costs: 0.6 and 1.1 extra)
+        dec.cost.observe(0.0, 0, t, rows=2, decode_rows=1, decode_only=True)
+    assert dec.cost.second_row_cost() is None and dec._free_row(1)  # too few to decide: guesses go on
+    for _ in range(2):
+        dec.cost.observe(0.0, 0, 0.0107, rows=2, decode_rows=1, decode_only=True)
+    assert abs(dec.cost.second_row_cost() - 0.07) < 1e-9 and dec._free_row(1)  # the median, not the outliers
+    for _ in range(5):  # the 2nd row turns expensive: guesses stop ...
+        dec.cost.observe(0.0, 0, 0.016, rows=2, decode_rows=1, decode_only=True)
+    assert not dec._free_row(1)
+    for _ in range(GUESS_REFRESH_STEPS - 1):
+        dec.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
+    assert not dec._free_row(1)
+    dec.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
+    assert dec._free_row(1) and dec._free_row(1)  # ... until GUESS_REFRESH_STEPS without a 2-row step, and then
+    dec.cost.observe(0.0, 0, 0.016, rows=2, decode_rows=1, decode_only=True)  # until one runs
+    assert not dec._free_row(1)
 
 
 class _NotFree(NgramProposer):
