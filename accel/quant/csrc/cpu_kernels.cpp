@@ -475,8 +475,10 @@ static inline float fold512(__m512 v) {
 // A lone last 8-input block (K % 16 == 8) is even: it goes to the low half only, as in dot_row.
 #define ACCEL_TAIL512(p) _mm512_maskz_loadu_ps(0xFF, p)
 
-// 2-6 activation rows against one weight row. 8 KB ahead into L2 (T1): 4 rows 0.62-0.69x the time of no software
-// prefetch; 1 KB into L1 0.92-1.06x; 16-64 KB as 8.
+// 2-6 activation rows against one weight row. From 3 rows, 8 KB ahead into L2 (T1): 4 rows 0.62-0.69x the time of
+// no software prefetch; 1 KB into L1 0.92-1.06x; 16-64 KB as 8. Two rows leave the stream to the hardware prefetcher,
+// as one row does: whole engine steps of 2 rows (a verify step with one draft token), weights in 2 MB pages, took
+// +0.9-1.3 ms over a 1-row step without the prefetch and +2.3 with it (8 KB T1; 4 KB T1 and 2 KB T0 as bad).
 constexpr int64_t F32_ROW_PASS_MAX_512 = 6, F32_PREFETCH_512 = 8192;
 template <int MR>
 static inline void dot_rows512(const float* x, int64_t K, const float* w, float* y, int64_t N, const char* lim) {
@@ -485,7 +487,7 @@ static inline void dot_rows512(const float* x, int64_t K, const float* w, float*
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     const char* pf = reinterpret_cast<const char*>(w + k) + F32_PREFETCH_512;
-    if (pf < lim) _mm_prefetch(pf, _MM_HINT_T1);  // not past the chunk: the next one may be the other core's
+    if (MR > 2 && pf < lim) _mm_prefetch(pf, _MM_HINT_T1);  // not past the chunk: the next one may be the other core's
     const __m512 wv = _mm512_loadu_ps(w + k);
     for (int m = 0; m < MR; ++m) a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k), wv, a[m]);
   }
