@@ -475,11 +475,13 @@ static inline float fold512(__m512 v) {
 // A lone last 8-input block (K % 16 == 8) is even: it goes to the low half only, as in dot_row.
 #define ACCEL_TAIL512(p) _mm512_maskz_loadu_ps(0xFF, p)
 
-// 2-6 activation rows against one weight row. From 3 rows, 8 KB ahead into L2 (T1): 4 rows 0.62-0.69x the time of
+// 2-5 activation rows against one weight row. From 3 rows, 8 KB ahead into L2 (T1): 4 rows 0.62-0.69x the time of
 // no software prefetch; 1 KB into L1 0.92-1.06x; 16-64 KB as 8. Two rows leave the stream to the hardware prefetcher,
 // as one row does: whole engine steps of 2 rows (a verify step with one draft token), weights in 2 MB pages, took
 // +0.9-1.3 ms over a 1-row step without the prefetch and +2.3 with it (8 KB T1; 4 KB T1 and 2 KB T0 as bad).
-constexpr int64_t F32_ROW_PASS_MAX_512 = 6, F32_PREFETCH_512 = 8192;
+// Six rows take the tiles: whole engine steps 18.1-18.4 ms against 19.3-20.5 in the row pass (5 rows: 17.7-17.8
+// against 17.1-17.4, so five stay here); two weight rows per pass gave 17.7-20.1.
+constexpr int64_t F32_ROW_PASS_MAX_512 = 5, F32_PREFETCH_512 = 8192;
 template <int MR>
 static inline void dot_rows512(const float* x, int64_t K, const float* w, float* y, int64_t N, const char* lim) {
   __m512 a[MR];
@@ -543,7 +545,6 @@ static void gemm_rows512(const float* x, int64_t M, int64_t K, const float* w, f
     for (int64_t n = n0; n < n1; ++n) {
       const float* wn = w + n * K;
       switch (M) {
-        case 6: dot_rows512<6>(x, K, wn, y + n, N, lim); break;
         case 5: dot_rows512<5>(x, K, wn, y + n, N, lim); break;
         case 4: dot_rows512<4>(x, K, wn, y + n, N, lim); break;
         case 3: dot_rows512<3>(x, K, wn, y + n, N, lim); break;
