@@ -251,7 +251,8 @@ class SpeculationConfig(Strict):
     max_step_rows: Annotated[int, Field(ge=2)] | None = 16
     draft_min_path_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
     draft_min_first_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    draft_ngram_first: bool = False
+    draft_ngram_first: bool | None = None
+    """Prompt lookup first, the draft model where it finds nothing (None: on with a draft model)."""
     distill: DistillConfig = DistillConfig()
 
     @model_validator(mode="after")

@@ -124,7 +124,8 @@ def main() -> None:
     ap.add_argument("--draft-quantization", choices=["int8", "int4"], default=None)
     ap.add_argument("--draft-min-path-confidence", type=float, default=None)
     ap.add_argument("--draft-min-first-confidence", type=float, default=None)
-    ap.add_argument("--draft-ngram-first", action="store_true")
+    ap.add_argument("--draft-ngram-first", choices=["auto", "true", "false"], default="auto",
+                    help="prompt lookup before the draft model (auto: on with a draft model; false: the draft alone)")
     ap.add_argument("--max-step-rows", default="16", help="an integer or none")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every method this many times, interleaved; report the median speedup and its range")
@@ -180,7 +181,7 @@ def main() -> None:
                 "max_step_rows": parse_value(args.max_step_rows), "draft_quantization": args.draft_quantization,
                 "draft_min_path_confidence": args.draft_min_path_confidence,
                 "draft_min_first_confidence": args.draft_min_first_confidence,
-                "draft_ngram_first": args.draft_ngram_first}
+                "draft_ngram_first": {"auto": None, "true": True, "false": False}[args.draft_ngram_first]}
     if not methods or methods[0] != "off":
         ap.error(f"--methods {args.methods!r}: must start with off")
     try:

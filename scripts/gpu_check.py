@@ -397,7 +397,8 @@ def spec_config(fx: Fixtures, method: str) -> SpeculativeConfig:
     draft = {"draft": fx.draft_dir, "self_draft": fx.target_dir, "self_draft_int8": fx.target_dir,
              "eagle": fx.eagle_dir}[method]
     scheme = "int8" if method == "self_draft_int8" else None
-    return SpeculativeConfig(method="draft", draft_model=str(draft), draft_quantization=scheme, **kw)
+    return SpeculativeConfig(method="draft", draft_model=str(draft), draft_quantization=scheme, draft_ngram_first=False,
+                             **kw)
 
 
 SPEC_BATCHES = ("one_batch", "preempt_recompute", "preempt_swap")

@@ -186,8 +186,8 @@ def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path
 
 
 def engine_acceptance(recipe, target_dir: Path, draft_dir: Path, prompts: list[list[dict]], tokenizer) -> dict:
-    """Greedy acceptance of a draft measured by accel's runtime on chat prompts (fixed k, all prompts drafted),
-    with the cost ratio the engine measured and Leviathan's predicted speedup at batch 1."""
+    """Greedy acceptance of a draft measured by accel's runtime on chat prompts (fixed k, all prompts drafted, by
+    the draft alone), with the cost ratio the engine measured and Leviathan's predicted speedup at batch 1."""
     from accel.export.load import load_engine
     from accel.runtime.sampling_params import SamplingParams
     from accel.speculative.config import SpeculativeConfig
@@ -195,7 +195,7 @@ def engine_acceptance(recipe, target_dir: Path, draft_dir: Path, prompts: list[l
 
     k = recipe.speculation.num_speculative_tokens
     spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir), num_speculative_tokens=k, adaptive=False,
-                      disable_above_batch_size=None, max_step_rows=None)
+                             disable_above_batch_size=None, max_step_rows=None, draft_ngram_first=False)
     engine = load_engine(target_dir, **engine_kwargs(recipe), speculative=spec)
     # prompts cut like the offline path's (the last 384 tokens) and to what the model's length leaves for the reply
     keep = min(384, engine.scheduler.config.max_model_len - SPEC_EVAL_NEW_TOKENS - 1)

@@ -43,7 +43,6 @@ class SpeculativeConfig:
           draft_model: runs/default/draft
           num_speculative_tokens: 6
           draft_min_path_confidence: 0.3
-          draft_ngram_first: true
 
     method                      "ngram" (prompt lookup) or "draft" (a small model sharing the tokenizer).
     num_speculative_tokens      draft tokens per step at most (k_max).
@@ -66,7 +65,9 @@ class SpeculativeConfig:
     draft_min_first_confidence  the gate for a chain's first token only (None: draft_min_path_confidence): the first
                                 extra row is the cheapest token a draft gets verified.
     draft_ngram_first           a draft model's requests try prompt lookup first; the model drafts only those it
-                                finds nothing for (prompt lookup is free and copies long spans).
+                                finds nothing for (prompt lookup is free and copies long spans). None: on with a
+                                draft model (batch 1, EAGLE draft: open-ended 1.30-1.35x against 1.14-1.24x for the
+                                draft alone, input-grounded 1.88x); False measures the draft alone.
     """
 
     method: str = "ngram"
@@ -80,7 +81,7 @@ class SpeculativeConfig:
     max_step_rows: int | None = 16
     draft_min_path_confidence: float | None = None
     draft_min_first_confidence: float | None = None
-    draft_ngram_first: bool = False
+    draft_ngram_first: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -103,7 +104,9 @@ class SpeculativeConfig:
                                  "with method 'ngram': None)")
         if self.method == "ngram" and self.draft_ngram_first:
             raise ValueError("draft_ngram_first=True needs a draft model to fall back to; with method 'ngram' "
-                             "prompt lookup is all there is (allowed: False)")
+                             "prompt lookup is all there is (allowed: None, False)")
+        if self.draft_ngram_first is None:
+            self.draft_ngram_first = self.method == "draft"
         if self.max_step_rows is not None and self.max_step_rows < 2:
             raise ValueError(f"max_step_rows={self.max_step_rows} is invalid; allowed: None or >= 2")
         if self.disable_above_batch_size == "auto":

@@ -21,7 +21,7 @@ from accel.runtime.sampling_params import SamplingParams
 from accel.speculative.adaptive import AdaptiveSpeculation
 from accel.speculative.config import SpeculativeConfig
 from accel.speculative.paged_draft import PagedDraftProposer
-from accel.speculative.proposer import Proposals, ProposalRequest, Proposer
+from accel.speculative.proposer import NgramFirstProposer, Proposals, ProposalRequest, Proposer
 from accel.speculative.tokenizer_check import TokenizerMismatchError
 from tests.runtime.helpers import hf_greedy, make_hf_model, mixed_prompts, tiny_config
 
@@ -91,13 +91,16 @@ BATCHES = {
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))
-@pytest.mark.parametrize("method", ["ngram", "draft", "self-draft", "oracle"])
+@pytest.mark.parametrize("method", ["ngram", "draft", "self-draft", "lookup-first", "oracle"])
 def test_greedy_identical_with_speculation(tiny_llama_dir, draft_dir, refs16, batch, method):
     path, _ = tiny_llama_dir
     prompts, refs = refs16
     proposer = OracleProposer(prompts, refs) if method == "oracle" else None
-    spec = {"ngram": _spec("ngram"), "draft": _spec("draft", draft_dir), "self-draft": _spec("draft", path),
-            "oracle": _spec("ngram")}[method]  # fixed k: the test is about exactness, not the adaptive policy
+    # fixed k: the test is about exactness, not the adaptive policy; "draft" and "self-draft" run the draft model
+    # alone, "lookup-first" the default for a draft model (prompt lookup, the self-draft where it finds nothing)
+    spec = {"ngram": _spec("ngram"), "draft": _spec("draft", draft_dir, draft_ngram_first=False),
+            "self-draft": _spec("draft", path, draft_ngram_first=False), "lookup-first": _spec("draft", path),
+            "oracle": _spec("ngram")}[method]
     engine = Engine(load_model(path, torch.float32, torch.device("cpu")),
                     EngineConfig(model=str(path), block_size=4, speculative=spec, **BATCHES[batch]),
                     proposer=proposer)
@@ -109,7 +112,7 @@ def test_greedy_identical_with_speculation(tiny_llama_dir, draft_dir, refs16, ba
     stats = engine.stats().spec_decode
     if method != "ngram":  # a random model rarely repeats its prompt: n-gram lookup may find nothing to draft
         assert stats.num_drafts > 0
-    if method in ("self-draft", "oracle"):
+    if method in ("self-draft", "lookup-first", "oracle"):
         assert stats.num_accepted_tokens > 0
     if method == "oracle":
         assert stats.num_accepted_tokens < stats.num_draft_tokens  # rejections happened (rollback exercised)
@@ -117,8 +120,11 @@ def test_greedy_identical_with_speculation(tiny_llama_dir, draft_dir, refs16, ba
         assert engine.stats().num_preemptions > 0
     assert all(o.spec_decode is None for o, p in zip(outs, params) if p.logprobs is not None)
     assert engine.kv.num_held_blocks() == 0
-    if isinstance(engine.spec.proposer, PagedDraftProposer):
-        assert engine.spec.proposer.kv.num_held_blocks() == 0 and not engine.spec.proposer.seqs
+    assert isinstance(engine.spec.proposer, NgramFirstProposer) == (method == "lookup-first")
+    draft = getattr(engine.spec.proposer, "draft", engine.spec.proposer)  # NgramFirstProposer wraps the model
+    if method in ("draft", "self-draft", "lookup-first"):
+        assert isinstance(draft, PagedDraftProposer)
+        assert draft.kv.num_held_blocks() == 0 and not draft.seqs
 
 
 def test_prefix_cache_holds_only_verified_tokens(tiny_llama_dir, refs16):

@@ -106,6 +106,11 @@ def test_load_refuses_a_target_of_another_shape(tmp_path, tiny_model_dir):
         load_eagle_draft(tiny_model_dir, torch.zeros(320, 64), torch.float32, torch.device("cpu"))
 
 
+def _alone(folder, **kw):
+    """The EAGLE draft on its own (no prompt lookup first): these tests are about the draft."""
+    return SpeculativeConfig(method="draft", draft_model=str(folder), draft_ngram_first=False, **kw)
+
+
 def _run(model_dir, prompts, params, spec=None, **kw):
     engine = Engine.from_pretrained(model_dir, speculative=spec, **kw)
     outs = engine.generate(prompts, params)
@@ -119,7 +124,7 @@ def test_eagle_speculation_is_token_identical_greedy(tmp_path, tiny_model_dir, k
     # the third prompt shares a 16-token block with a fourth: a prefix-cache hit whose features are reused
     prompts = PROMPTS + [PROMPTS[2][:16] + [50, 51, 52]]
     ref, _ = _run(tiny_model_dir, prompts, params)
-    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=k,
+    spec = _alone(folder, adaptive=False, num_speculative_tokens=k,
                       disable_above_batch_size=None, max_step_rows=None)
     out, engine = _run(tiny_model_dir, prompts, params, spec)
     assert out == ref
@@ -136,7 +141,7 @@ def test_an_oracle_draft_is_fully_accepted(tmp_path, tiny_model_dir):
     target = _target(tiny_model_dir)
     vocab = list(range(320))
     _, _, folder = _save(tmp_path, tiny_model_dir, vocab)
-    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=1,
+    spec = _alone(folder, adaptive=False, num_speculative_tokens=1,
                       disable_above_batch_size=None, max_step_rows=None)
     engine = Engine.from_pretrained(tiny_model_dir, speculative=spec)
     proposer = engine.spec.proposer
@@ -170,8 +175,8 @@ def test_an_oracle_draft_is_fully_accepted(tmp_path, tiny_model_dir):
 
 def test_eagle_sampling_returns_draft_distributions(tmp_path, tiny_model_dir):
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(0, 320, 2)))
-    engine = Engine.from_pretrained(tiny_model_dir, speculative=SpeculativeConfig(
-        method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=2))
+    engine = Engine.from_pretrained(tiny_model_dir, speculative=_alone(
+        folder, adaptive=False, num_speculative_tokens=2))
     proposer = engine.spec.proposer
     engine.generate([PROMPTS[0]], SamplingParams(max_tokens=4, temperature=0))  # fills the feature cache
     seq_tokens = PROMPTS[1]
@@ -272,7 +277,7 @@ def test_train_eagle_writes_a_loadable_folder(tmp_path, tiny_model_dir):
     assert len(meta["vocab_ids"]) == 64 and meta["train"]["num_steps"] == res.num_steps
     assert 0 <= res.num_model_written_prompts <= res.num_prompts
     out, _ = _run(tiny_model_dir, PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0),
-                  SpeculativeConfig(method="draft", draft_model=str(tmp_path / "draft"), adaptive=False))
+                  _alone(tmp_path / "draft", adaptive=False))
     assert out == _run(tiny_model_dir, PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0))[0]
 
 
@@ -329,8 +334,8 @@ def test_train_eagle_init_from_refuses_a_draft_of_another_target(tmp_path, tiny_
 
 def test_cost_meter_leaves_out_a_first_draft_that_prefills_the_context(tmp_path, tiny_model_dir):
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
-    engine = Engine.from_pretrained(tiny_model_dir, speculative=SpeculativeConfig(
-        method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=1))
+    engine = Engine.from_pretrained(tiny_model_dir, speculative=_alone(
+        folder, adaptive=False, num_speculative_tokens=1))
     engine.add_request(PROMPTS[2], SamplingParams(max_tokens=10, temperature=0))
     engine.step()  # prefill
     engine.step()  # first draft: the draft catches up on the whole prompt (a one-time cost)
@@ -343,7 +348,7 @@ def test_context_window_caps_the_first_catch_up_and_keeps_outputs_exact(tmp_path
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
     params = SamplingParams(max_tokens=16, temperature=0)
     ref, _ = _run(tiny_model_dir, PROMPTS, params)
-    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=2,
+    spec = _alone(folder, adaptive=False, num_speculative_tokens=2,
                              disable_above_batch_size=None, max_step_rows=None)
     engine = Engine.from_pretrained(tiny_model_dir, speculative=spec)
     engine.spec.proposer.context_window = 5  # DEFAULT_CONTEXT_WINDOW (128) is longer than these prompts
@@ -381,7 +386,7 @@ def test_min_path_confidence_drafts_only_likely_paths_and_keeps_outputs_exact(tm
     ref, _ = _run(tiny_model_dir, PROMPTS, params)
     stats = {}
     for gate in (None, 1e-30, 0.999):
-        spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+        spec = _alone(folder, adaptive=False, num_speculative_tokens=3,
                           disable_above_batch_size=None, max_step_rows=None, draft_min_path_confidence=gate)
         out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
         assert out == ref
@@ -389,7 +394,7 @@ def test_min_path_confidence_drafts_only_likely_paths_and_keeps_outputs_exact(tm
     assert stats[1e-30].num_draft_tokens == stats[None].num_draft_tokens > 0
     assert stats[0.999].num_drafts == 0  # a random draft is never that sure of even its first token
     # a first-token gate at ~0 under a path gate no chain passes: every drafted chain is one token long
-    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+    spec = _alone(folder, adaptive=False, num_speculative_tokens=3,
                       disable_above_batch_size=None, max_step_rows=None, draft_min_path_confidence=0.999,
                       draft_min_first_confidence=1e-30)
     out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
@@ -405,8 +410,8 @@ def test_the_native_draft_step_matches_the_module_path(tmp_path, tiny_model_dir,
     if not cpu_kernels.available():
         pytest.skip("no native CPU kernels here")
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(0, 320, 2)))
-    engine = Engine.from_pretrained(tiny_model_dir, speculative=SpeculativeConfig(
-        method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+    engine = Engine.from_pretrained(tiny_model_dir, speculative=_alone(
+        folder, adaptive=False, num_speculative_tokens=3,
         disable_above_batch_size=None, max_step_rows=None, draft_quantization=quant))
     draft = engine.spec.proposer.model
     native, real = draft.native_decode, draft.forward_logits
@@ -436,7 +441,7 @@ def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
     params = SamplingParams(max_tokens=12, temperature=0)
     ref, _ = _run(tiny_model_dir, PROMPTS, params)
-    spec = SpeculativeConfig(method="draft", draft_model=str(folder), adaptive=False, num_speculative_tokens=3,
+    spec = _alone(folder, adaptive=False, num_speculative_tokens=3,
                       disable_above_batch_size=None, max_step_rows=None, draft_quantization="int8")
     out, engine = _run(tiny_model_dir, PROMPTS, params, spec)
     assert out == ref and engine.stats().spec_decode.num_draft_tokens > 0
@@ -444,7 +449,7 @@ def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):
     assert isinstance(proposer.model.lm_head, Int8WeightOnlyLinear)
     assert any(isinstance(m, Int8WeightOnlyLinear) for m in proposer.model.modules())
     with pytest.raises(ValueError, match="int4"):
-        _run(tiny_model_dir, PROMPTS[:1], params, SpeculativeConfig(method="draft", draft_model=str(folder),
+        _run(tiny_model_dir, PROMPTS[:1], params, _alone(folder,
                                                               draft_quantization="int4"))
 
 

@@ -204,4 +204,8 @@ def test_ngram_first_from_the_recipe_carries_the_lookup_sizes():
     cfg = SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", draft_ngram_first=True,
                                                           ngram_min_n=3, ngram_max_n=5), draft_dir="d")
     assert cfg.draft_ngram_first and (cfg.ngram_min_n, cfg.ngram_max_n) == (3, 5)
-    assert not SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="d").draft_ngram_first
+    # unset: lookup first with a draft model, never with n-gram alone; False: the draft alone
+    assert SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled"), draft_dir="d").draft_ngram_first
+    assert not SpeculativeConfig.from_recipe(SpeculationConfig(method="ngram")).draft_ngram_first
+    assert not SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", draft_ngram_first=False),
+                                             draft_dir="d").draft_ngram_first
