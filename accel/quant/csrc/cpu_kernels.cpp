@@ -1808,7 +1808,10 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
         const float* kb = kp + blk * BS * TS;
         const float* vb = vp + blk * BS * TS;
         // blocks are scattered, so the hardware prefetcher cannot run ahead: prefetch the block PF ahead, its
-        // lines spread over this block's head tiles (one burst of ~400 prefetches stalls on the miss buffers)
+        // lines spread over this block's head tiles (one burst of ~400 prefetches stalls on the miss buffers).
+        // Only this task's heads, [h0, h1): per token, `tok_lines` lines at a stride of TS floats. A task of one
+        // kv head had fetched every head's lines, three times its own (a batch-1 verify step's tasks are single
+        // heads: SmolLM2, 16 rows at ~250 tokens, its attention 2.83 -> 2.64 ms a step, the step 31.07 -> 30.83).
         const char* nk = nullptr;
         const char* nv = nullptr;
         if (b0 + PF * BS < Lmax) {
@@ -1816,7 +1819,8 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
           nk = reinterpret_cast<const char*>(kp + nblk * BS * TS + h0 * D);
           nv = reinterpret_cast<const char*>(vp + nblk * BS * TS + h0 * D);
         }
-        const int64_t lines = (BS * TS * 4 + 63) / 64, per_head = (lines + (h1 - h0) - 1) / (h1 - h0);
+        const int64_t tok_lines = ((h1 - h0) * D * 4 + 63) / 64, lines = BS * tok_lines;
+        const int64_t per_head = (lines + (h1 - h0) - 1) / (h1 - h0);
         // ... and within a head, over its rows: a verify span's 16 rows each issue a sixteenth
         const int64_t per_row = (per_head + (rb - ra) - 1) / (rb - ra);
         for (int64_t h = h0; h < h1; ++h) {
@@ -1826,9 +1830,11 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
             if (nk) {
               const int64_t x0 = (h - h0) * per_head + (r - ra) * per_row;
               const int64_t x1 = std::min({lines, (h - h0 + 1) * per_head, x0 + per_row});
-              for (int64_t x = x0; x < x1; ++x) {
-                _mm_prefetch(nk + x * 64, _MM_HINT_T0);
-                _mm_prefetch(nv + x * 64, _MM_HINT_T0);
+              for (int64_t x = x0, t = x0 / tok_lines, j = x0 % tok_lines; x < x1; ++x) {
+                const int64_t off = t * TS * 4 + j * 64;  // bytes: token t, line j of its heads
+                _mm_prefetch(nk + off, _MM_HINT_T0);
+                _mm_prefetch(nv + off, _MM_HINT_T0);
+                if (++j == tok_lines) j = 0, ++t;
               }
             }
             const int64_t L = clp[r0 + r];
