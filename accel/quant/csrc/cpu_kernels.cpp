@@ -1819,9 +1819,10 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
           nk = reinterpret_cast<const char*>(kp + nblk * BS * TS + h0 * D);
           nv = reinterpret_cast<const char*>(vp + nblk * BS * TS + h0 * D);
         }
-        // ... and the blocks further ahead into L2 (T1), which holds more misses in flight than L1: one row has
-        // almost no arithmetic per block to hide DRAM behind, and a prefetch that finds the miss buffers full is
-        // dropped, so a one-row task asks for each block at four distances (2-5), a verify span's rows once (2).
+        // ... and the blocks further ahead, all into L2 (T1), which holds more misses in flight than L1 (the next
+        // block into L1 instead: 0.96-0.99x): one row has almost no arithmetic per block to hide DRAM behind, and a
+        // prefetch that finds the miss buffers full is dropped, so a one-row task asks for each block at four
+        // distances (2-5), a verify span's rows once (2).
         // SmolLM2 on 2 Zen 4 cores, paired runs: INT8 batch 1 at 800 tokens, the step 7.28 -> 5.85 ms (distance 2
         // alone 6.54, 2 and 5 6.13); fp32 at 250, attention 1.23 -> 0.81 ms a step; INT8 batch 16 at 250, 29.6 ->
         // 23.8 ms (2 alone 24.6); fp32 batch 64 at 200, 152 -> 137 ms; 16 verify rows at 250, attention 2.52 ->
@@ -1847,8 +1848,8 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
               const int64_t x1 = std::min({lines, (h - h0 + 1) * per_head, x0 + per_row});
               for (int64_t x = x0, t = x0 / tok_lines, j = x0 % tok_lines; x < x1; ++x) {
                 const int64_t off = t * TS * 4 + j * 64;  // bytes: token t, line j of its heads
-                _mm_prefetch(nk + off, _MM_HINT_T0);
-                _mm_prefetch(nv + off, _MM_HINT_T0);
+                _mm_prefetch(nk + off, _MM_HINT_T1);
+                _mm_prefetch(nv + off, _MM_HINT_T1);
                 for (int f = 0; f < nfar; ++f) {
                   _mm_prefetch(fk[f] + off, _MM_HINT_T1);
                   _mm_prefetch(fv[f] + off, _MM_HINT_T1);
