@@ -475,13 +475,13 @@ static inline float fold512(__m512 v) {
 // A lone last 8-input block (K % 16 == 8) is even: it goes to the low half only, as in dot_row.
 #define ACCEL_TAIL512(p) _mm512_maskz_loadu_ps(0xFF, p)
 
-// 2-5 activation rows against one weight row. From 3 rows, 8 KB ahead into L2 (T1): 4 rows 0.62-0.69x the time of
+// 2-4 activation rows against one weight row. From 3 rows, 8 KB ahead into L2 (T1): 4 rows 0.62-0.69x the time of
 // no software prefetch; 1 KB into L1 0.92-1.06x; 16-64 KB as 8. Two rows leave the stream to the hardware prefetcher,
 // as one row does: whole engine steps of 2 rows (a verify step with one draft token), weights in 2 MB pages, took
 // +0.9-1.3 ms over a 1-row step without the prefetch and +2.3 with it (8 KB T1; 4 KB T1 and 2 KB T0 as bad).
-// Six rows take the tiles: whole engine steps 18.1-18.4 ms against 19.3-20.5 in the row pass (5 rows: 17.7-17.8
-// against 17.1-17.4, so five stay here); two weight rows per pass gave 17.7-20.1.
-constexpr int64_t F32_ROW_PASS_MAX_512 = 5, F32_PREFETCH_512 = 8192;
+// Five rows and more take register tiles (`one_block512`, `gemm_rows512`), as on AVX2 (F32_ROW_PASS_MAX); two
+// weight rows per pass gave no gain.
+constexpr int64_t F32_PREFETCH_512 = 8192;
 template <int MR>
 static inline void dot_rows512(const float* x, int64_t K, const float* w, float* y, int64_t N, const char* lim) {
   __m512 a[MR];
@@ -533,6 +533,23 @@ static inline void micro512(const float* x, int64_t K, const float* w, float* y,
 }
 #undef ACCEL_TAIL512
 
+// All MR rows in one register tile against NR weight rows at a time: one pass over the weights, each from DRAM
+// once, where the 4 x 6 tiles for 5-6 rows make a second pass of 1-2 rows (load-bound: 7-8 loads per 6 FMAs).
+// Whole engine verify steps, fp32 SmolLM2, 2 Zen 4 cores, paired in one process (6 of 6 pairs faster): 5 rows
+// 17.5 against 18.1 ms with the row pass, 6 rows 17.1 against 18.6 with the 4 x 6 tiles; 7 rows as 7 x 3 lost
+// (20.5 against 19.8), 8 as 8 x 3 was within noise.
+template <int MR, int NR>
+static void one_block512(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t tile_lines = NR * K * 4 / 64;
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) {
+    const float* wn = w + n * K;
+    micro512<MR, NR>(x, K, wn, y + n, N, reinterpret_cast<const char*>(wn + NR * K), n + 2 * NR <= n1 ? tile_lines : 0);
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < MR; ++m) micro512<1, 1>(x + m * K, K, w + n * K, y + m * N + n, N, nullptr, 0);
+}
+
 // 4 x 6 tiles: 24 accumulators, 6 weight and 1 activation register of 32 (8 rows: 4 x 4 and 4 x 3 within 2%).
 static void gemm_rows512(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N, int64_t n0,
                          int64_t n1) {
@@ -540,12 +557,11 @@ static void gemm_rows512(const float* x, int64_t M, int64_t K, const float* w, f
     for (int64_t n = n0; n < n1; ++n) y[n] = dot_row(x, w + n * K, K);
     return;
   }
-  if (M <= F32_ROW_PASS_MAX_512) {
+  if (M <= F32_ROW_PASS_MAX) {
     const char* lim = reinterpret_cast<const char*>(w + n1 * K);
     for (int64_t n = n0; n < n1; ++n) {
       const float* wn = w + n * K;
       switch (M) {
-        case 5: dot_rows512<5>(x, K, wn, y + n, N, lim); break;
         case 4: dot_rows512<4>(x, K, wn, y + n, N, lim); break;
         case 3: dot_rows512<3>(x, K, wn, y + n, N, lim); break;
         default: dot_rows512<2>(x, K, wn, y + n, N, lim); break;
@@ -553,6 +569,8 @@ static void gemm_rows512(const float* x, int64_t M, int64_t K, const float* w, f
     }
     return;
   }
+  if (M == 5) return one_block512<5, 4>(x, K, w, y, N, n0, n1);  // 20 accumulators + 4 weights + 1 activation
+  if (M == 6) return one_block512<6, 4>(x, K, w, y, N, n0, n1);
   constexpr int NR = 6;
   const int64_t blocks = (M + 3) / 4, tile_lines = NR * K * 4 / 64;
   int64_t n = n0;
