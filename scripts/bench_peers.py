@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accel.bench.memory import read_bandwidth_gbs
 from accel.bench.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -340,23 +341,6 @@ def streamed_bytes(model) -> int:
     tiled = {n.rsplit(".", 1)[0] for n, t in named if n.endswith("._vnni") and t is not None}
     return sum(t.numel() * t.element_size() for n, t in named if "embed_tokens" not in n and "rope" not in n
                and not n.endswith(("cos", "sin")) and not (n.endswith(".qweight") and n.rsplit(".", 1)[0] in tiled))
-
-
-def read_bandwidth_gbs(threads: int) -> float:
-    """Best of 5 reads of 256 MB: a decode step reads its weights and writes next to nothing, so a read stream
-    (not a copy) is its bound."""
-    import torch
-
-    from accel.quant import cpu_kernels
-
-    torch.set_num_threads(threads)
-    src = cpu_kernels.huge_page_copy(torch.ones(64 << 20))
-    best = 0.0
-    for _ in range(5):
-        t0 = time.perf_counter()
-        src.max()
-        best = max(best, src.numel() * 4 / (time.perf_counter() - t0) / 1e9)
-    return best
 
 
 def main() -> None:

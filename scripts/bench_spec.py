@@ -7,8 +7,9 @@ given passage) and open-ended chat turns. For batch 1 (prompts one after another
 each method (off, n-gram, draft) runs through `Engine` with the same model weights; the table prints
 tokens/s and the speedup against off (whole requests, prefill included), the same after each request's first token
 ("decode": 1 / TPOT, what speculation can speed up), the acceptance rate and mean acceptance length (from the raw counters),
-the measured draft/target cost ratio, the speedup Leviathan's formula predicts from those, and whether greedy
-outputs are token-identical to off.
+the measured draft/target cost ratio, the speedup Leviathan's formula predicts from those, whether greedy
+outputs are token-identical to off, and the read bandwidth probed before the repeat ("memory", median over
+repeats): a verify step's extra rows cost more of a step where memory is fast (`accel.bench.memory`).
 
 Cost ratio c: seconds per draft forward (time in the proposer / draft forwards, batch 1) over seconds per
 target decode step of the run without speculation (same batch size). n-gram lookup: time in the proposer per
@@ -139,6 +140,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
+    from accel.bench.memory import read_bandwidth_gbs
     from accel.draft_training.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.models import resolve_model
     from accel.runtime.engine import Engine, EngineConfig
@@ -213,6 +215,7 @@ def main() -> None:
             for rep in range(args.repeats):
                 base = None
                 raw = {}
+                read_gbs = read_bandwidth_gbs(torch.get_num_threads())  # the memory state this repeat ran in
                 order = methods[rep % len(methods):] + methods[:rep % len(methods)]
                 for method in order:
                     engine, proposer = engines[method], proposers[method]
@@ -229,7 +232,7 @@ def main() -> None:
                     outs, secs, steps, first_s = raw[method]
                     row = {"batch": batch, "set": set_name, "method": method, "repeat": rep,
                            "tokens": sum(len(o) for o in outs), "seconds": secs, "steps": steps,
-                           "first_token_seconds": first_s}
+                           "first_token_seconds": first_s, "read_gbs": read_gbs}
                     row["tokens_per_s"] = row["tokens"] / secs
                     # after each request's first token: what speculation can speed up (1 / TPOT)
                     row["decode_tokens_per_s"] = (row["tokens"] - len(outs)) / max(secs - first_s, 1e-9)
@@ -269,6 +272,8 @@ def main() -> None:
                                decode_speedup=statistics.median(decode), decode_speedup_min=decode[0],
                                decode_speedup_max=decode[-1])
                 row["tokens_per_s_all"] = [r["tokens_per_s"] for r in reps[method]]
+                row["read_gbs"] = statistics.median(r["read_gbs"] for r in reps[method])
+                row["read_gbs_all"] = [r["read_gbs"] for r in reps[method]]
                 results.append(row)
                 _print(row)
             engines = proposers = None
@@ -368,7 +373,7 @@ def _print(row: dict, prefix: str = "") -> None:
           f"  acceptance {f('acceptance_rate', '.3f')}  mean len "
           f"{f('mean_acceptance_length', '.2f')}  draft len {f('mean_draft_len', '.2f')}  cost "
           f"{f('cost_ratio', '.3f')} (engine {f('engine_cost_ratio', '.3f')})  Leviathan {f('predicted_speedup', '.2f')}x  "
-          f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})"
+          f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})  memory {f('read_gbs', '.1f')} GB/s"
           + "".join(f"  [{src}: {d['num_draft_tokens']} drafted, acceptance {d['acceptance_rate'] or 0:.3f}]"
                     for src, d in (row.get("per_source") or {}).items()), flush=True)
 
