@@ -23,7 +23,8 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
 The machine's read bandwidth (the max of a 256 MB fp32 tensor in 2 MB pages, as the weights are held, on the
 benchmark's threads) gives the weight-bytes roofline of a batch-1 step at INT8. It is probed right before each INT8
 repeat, and the `int8 / weight-bytes roofline` row divides each repeat by its own probe: a shared machine's bandwidth
-drifts (34-57 GB/s within an hour on a 2-core EPYC), so one probe at the start compared different minutes.
+drifts (34-57 GB/s within an hour on a 2-core EPYC), so one probe at the start compared different minutes. An
+fp32 compute probe (cache-resident matmuls) is taken beside it: the VM's compute moves against its bandwidth.
 
 llama.cpp is built once per machine by scripts/peers/build_llama_cpp.sh ($ACCEL_HOME/peers/llama.cpp); the GGUFs
 are made with its llama-quantize --allow-requantize into $ACCEL_HOME/peers/gguf. Where its repacked prompt path
@@ -44,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accel.bench.memory import read_bandwidth_gbs
+from accel.bench.machine import fp32_gflops, read_bandwidth_gbs
 from accel.bench.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,7 +365,7 @@ def main() -> None:
     bin_dir = llama_bin()
     ggufs = make_ggufs(bin_dir, pairs)
     rows: list[Row] = []
-    probes = [read_bandwidth_gbs(a.threads)]
+    probes, gflops = [read_bandwidth_gbs(a.threads)], [fp32_gflops(a.threads)]
     extra: dict[str, str] = {}
     global LLAMA_REPACK
     LLAMA_REPACK = all(llama_repack_works(bin_dir, g, a.threads) for g in set(ggufs.values()))
@@ -383,6 +384,7 @@ def main() -> None:
             for _ in range(a.repeats):
                 if pair == "int8":
                     probes.append(read_bandwidth_gbs(a.threads))
+                    gflops.append(fp32_gflops(a.threads))
                     roof.peer.append(probes[-1] / gb)
                 row.accel.append(accel_decode(engine))
                 row.peer.append(llama_decode(bin_dir, ggufs[gguf_type(pair)], a.threads))
@@ -394,6 +396,7 @@ def main() -> None:
                 extra["int8 roofline"] = f"{gb * 1e3:.0f} MB of weights per token at each repeat's probe"
             del engine
     extra["read bandwidth"] = f"{spread(probes)} GB/s (256 MB reads, {a.threads} threads)"
+    extra["fp32 compute"] = f"{spread(gflops)} GFLOPS (384 x 384 matmuls, {a.threads} threads)"
 
     if "http" in sections:
         requests = build_requests(HTTP_WORKLOAD)  # text prompts: the same for all three, templated by each

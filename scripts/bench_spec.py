@@ -8,8 +8,9 @@ each method (off, n-gram, draft) runs through `Engine` with the same model weigh
 tokens/s and the speedup against off (whole requests, prefill included), the same after each request's first token
 ("decode": 1 / TPOT, what speculation can speed up), the acceptance rate and mean acceptance length (from the raw counters),
 the measured draft/target cost ratio, the speedup Leviathan's formula predicts from those, whether greedy
-outputs are token-identical to off, and the read bandwidth probed before the repeat ("memory", median over
-repeats): a verify step's extra rows cost more of a step where memory is fast (`accel.bench.memory`).
+outputs are token-identical to off, and the read bandwidth and fp32 compute probed before the repeat ("memory",
+"compute", medians over repeats): a verify step's extra rows cost more of a step where memory is fast and
+compute slow (`accel.bench.machine`).
 
 Cost ratio c: seconds per draft forward (time in the proposer / draft forwards, batch 1) over seconds per
 target decode step of the run without speculation (same batch size). n-gram lookup: time in the proposer per
@@ -140,7 +141,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from accel.bench.memory import read_bandwidth_gbs
+    from accel.bench.machine import fp32_gflops, read_bandwidth_gbs
     from accel.draft_training.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.models import resolve_model
     from accel.runtime.engine import Engine, EngineConfig
@@ -215,7 +216,8 @@ def main() -> None:
             for rep in range(args.repeats):
                 base = None
                 raw = {}
-                read_gbs = read_bandwidth_gbs(torch.get_num_threads())  # the memory state this repeat ran in
+                # the machine's state this repeat ran in
+                read_gbs, gflops = read_bandwidth_gbs(torch.get_num_threads()), fp32_gflops(torch.get_num_threads())
                 order = methods[rep % len(methods):] + methods[:rep % len(methods)]
                 for method in order:
                     engine, proposer = engines[method], proposers[method]
@@ -232,7 +234,7 @@ def main() -> None:
                     outs, secs, steps, first_s = raw[method]
                     row = {"batch": batch, "set": set_name, "method": method, "repeat": rep,
                            "tokens": sum(len(o) for o in outs), "seconds": secs, "steps": steps,
-                           "first_token_seconds": first_s, "read_gbs": read_gbs}
+                           "first_token_seconds": first_s, "read_gbs": read_gbs, "gflops": gflops}
                     row["tokens_per_s"] = row["tokens"] / secs
                     # after each request's first token: what speculation can speed up (1 / TPOT)
                     row["decode_tokens_per_s"] = (row["tokens"] - len(outs)) / max(secs - first_s, 1e-9)
@@ -272,8 +274,9 @@ def main() -> None:
                                decode_speedup=statistics.median(decode), decode_speedup_min=decode[0],
                                decode_speedup_max=decode[-1])
                 row["tokens_per_s_all"] = [r["tokens_per_s"] for r in reps[method]]
-                row["read_gbs"] = statistics.median(r["read_gbs"] for r in reps[method])
-                row["read_gbs_all"] = [r["read_gbs"] for r in reps[method]]
+                for key in ("read_gbs", "gflops"):
+                    row[key] = statistics.median(r[key] for r in reps[method])
+                    row[key + "_all"] = [r[key] for r in reps[method]]
                 results.append(row)
                 _print(row)
             engines = proposers = None
@@ -374,6 +377,7 @@ def _print(row: dict, prefix: str = "") -> None:
           f"{f('mean_acceptance_length', '.2f')}  draft len {f('mean_draft_len', '.2f')}  cost "
           f"{f('cost_ratio', '.3f')} (engine {f('engine_cost_ratio', '.3f')})  Leviathan {f('predicted_speedup', '.2f')}x  "
           f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})  memory {f('read_gbs', '.1f')} GB/s"
+          f"  compute {f('gflops', '.0f')} GFLOPS"
           + "".join(f"  [{src}: {d['num_draft_tokens']} drafted, acceptance {d['acceptance_rate'] or 0:.3f}]"
                     for src, d in (row.get("per_source") or {}).items()), flush=True)
 

@@ -1,0 +1,62 @@
+"""What the machine gives a measurement right now: read bandwidth and fp32 compute, probed beside each repeat.
+
+A batch-1 decode step streams its weights and writes next to nothing, so a read stream (not a copy) bounds it;
+a verify step of many rows, or a prefill, is bound by fp32 arithmetic instead. On shared VMs both move between
+runs, and not together: a 2-core Zen 4 flips within a minute between ~37 and ~55-67 GB/s, the fast stream with
+less arithmetic (fp32 matmuls: median ~176 against ~193 GFLOPS). A ratio that mixes both kinds of step
+(speculation: 1-row against 16-row steps) moves with the state, so benchmarks record both beside each repeat."""
+
+from __future__ import annotations
+
+import time
+
+
+def _check(**values: int) -> None:
+    bad = {k: v for k, v in values.items() if v < 1}
+    if bad:
+        raise ValueError(", ".join(f"{k}={v}" for k, v in values.items()) + ": each must be >= 1")
+
+
+def read_bandwidth_gbs(threads: int, megabytes: int = 256, reads: int = 5) -> float:
+    """Best of `reads` passes over `megabytes` in 2 MB pages, on `threads` threads, in GB/s."""
+    import torch
+
+    from accel.quant import cpu_kernels
+
+    _check(threads=threads, megabytes=megabytes, reads=reads)
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = (megabytes << 20) // 4
+        src = cpu_kernels.huge_page_copy(torch.ones(n))  # itself where 2 MB pages do not apply
+        best = 0.0
+        for _ in range(reads):
+            t0 = time.perf_counter()
+            src.max()
+            best = max(best, n * 4 / (time.perf_counter() - t0) / 1e9)
+        return best
+    finally:
+        torch.set_num_threads(was)
+
+
+def fp32_gflops(threads: int, size: int = 384, calls: int = 200, passes: int = 3) -> float:
+    """Best of `passes` runs of `calls` fp32 matmuls of size x size (cache-resident: arithmetic, not memory), on
+    `threads` threads, in GFLOPS."""
+    import torch
+
+    _check(threads=threads, size=size, calls=calls, passes=passes)
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        out = torch.empty(size, size)
+        torch.mm(a, b, out=out)  # first call: oneDNN's kernel selection
+        best = 0.0
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                torch.mm(a, b, out=out)
+            best = max(best, 2 * size ** 3 * calls / (time.perf_counter() - t0) / 1e9)
+        return best
+    finally:
+        torch.set_num_threads(was)

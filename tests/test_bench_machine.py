@@ -1,0 +1,26 @@
+"""accel.bench.machine: the bandwidth and compute probes benchmarks record beside each repeat."""
+
+import pytest
+import torch
+
+from accel.bench.machine import fp32_gflops, read_bandwidth_gbs
+
+
+def test_probes_are_positive_rates_and_leave_the_thread_count_alone():
+    was = torch.get_num_threads()
+    assert read_bandwidth_gbs(1, megabytes=4, reads=2) > 0
+    assert fp32_gflops(1, size=32, calls=2, passes=1) > 0
+    assert torch.get_num_threads() == was
+
+
+@pytest.mark.parametrize("kw", [{"threads": 0}, {"threads": 1, "megabytes": 0}, {"threads": 1, "reads": 0}])
+def test_read_bandwidth_rejects_bad_arguments(kw):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        read_bandwidth_gbs(**kw)
+
+
+@pytest.mark.parametrize("kw", [{"threads": 0}, {"threads": 1, "size": 0}, {"threads": 1, "calls": 0},
+                                {"threads": 1, "passes": 0}])
+def test_fp32_gflops_rejects_bad_arguments(kw):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        fp32_gflops(**kw)
