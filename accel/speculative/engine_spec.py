@@ -40,8 +40,10 @@ log = logging.getLogger("accel.engine")
 # what one-token guesses are assumed to accept until they have been verified GUESS_PRIOR_WEIGHT times
 GUESS_PRIOR_ACCEPTANCE, GUESS_PRIOR_WEIGHT = 0.2, 10.0
 # a free row is taken where guesses accept this many times its measured cost, not just at break-even: INT8 without
-# VNNI (2nd row 0.20 of a step, guesses right 25%) measured n-gram 1.38x with guesses against 1.43x without
-GUESS_PAYBACK = 2.0
+# VNNI (2nd row 0.20 of a step, guesses right 25%) measured n-gram 1.38x with guesses against 1.43x without. fp32 on
+# Zen 4 with a fast memory stream (2nd row ~0.09, guesses right 26%), paired: 2x guessed 10-223 times a repeat and
+# 1.5x 209-271, n-gram 1.888x against 1.903x (4 of 4 repeats 1.002-1.017x); 1x gained no more
+GUESS_PAYBACK = 1.5
 # where guesses do not pay, the free row still comes back once this many steps passed without a 2-row step (and
 # until one runs): the measured cost stays current (a 2nd row that got cheaper would otherwise never be measured)
 GUESS_REFRESH_STEPS = 128
