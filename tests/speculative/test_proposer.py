@@ -264,7 +264,13 @@ def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept(
         int8.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
         int8.cost.observe(0.0, 0, 0.012, rows=2, decode_rows=1, decode_only=True)
     int8.guesses.observe(100, 25)
-    assert not int8._free_row(1)  # a 0.2 row for guesses right 25% of the time: a guess must return twice its cost
+    assert not int8._free_row(1)  # a 0.2 row for guesses right 25% of the time: a guess must return 1.5x its cost
+    fast = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
+    for _ in range(5):  # fp32 under a fast memory stream: the 2nd row costs 0.12 of a step
+        fast.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
+        fast.cost.observe(0.0, 0, 0.0112, rows=2, decode_rows=1, decode_only=True)
+    fast.guesses.observe(100, 23)
+    assert fast._free_row(1)  # (23 + 2) / 110 = 0.227 > 1.5 x 0.12 (not 2 x 0.12)
 
 
 def test_slow_first_two_row_steps_do_not_stop_guesses_for_good():
