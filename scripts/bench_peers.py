@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accel.bench.machine import fp32_gflops, read_bandwidth_gbs
+from accel.bench.machine import core_to_core_ns, fp32_gflops, read_bandwidth_gbs
 from accel.bench.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -365,7 +365,7 @@ def main() -> None:
     bin_dir = llama_bin()
     ggufs = make_ggufs(bin_dir, pairs)
     rows: list[Row] = []
-    probes, gflops = [read_bandwidth_gbs(a.threads)], [fp32_gflops(a.threads)]
+    probes, gflops, core_ns = [read_bandwidth_gbs(a.threads)], [fp32_gflops(a.threads)], [core_to_core_ns()]
     extra: dict[str, str] = {}
     global LLAMA_REPACK
     LLAMA_REPACK = all(llama_repack_works(bin_dir, g, a.threads) for g in set(ggufs.values()))
@@ -385,6 +385,7 @@ def main() -> None:
                 if pair == "int8":
                     probes.append(read_bandwidth_gbs(a.threads))
                     gflops.append(fp32_gflops(a.threads))
+                    core_ns.append(core_to_core_ns())
                     roof.peer.append(probes[-1] / gb)
                 row.accel.append(accel_decode(engine))
                 row.peer.append(llama_decode(bin_dir, ggufs[gguf_type(pair)], a.threads))
@@ -397,6 +398,8 @@ def main() -> None:
             del engine
     extra["read bandwidth"] = f"{spread(probes)} GB/s (256 MB reads, {a.threads} threads)"
     extra["fp32 compute"] = f"{spread(gflops)} GFLOPS (384 x 384 matmuls, {a.threads} threads)"
+    if None not in core_ns:
+        extra["core to core"] = f"{spread(core_ns)} ns (~30: the threads' cores share a CCD; ~165: two CCDs)"
 
     if "http" in sections:
         requests = build_requests(HTTP_WORKLOAD)  # text prompts: the same for all three, templated by each

@@ -141,7 +141,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from accel.bench.machine import fp32_gflops, read_bandwidth_gbs
+    from accel.bench.machine import core_to_core_ns, fp32_gflops, read_bandwidth_gbs
     from accel.draft_training.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.models import resolve_model
     from accel.runtime.engine import Engine, EngineConfig
@@ -218,6 +218,7 @@ def main() -> None:
                 raw = {}
                 # the machine's state this repeat ran in
                 read_gbs, gflops = read_bandwidth_gbs(torch.get_num_threads()), fp32_gflops(torch.get_num_threads())
+                core_ns = core_to_core_ns()
                 order = methods[rep % len(methods):] + methods[:rep % len(methods)]
                 for method in order:
                     engine, proposer = engines[method], proposers[method]
@@ -234,7 +235,8 @@ def main() -> None:
                     outs, secs, steps, first_s = raw[method]
                     row = {"batch": batch, "set": set_name, "method": method, "repeat": rep,
                            "tokens": sum(len(o) for o in outs), "seconds": secs, "steps": steps,
-                           "first_token_seconds": first_s, "read_gbs": read_gbs, "gflops": gflops}
+                           "first_token_seconds": first_s, "read_gbs": read_gbs, "gflops": gflops,
+                           "core_ns": core_ns}
                     row["tokens_per_s"] = row["tokens"] / secs
                     # after each request's first token: what speculation can speed up (1 / TPOT)
                     row["decode_tokens_per_s"] = (row["tokens"] - len(outs)) / max(secs - first_s, 1e-9)
@@ -274,8 +276,9 @@ def main() -> None:
                                decode_speedup=statistics.median(decode), decode_speedup_min=decode[0],
                                decode_speedup_max=decode[-1])
                 row["tokens_per_s_all"] = [r["tokens_per_s"] for r in reps[method]]
-                for key in ("read_gbs", "gflops"):
-                    row[key] = statistics.median(r[key] for r in reps[method])
+                for key in ("read_gbs", "gflops", "core_ns"):
+                    known = [r[key] for r in reps[method] if r[key] is not None]
+                    row[key] = statistics.median(known) if known else None
                     row[key + "_all"] = [r[key] for r in reps[method]]
                 results.append(row)
                 _print(row)
@@ -377,7 +380,7 @@ def _print(row: dict, prefix: str = "") -> None:
           f"{f('mean_acceptance_length', '.2f')}  draft len {f('mean_draft_len', '.2f')}  cost "
           f"{f('cost_ratio', '.3f')} (engine {f('engine_cost_ratio', '.3f')})  Leviathan {f('predicted_speedup', '.2f')}x  "
           f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})  memory {f('read_gbs', '.1f')} GB/s"
-          f"  compute {f('gflops', '.0f')} GFLOPS"
+          f"  compute {f('gflops', '.0f')} GFLOPS  cores {f('core_ns', '.0f')} ns apart"
           + "".join(f"  [{src}: {d['num_draft_tokens']} drafted, acceptance {d['acceptance_rate'] or 0:.3f}]"
                     for src, d in (row.get("per_source") or {}).items()), flush=True)
 

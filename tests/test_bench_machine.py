@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from accel.bench.machine import fp32_gflops, read_bandwidth_gbs
+from accel.bench.machine import core_to_core_ns, fp32_gflops, read_bandwidth_gbs
 
 
 def test_probes_are_positive_rates_and_leave_the_thread_count_alone():
@@ -24,3 +24,13 @@ def test_read_bandwidth_rejects_bad_arguments(kw):
 def test_fp32_gflops_rejects_bad_arguments(kw):
     with pytest.raises(ValueError, match="must be >= 1"):
         fp32_gflops(**kw)
+
+
+def test_core_to_core_latency_is_positive_or_unknown():
+    ns = core_to_core_ns(rounds=200)
+    assert ns is None or ns > 0
+
+
+def test_core_to_core_rejects_bad_rounds():
+    with pytest.raises(ValueError, match="must be >= 1"):
+        core_to_core_ns(rounds=0)

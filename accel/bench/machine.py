@@ -1,10 +1,12 @@
-"""What the machine gives a measurement right now: read bandwidth and fp32 compute, probed beside each repeat.
+"""What the machine gives a measurement right now: read bandwidth, fp32 compute and core-to-core latency, probed
+beside each repeat.
 
 A batch-1 decode step streams its weights and writes next to nothing, so a read stream (not a copy) bounds it;
 a verify step of many rows, or a prefill, is bound by fp32 arithmetic instead. On shared VMs both move between
-runs, and not together: a 2-core Zen 4 flips within a minute between ~37 and ~55-67 GB/s, the fast stream with
-less arithmetic (fp32 matmuls: median ~176 against ~193 GFLOPS). A ratio that mixes both kinds of step
-(speculation: 1-row against 16-row steps) moves with the state, so benchmarks record both beside each repeat."""
+runs. A 2-core Zen 4 VM flips within a minute between its two vCPUs on one CCD (~30 ns core to core, ~37 GB/s:
+the CCD's one link to memory) and on two (~165 ns, ~55-67 GB/s: a link each), the latter with less arithmetic
+(fp32 matmuls: median ~176 against ~193 GFLOPS) and dearer exchanges between threads. A ratio that mixes kinds of
+step (speculation: 1-row against 16-row steps) moves with the placement, so benchmarks record all three."""
 
 from __future__ import annotations
 
@@ -60,3 +62,18 @@ def fp32_gflops(threads: int, size: int = 384, calls: int = 200, passes: int = 3
         return best
     finally:
         torch.set_num_threads(was)
+
+
+
+def core_to_core_ns(rounds: int = 20000) -> float | None:
+    """ns per one-way pass of a cache line between two threads (median of 3 runs of `rounds`); None without accel's
+    kernels or a second thread."""
+    import statistics
+
+    from accel.quant import cpu_kernels
+
+    _check(rounds=rounds)
+    if not cpu_kernels.available():
+        return None
+    runs = [cpu_kernels.core_to_core_ns(rounds) for _ in range(3)]
+    return statistics.median(runs) if all(runs) else None

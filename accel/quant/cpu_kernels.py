@@ -182,6 +182,17 @@ def f32_avx512(on: bool) -> bool:
     return _module().f32_avx512(on)
 
 
+def core_to_core_ns(rounds: int) -> float:
+    """ns per one-way pass of a cache line between two threads (0 where only one runs); see the C++ comment."""
+    return _module().core_to_core_ns(rounds)
+
+
+def team_chunks(n: int, threads: int, late: int, late_us: int) -> Tensor:
+    """Which thread of a one-call decode step's team ran each of `n` chunks ([n] long), where thread `late` starts
+    `late_us` microseconds after the others: the kernels' work split, exposed for its tests."""
+    return _module().team_chunks(n, threads, late, late_us)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """fp32 RMSNorm over the last dim (HF's math in fp32). Call only when `available()`."""
     return _module().rms_norm(x, weight, eps)

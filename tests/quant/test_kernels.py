@@ -628,3 +628,19 @@ def test_argmax_rows_is_torch_argmax_with_ties_nan_and_infinities(n):
     assert torch.equal(cpu_kernels.argmax_rows(x), x.argmax(dim=-1))
     strided = x.t().contiguous().t()  # the same values, column-major
     assert torch.equal(cpu_kernels.argmax_rows(strided), x.argmax(dim=-1))
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's CPU kernels are not built here")
+@pytest.mark.parametrize("n", [1, 2, 5, 64])
+def test_team_chunks_run_once_each(n):
+    who = cpu_kernels.team_chunks(n, 2, -1, 0)  # the hook itself fails on a chunk run twice
+    assert ((who == 0) | (who == 1)).all()
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's CPU kernels are not built here")
+@pytest.mark.parametrize("late", [0, 1])
+def test_team_chunks_of_a_late_thread_are_taken_by_the_others(late):
+    # the late thread's 32 chunks of 50 us each are taken from their back while it sleeps 20 ms: it finds none
+    who = cpu_kernels.team_chunks(64, 2, late, 20_000)
+    assert (who >= 0).all()
+    assert (who == late).sum() <= 1

@@ -8,6 +8,9 @@
 #include <cstring>
 #include <climits>
 #include <linux/futex.h>
+#include <chrono>
+#include <memory>
+#include <thread>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <vector>
@@ -29,12 +32,21 @@ static inline float hsum256(__m256 v) {
 constexpr int64_t PF_ROWS_I8 = 16, PF_ROWS_I4 = 8;
 
 // The threads of one-call decode step (`decode_layers`): every thread runs the whole step, each Linear's chunks
-// are taken from one shared ticket counter, and a barrier ends each phase. Why not a parallel region per
+// are split among them (`parallel_chunks`), and a barrier ends each phase. Why not a parallel region per
 // kernel: at batch 1 a step has ~180 of them, and their fork/join on OpenMP's pool left the second thread idle
 // (spinning in libgomp) ~38% of the step (perf, SmolLM2 INT8 on 2 cores).
 struct Team {
+  // A phase's chunks: thread t owns the contiguous range [t * c / n, (t + 1) * c / n), taken from the front by
+  // itself and from the back by threads that finished their own. Each slot packs (phase, front, back): any thread
+  // that finds it holding an earlier phase sets this phase's range first, so a preempted owner's chunks are still
+  // taken. Slots are created by the thread that starts the team (`reserve`).
+  struct alignas(64) Range {
+    std::atomic<uint64_t> v{0};
+  };
+  std::unique_ptr<Range[]> ranges;
+  void reserve(int threads) { ranges.reset(new Range[threads]); }
+
   int n = 1;
-  alignas(64) std::atomic<int64_t> next{0};  // tickets: a phase of c chunks consumes c + n (each thread overshoots once)
   alignas(64) std::atomic<int> arrived{0};
   alignas(64) std::atomic<int> gen{0};
   alignas(64) std::atomic<int> sleepers{0};
@@ -69,9 +81,30 @@ struct Team {
 struct TeamSlot {
   Team* team = nullptr;
   int rank = 0;
-  int64_t base = 0;  // this thread's view of `next` at the start of the current phase
+  uint64_t phase = 0;  // parallel_chunks calls so far: every thread of the team makes the same calls
 };
 static thread_local TeamSlot tl_team;
+
+// step(rank, n) on a team of up to `threads` threads (in this thread alone where there is one, or inside another
+// parallel region).
+template <typename F>
+static void run_team(int threads, const F& step) {
+  if (threads <= 1 || at::in_parallel_region()) {
+    step(0, 1);
+    return;
+  }
+  Team team;
+  team.reserve(threads);
+#pragma omp parallel num_threads(threads)
+  {
+    const int rank = omp_get_thread_num(), n = omp_get_num_threads();
+    if (rank == 0) team.n = n;
+#pragma omp barrier
+    tl_team = TeamSlot{n > 1 ? &team : nullptr, rank, 0};
+    step(rank, n);
+    tl_team = TeamSlot{};
+  }
+}
 
 // Threads that split a kernel's work: the team's size inside a team. Every thread of a team must plan the same
 // chunks, and torch's count read from a pool thread can differ from the one the team was started with.
@@ -79,11 +112,16 @@ static int64_t work_threads() {
   return tl_team.team ? tl_team.team->n : std::max<int64_t>(1, at::get_num_threads());
 }
 
-// fn(c) for c in [0, n), the chunks handed out one at a time from a shared counter (as ggml's mul_mat does) rather
-// than split evenly up front. Where the server's event loop or a client shares the cores, a preempted thread then
-// delays only the chunk it holds while the others take the rest; with even splits the whole step waited at the
-// region's end for the preempted thread's slice (batch-1 decode over HTTP ran ~20% below the same engine
-// in-process on 2 cores).
+// fn(c) for c in [0, n), the chunks handed out one at a time rather than split once up front: where the server's
+// event loop or a client shares the cores, a preempted thread then delays only the chunk it holds while the others
+// take the rest; with fixed splits the whole step waited at the region's end for the preempted thread's slice
+// (batch-1 decode over HTTP ran ~20% below the same engine in-process on 2 cores).
+// Inside a team each thread takes its own contiguous range first and then steals from the others' ends
+// (`Team::Range`), instead of every chunk coming from one shared counter (as ggml's mul_mat does). Why: each
+// thread's weight stream then runs on through its chunks, and a claim touches the thread's own cache line. Where
+// a VM puts the 2 vCPUs of a Zen 4 on different CCDs (~165 ns core to core against ~30, each core with its own
+// link to memory: ~64 GB/s against ~37), the shared counter held INT8 batch-1 decode to ~34 GB/s of weights and
+// contiguous ranges reached ~41 (252 -> 300 tok/s, medians of 160 alternated runs); on one CCD +3%.
 // Output rows per chunk of a GEMM with `tile`-row L1 tiles. At decode sizes (M <= 8) a call is a weight stream,
 // and a thread that streams 16-32 KB and then jumps to the next free chunk restarts the hardware prefetcher each
 // time: the read stream ran at ~25 GB/s in 16 KB chunks and ~33 in 128-256 KB ones (2 cores, 134 MB of INT8
@@ -118,13 +156,33 @@ static TileChunks tile_chunks(int64_t M, int64_t tiles, int64_t tile_bytes) {
   return {std::max<int64_t>(1, std::min(pairs, nt * per_thread)), pairs, tiles};
 }
 
+// The next chunk of range slot `s` in phase `ph` (its range [lo, hi) set first if the slot holds an earlier
+// phase): the front one for the owner, the back one for a thief; -1 when none is left. Chunk indices take 24 bits
+// (a call has at most one chunk per 8 output rows).
+static int64_t claim_chunk(std::atomic<uint64_t>& s, uint64_t ph, int64_t lo, int64_t hi, bool owner) {
+  auto pack = [ph](int64_t f, int64_t b) { return ph << 48 | static_cast<uint64_t>(f) << 24 | static_cast<uint64_t>(b); };
+  uint64_t cur = s.load(std::memory_order_acquire);
+  for (;;) {
+    if (cur >> 48 != ph) {
+      if (s.compare_exchange_weak(cur, pack(lo, hi), std::memory_order_acq_rel)) cur = pack(lo, hi);
+      continue;
+    }
+    const int64_t f = (cur >> 24) & 0xFFFFFF, b = cur & 0xFFFFFF;
+    if (f >= b) return -1;
+    if (s.compare_exchange_weak(cur, owner ? pack(f + 1, b) : pack(f, b - 1), std::memory_order_acq_rel))
+      return owner ? f : b - 1;
+  }
+}
+
 template <typename F>
 static void parallel_chunks(int64_t n, const F& fn) {
   if (Team* team = tl_team.team) {  // inside a team: every thread is here; take chunks, then wait for the others
-    for (int64_t c = team->next.fetch_add(1, std::memory_order_relaxed) - tl_team.base; c < n;
-         c = team->next.fetch_add(1, std::memory_order_relaxed) - tl_team.base)
-      fn(c);
-    tl_team.base += n + team->n;
+    const int nt = team->n, r = tl_team.rank;
+    const uint64_t ph = tl_team.phase++ % 0xFFFF + 1;  // 16 bits, never 0 (a new slot's)
+    for (int k = 0; k < nt; ++k) {
+      const int t = (r + k) % nt;
+      for (int64_t c; (c = claim_chunk(team->ranges[t].v, ph, t * n / nt, (t + 1) * n / nt, k == 0)) >= 0;) fn(c);
+    }
     team->barrier();
     return;
   }
@@ -2412,7 +2470,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
   const int64_t PRIV = 2 * T * Hd + T * I;  // per thread: residual, normed input, SwiGLU output
   const int nt = std::max(1, at::get_num_threads());
   std::vector<float> priv(static_cast<size_t>(nt) * PRIV);
-  Team team;
 
   auto step = [&](int rank, int n) {
     float* res = priv.data() + rank * PRIV;
@@ -2433,10 +2490,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
           std::memcpy(vc[l] + slp[t] * W, qp + t * QKV + (H + KVH) * D, W * sizeof(float));
         }
       }
-      if (n > 1) team.barrier();
+      if (n > 1) tl_team.team->barrier();
       for (int64_t t = rank; t < static_cast<int64_t>(ap.lists.size()); t += n)
         run_attention(ap, t, qp, QKV, kc[l], vc[l], static_cast<float>(scale), ap_out);
-      if (n > 1) team.barrier();
+      if (n > 1) tl_team.team->barrier();
       run_linear(ly.lin[1], ap_out, T, H * D, yp);
       rms_rows(yp, res, ly.norm2.data_ptr<float>(), h, T, Hd, eps, true);
       run_linear(ly.lin[2], h, T, Hd, gp);
@@ -2449,27 +2506,60 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
         std::memcpy(head_in.data_ptr<float>() + r * Hd, op + lrp[r] * Hd, Hd * sizeof(float));
     }
     if (R) {
-      if (n > 1) team.barrier();
+      if (n > 1) tl_team.team->barrier();
       run_linear(dw.head, head_in.data_ptr<float>(), R, Hd, logits.data_ptr<float>());  // ends in a barrier
       for (int64_t r = rank; r < R; r += n)  // while the rows are in cache (the sampler's greedy tokens)
         amax.data_ptr<int64_t>()[r] = argmax_row(logits.data_ptr<float>() + r * dw.head.N, dw.head.N);
     }
   };
 
-  if (nt == 1 || at::in_parallel_region()) {
-    step(0, 1);
-    return {out, logits, amax};
-  }
-#pragma omp parallel num_threads(nt)
-  {
-    const int rank = omp_get_thread_num(), n = omp_get_num_threads();
-    if (rank == 0) team.n = n;
-#pragma omp barrier
-    tl_team = TeamSlot{n > 1 ? &team : nullptr, rank, 0};
-    step(rank, n);
-    tl_team = TeamSlot{};
-  }
+  run_team(nt, step);
   return {out, logits, amax};
+}
+
+// Test hook: which thread ran each of n chunks of one parallel_chunks call in a team of `threads`, where thread
+// `late` starts `late_us` microseconds after the others (a preempted thread: its range is taken by the others).
+torch::Tensor team_chunks(int64_t n, int64_t threads, int64_t late, int64_t late_us) {
+  auto who = torch::full({n}, -1, torch::kLong);
+  int64_t* w = who.data_ptr<int64_t>();
+  std::vector<std::atomic<int>> runs(n);
+  run_team(static_cast<int>(threads), [&](int rank, int) {
+    if (rank == late) std::this_thread::sleep_for(std::chrono::microseconds(late_us));
+    parallel_chunks(n, [&](int64_t c) {
+      runs[c].fetch_add(1);
+      w[c] = rank;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));  // the work of a chunk
+    });
+  });
+  for (int64_t c = 0; c < n; ++c) TORCH_CHECK(runs[c].load() == 1, "chunk ", c, " ran ", runs[c].load(), " times");
+  return who;
+}
+
+// ---- machine probe ------------------------------------------------------------------------------------------
+// Two threads pass a counter back and forth through one cache line `rounds` times: ns per one-way pass (0 with one
+// thread). Where a VM's vCPUs share a CCD this is ~30 ns, on two CCDs ~165: then each core has its own link to
+// memory (about twice the read bandwidth) and every exchange between threads costs more (accel.bench.machine).
+double core_to_core_ns(int64_t rounds) {
+  TORCH_CHECK(rounds >= 1, "rounds must be >= 1, got ", rounds);
+  alignas(64) std::atomic<int64_t> flag{0};
+  double ns = 0;
+#pragma omp parallel num_threads(2)
+  if (omp_get_num_threads() == 2) {
+    const int rank = omp_get_thread_num();
+#pragma omp barrier
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < rounds; ++i) {
+      if (rank == 0) {
+        flag.store(2 * i + 1, std::memory_order_release);
+        while (flag.load(std::memory_order_acquire) != 2 * i + 2) {}
+      } else {
+        while (flag.load(std::memory_order_acquire) != 2 * i + 1) {}
+        flag.store(2 * i + 2, std::memory_order_release);
+      }
+    }
+    if (rank == 0) ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / (2 * rounds);
+  }
+  return ns;
 }
 
 // ---- weights in 2 MB pages ----------------------------------------------------------------------------------
@@ -2520,6 +2610,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear_vnni", &int8_linear_vnni, "int8_linear with q in the VNNI tile layout", py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear", &int8_linear, "y = (x @ q^T) * scale; x fp32 [M, K], q int8 [N, K], scale fp32 [N]", py::call_guard<py::gil_scoped_release>());
   m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * sm[n, g, 0] + sm[n, g, 1])", py::call_guard<py::gil_scoped_release>());
+  m.def("core_to_core_ns", &core_to_core_ns, "ns per one-way pass of a cache line between two threads", py::call_guard<py::gil_scoped_release>());
+  m.def("team_chunks", &team_chunks, "test hook: the thread that ran each chunk, one thread started late");
   m.def("argmax_rows", &argmax_rows, "each fp32 row's argmax, as torch.argmax");
   m.def("has_vnni", []() { return HAS_VNNI; }, "whether the AVX512-VNNI kernels (and the prefill GEMM) run here");
   m.def("int4_dequant", &int4_dequant, "w[n0:n1] = q * sm[n, g, 0] + sm[n, g, 1] in fp32", py::call_guard<py::gil_scoped_release>());
