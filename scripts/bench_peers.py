@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accel.bench.machine import core_to_core_ns, fp32_gflops, read_bandwidth_gbs
+from accel.bench.machine import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
 from accel.bench.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -366,6 +366,7 @@ def main() -> None:
     ggufs = make_ggufs(bin_dir, pairs)
     rows: list[Row] = []
     probes, gflops, core_ns = [read_bandwidth_gbs(a.threads)], [fp32_gflops(a.threads)], [core_to_core_ns()]
+    placements: list[str] = []  # per INT8 repeat, from the core-to-core latency before and after it
     extra: dict[str, str] = {}
     global LLAMA_REPACK
     LLAMA_REPACK = all(llama_repack_works(bin_dir, g, a.threads) for g in set(ggufs.values()))
@@ -388,6 +389,8 @@ def main() -> None:
                     core_ns.append(core_to_core_ns())
                     roof.peer.append(probes[-1] / gb)
                 row.accel.append(accel_decode(engine))
+                if pair == "int8":
+                    placements.append(placement(core_ns[-1], core_to_core_ns()))
                 row.peer.append(llama_decode(bin_dir, ggufs[gguf_type(pair)], a.threads))
             roof.accel = list(row.accel)
             rows += [row, roof] if roof.peer else [row]
@@ -395,6 +398,9 @@ def main() -> None:
             if roof.peer:
                 print(render_table([roof]).splitlines()[-1], flush=True)
                 extra["int8 roofline"] = f"{gb * 1e3:.0f} MB of weights per token at each repeat's probe"
+                by = {p: [r for r, q in zip(roof.ratios(), placements) if q == p] for p in PLACEMENTS}
+                extra["int8 roofline by placement"] = "; ".join(
+                    f"{p}: {ratio_spread(v)} ({len(v)})" for p, v in by.items() if v)
             del engine
     extra["read bandwidth"] = f"{spread(probes)} GB/s (256 MB reads, {a.threads} threads)"
     extra["fp32 compute"] = f"{spread(gflops)} GFLOPS (384 x 384 matmuls, {a.threads} threads)"

@@ -141,7 +141,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from accel.bench.machine import core_to_core_ns, fp32_gflops, read_bandwidth_gbs
+    from accel.bench.machine import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
     from accel.draft_training.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.models import resolve_model
     from accel.runtime.engine import Engine, EngineConfig
@@ -230,13 +230,14 @@ def main() -> None:
                         raw[method] = run(engine, prompts, params, batch, set_name)
                 if args.interleave_steps:
                     raw = run_interleaved({m: engines[m] for m in order}, prompts, params, batch, set_name)
+                where = placement(core_ns, core_to_core_ns())
                 for method in methods:  # off first: the others' ratios need its numbers
                     engine, proposer = engines[method], proposers[method]
                     outs, secs, steps, first_s = raw[method]
                     row = {"batch": batch, "set": set_name, "method": method, "repeat": rep,
                            "tokens": sum(len(o) for o in outs), "seconds": secs, "steps": steps,
                            "first_token_seconds": first_s, "read_gbs": read_gbs, "gflops": gflops,
-                           "core_ns": core_ns}
+                           "core_ns": core_ns, "placement": where}
                     row["tokens_per_s"] = row["tokens"] / secs
                     # after each request's first token: what speculation can speed up (1 / TPOT)
                     row["decode_tokens_per_s"] = (row["tokens"] - len(outs)) / max(secs - first_s, 1e-9)
@@ -280,6 +281,9 @@ def main() -> None:
                     known = [r[key] for r in reps[method] if r[key] is not None]
                     row[key] = statistics.median(known) if known else None
                     row[key + "_all"] = [r[key] for r in reps[method]]
+                wheres = [r["placement"] for r in reps[method]]
+                row["placement"] = ", ".join(f"{wheres.count(w)} {w}" for w in PLACEMENTS if w in wheres)
+                row["placement_all"] = wheres
                 results.append(row)
                 _print(row)
             engines = proposers = None
@@ -380,7 +384,7 @@ def _print(row: dict, prefix: str = "") -> None:
           f"{f('mean_acceptance_length', '.2f')}  draft len {f('mean_draft_len', '.2f')}  cost "
           f"{f('cost_ratio', '.3f')} (engine {f('engine_cost_ratio', '.3f')})  Leviathan {f('predicted_speedup', '.2f')}x  "
           f"identical={row['greedy_identical']} ({row.get('num_identical', '-')})  memory {f('read_gbs', '.1f')} GB/s"
-          f"  compute {f('gflops', '.0f')} GFLOPS  cores {f('core_ns', '.0f')} ns apart"
+          f"  compute {f('gflops', '.0f')} GFLOPS  cores {f('core_ns', '.0f')} ns apart ({row.get('placement', '-')})"
           + "".join(f"  [{src}: {d['num_draft_tokens']} drafted, acceptance {d['acceptance_rate'] or 0:.3f}]"
                     for src, d in (row.get("per_source") or {}).items()), flush=True)
 

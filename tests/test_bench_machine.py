@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from accel.bench.machine import core_to_core_ns, fp32_gflops, read_bandwidth_gbs
+from accel.bench.machine import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
 
 
 def test_probes_are_positive_rates_and_leave_the_thread_count_alone():
@@ -34,3 +34,11 @@ def test_core_to_core_latency_is_positive_or_unknown():
 def test_core_to_core_rejects_bad_rounds():
     with pytest.raises(ValueError, match="must be >= 1"):
         core_to_core_ns(rounds=0)
+
+
+@pytest.mark.parametrize("before, after, where", [(30.0, 41.0, "one CCD"), (165.0, 170.0, "two CCDs"),
+                                                  (30.0, 165.0, "changed"), (170.0, 28.0, "changed"),
+                                                  (None, 30.0, "unknown")])
+def test_placement_of_a_repeat_from_the_core_latency_around_it(before, after, where):
+    assert placement(before, after) == where
+    assert where in PLACEMENTS

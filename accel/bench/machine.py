@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+PLACEMENTS = ("one CCD", "two CCDs", "changed", "unknown")
+
 
 def _check(**values: int) -> None:
     bad = {k: v for k, v in values.items() if v < 1}
@@ -77,3 +79,12 @@ def core_to_core_ns(rounds: int = 20000) -> float | None:
         return None
     runs = [cpu_kernels.core_to_core_ns(rounds) for _ in range(3)]
     return statistics.median(runs) if all(runs) else None
+
+
+def placement(before_ns: float | None, after_ns: float | None) -> str:
+    """Where a measurement's two threads ran, from the core-to-core latency probed before and after it: one CCD
+    (~30 ns), two CCDs (~165 ns: a memory link per core, ~twice the bandwidth), or changed during it."""
+    if before_ns is None or after_ns is None:
+        return "unknown"
+    far = [ns > 100 for ns in (before_ns, after_ns)]
+    return "changed" if far[0] != far[1] else "two CCDs" if far[0] else "one CCD"
