@@ -176,10 +176,26 @@ def f32_linear(x: Tensor, w: Tensor) -> Tensor:
     return _module().f32_linear(x, w)
 
 
-def f32_avx512(on: bool) -> bool:
-    """Use the AVX-512 fp32 kernels where the CPU has them (the default); returns the previous setting. Both paths
-    give the same bits, which the tests check by running each."""
-    return _module().f32_avx512(on)
+PANEL = 48  # outputs per fp32 panel (csrc: PANEL)
+
+
+def has_avx512() -> bool:
+    """Whether the fp32 panel kernels run here (AVX-512F)."""
+    return available() and _module().has_avx512()
+
+
+def f32_panels(w: Tensor) -> Tensor:
+    """An fp32 weight [N, K] as panels [ceil(N / 48), K, 48] (for each k, 48 consecutive outputs; N zero-padded)."""
+    n, k = w.shape
+    t = -(-n // PANEL)
+    padded = torch.zeros(t * PANEL, k, dtype=torch.float32)
+    padded[:n] = w
+    return padded.view(t, PANEL, k).transpose(1, 2).contiguous()
+
+
+def f32_panel_linear(x: Tensor, panels: Tensor, out_features: int) -> Tensor:
+    """x [M, K] @ w^T with w as `f32_panels` (any M). Call only where `has_avx512()`."""
+    return _module().f32_panel_linear(x, panels, out_features)
 
 
 def core_to_core_ns(rounds: int) -> float:

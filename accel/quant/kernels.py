@@ -481,12 +481,15 @@ class Int4WeightOnlyLinear(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """An fp32 nn.Linear whose weight is reordered once into oneDNN's blocked layout (CPU inference only).
+    """An fp32 nn.Linear whose weight is laid out once for the CPU kernels (inference only).
 
-    Why: on a 2-core AMD EPYC (AVX2) torch's default fp32 GEMM (MKL) runs these skinny shapes at 15-45
-    GFLOPS; oneDNN with a pre-reordered weight reaches 40-90 GFLOPS at 16-64 rows and is ~2x faster on the
-    49152 x 576 lm_head (scripts/bench_kernels.py). The reordered weight is opaque, so this module is built by
-    `pack_float_linears` for the runtime only and has no state_dict of its own besides the bias.
+    AVX-512: fp32 panels (`cpu_kernels.f32_panels`) for every row count; they run prefill sizes level with or above
+    oneDNN and stream decode and verify rows faster than the plain layout. AVX2: the plain weight for accel's
+    kernel up to AVX2_MAX_ROWS rows (~1.4-1.7x oneDNN's speed where decode is memory-bound), oneDNN on the same
+    weight above. Without accel's kernels: oneDNN's reordered weight (on a 2-core AVX2 EPYC torch's default MKL
+    GEMM ran these skinny shapes at 15-45 GFLOPS, oneDNN at 40-90, ~2x on the 49152 x 576 lm_head). The packed
+    weight is opaque, so this module is built by `pack_float_linears` for the runtime only and has no state_dict
+    of its own besides the bias.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -495,10 +498,11 @@ class PackedLinear(nn.Module):
         if w.dtype != torch.float32 or w.device.type != "cpu":
             raise ValueError(f"PackedLinear takes an fp32 CPU weight; got {w.dtype} on {w.device}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.avx2 = cpu_kernels.available() and self.in_features % 8 == 0
-        if self.avx2:
-            # accel's AVX2 kernel streams the plain weight ~1.4-1.7x faster than oneDNN at <= AVX2_MAX_ROWS rows
-            # (memory-bound decode); oneDNN takes the same plain weight above that (one copy in memory)
+        self.panels = cpu_kernels.has_avx512()
+        self.avx2 = not self.panels and cpu_kernels.available() and self.in_features % 8 == 0
+        if self.panels:
+            self.packed = cpu_kernels.f32_panels(w)
+        elif self.avx2:
             self.packed = w.contiguous()
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)  # opaque mkldnn tensor
@@ -510,8 +514,9 @@ class PackedLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32:
             x2 = x2.float()
-        if self.avx2 and x2.shape[0] <= self.AVX2_MAX_ROWS:
-            y = cpu_kernels.f32_linear(x2, self.packed)
+        if self.panels or (self.avx2 and x2.shape[0] <= self.AVX2_MAX_ROWS):
+            y = (cpu_kernels.f32_panel_linear(x2, self.packed, self.out_features) if self.panels
+                 else cpu_kernels.f32_linear(x2, self.packed))
             if self.bias is not None:
                 y = y + self.bias
         else:

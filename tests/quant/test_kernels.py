@@ -475,8 +475,8 @@ def test_int4_from_compressed_tensors_matches_the_library_packing():
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 13, 70, 97])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
-    # <= AVX2_MAX_ROWS (96) rows go through accel's AVX2 fp32 kernel (4 x 3 register tiles with 1-3 leftover rows
-    # and 200 % 3 leftover weight rows), more through oneDNN
+    # AVX-512: fp32 panels at every row count (200 = 4 x 48 + 8: a partial last panel); AVX2: <= AVX2_MAX_ROWS (96)
+    # rows through accel's AVX2 fp32 kernel (4 x 3 register tiles with leftovers), more through oneDNN
     from accel.quant.kernels import PackedLinear, packed_linear_available
 
     if not packed_linear_available():
@@ -491,24 +491,30 @@ def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
 @pytest.mark.parametrize("k", [96, 104])
-@pytest.mark.parametrize("avx512", [True, False])
-def test_f32_kernel_rows_do_not_depend_on_how_many_share_the_call(k, avx512):
-    # speculation's exactness and batch invariance: a row's result must not change with the rows verified next to it,
-    # nor with the instruction set (AVX2 and AVX-512 kernels give the same bits; where AVX-512 is missing both runs
-    # take the AVX2 path)
+def test_f32_kernel_rows_do_not_depend_on_how_many_share_the_call(k):
+    # speculation's exactness and batch invariance: a row's result must not change with the rows verified next to it
     torch.manual_seed(k)
     w, x = torch.randn(203, k), torch.randn(23, k)
-    was = cpu_kernels.f32_avx512(False)
-    try:
-        reference = cpu_kernels.f32_linear(x, w)
-        cpu_kernels.f32_avx512(avx512)
-        full = cpu_kernels.f32_linear(x, w)
-        for m in range(1, 23):
-            assert torch.equal(cpu_kernels.f32_linear(x[:m], w), full[:m]), m
-            assert torch.equal(cpu_kernels.f32_linear(x[m:m + 1], w), full[m:m + 1]), m
-    finally:
-        cpu_kernels.f32_avx512(was)
-    assert torch.equal(full, reference)
+    full = cpu_kernels.f32_linear(x, w)
+    for m in range(1, 23):
+        assert torch.equal(cpu_kernels.f32_linear(x[:m], w), full[:m]), m
+        assert torch.equal(cpu_kernels.f32_linear(x[m:m + 1], w), full[m:m + 1]), m
+    torch.testing.assert_close(full, x @ w.T, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_kernels.has_avx512(), reason="the fp32 panel kernels need AVX-512")
+@pytest.mark.parametrize("n,k", [(203, 96), (96, 37), (48, 1)])
+def test_f32_panel_rows_do_not_depend_on_how_many_share_the_call(n, k):
+    # the same invariance for the panel layout, through a whole last panel and a partial one (203 = 4 x 48 + 11),
+    # up to prefill sizes (groups of 8 rows, 3 of 17, 9 of 70)
+    torch.manual_seed(n + k)
+    w, x = torch.randn(n, k), torch.randn(70, k)
+    panels = cpu_kernels.f32_panels(w)
+    assert panels.shape == (-(-n // 48), k, 48)
+    full = cpu_kernels.f32_panel_linear(x, panels, n)
+    for m in [1, 2, 3, 5, 8, 9, 16, 17, 33]:
+        assert torch.equal(cpu_kernels.f32_panel_linear(x[:m], panels, n), full[:m]), m
+        assert torch.equal(cpu_kernels.f32_panel_linear(x[m:m + 1], panels, n), full[m:m + 1]), m
     torch.testing.assert_close(full, x @ w.T, atol=1e-4, rtol=1e-4)
 
 

@@ -215,14 +215,18 @@ def test_training_lowers_the_loss_and_measures_agreement(tiny_model_dir, ce_frac
     embed = target.get_input_embeddings().weight.detach()
     m = EagleTrainer(target.config, rows, target.model.norm.weight.detach())
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    # decayed to 0: at a constant 1e-2 the last iterate's agreement swung 0.0-0.8 with the seed and the features'
+    # last bits; decayed, 0.54-0.85 over 4 seeds and both ce fractions
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - i / 200)
     first = None
-    for _ in range(150):
+    for _ in range(200):
         reg, ce = eagle_loss(m, samples, embed, 0.1, ce_fraction=ce_fraction)
         loss = reg + 0.1 * ce
         first = first if first is not None else float(loss.detach())
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
     assert float(loss.detach()) < 0.5 * first
     first_token, second = heldout_agreement(m, samples, embed, vid)
     assert first_token > 0.5 and second > 0.5  # memorised: these replies are the training data

@@ -517,154 +517,84 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
     for (int64_t m = 0; m < M; ++m) y[m * N + n] = dot_row(x + m * K, w + n * K, K);
 }
 
-// AVX-512 (`gemm_rows512`, chosen at run time): on a 2-core Zen 4 the verify rows' arithmetic did not overlap the
-// weight stream. The model's Linears, cold weights, one thread, against one row: the AVX2 kernels took 1.6x at 4
-// rows and 2.4x at 5-8, where the arithmetic alone is ~0.6x / ~1.2x. A zmm holds an even 8-input block in its low half
-// and the odd one in its high half, so one chain per output is dot_row's two chains lane for lane (the same result,
-// bit for bit), and a software prefetch into L2 a few KB ahead keeps the stream going through the arithmetic: 4 rows
-// 0.65-0.70x and 5 rows 0.44-0.52x of the AVX2 kernels' time, 8 rows 0.63x and 16 rows 0.80x with the tiles. One
-// row stays on dot_row: a single stream needs no prefetch (4-16 KB ahead: 1.12-1.24x the time).
+// AVX-512 machines keep fp32 weights in panels ([ceil(N / 48), K, 48]: for each k, 48 consecutive outputs), and a
+// register tile of up to 8 rows x 48 outputs takes one weight load per 8 FMAs with one sequential chain per output
+// (no horizontal sums). Why: the [N, K] dot-product tiles folded 24 zmm chains per tile, and on a 2-core Zen 4 their
+// verify rows' arithmetic did not overlap the weight stream. 60 Linears of 3072 x 576 (424 MB), 2 threads, ms, the
+// [N, K] tiles against panels, vCPUs on two CCDs: 1 row 9.6 / 8.6, 4 rows 10.5 / 8.4, 8 rows 14.7 / 9.6, 16 rows
+// 23.4 / 17.1; on one CCD 12.2 / 12.1, 12.9 / 11.8, 14.6 / 12.0, 21.8 / 17.8. Prefill sizes (32-512 rows) run at
+// 200-227 GFLOPS, level with or above oneDNN's reordered weights (187-224), so panels serve every row count and
+// the weight is held once. A row's result is its sequential k-sum: it does not depend on the rows beside it.
+// Software prefetch (1 KB ahead into L1) cost 1.2-1.3x; k-blocking the 9-16 row tiles lost to whole-K passes.
+constexpr int64_t PANEL = 48, PANEL_ROWS = 8;
+static const bool HAS_AVX512 = __builtin_cpu_supports("avx512f");
+
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512dq")
-static inline float fold512(__m512 v) {
-  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
-// A lone last 8-input block (K % 16 == 8) is even: it goes to the low half only, as in dot_row.
-#define ACCEL_TAIL512(p) _mm512_maskz_loadu_ps(0xFF, p)
-
-// 2-4 activation rows against one weight row. From 3 rows, 8 KB ahead into L2 (T1): 4 rows 0.62-0.69x the time of
-// no software prefetch; 1 KB into L1 0.92-1.06x; 16-64 KB as 8. Two rows leave the stream to the hardware prefetcher,
-// as one row does: whole engine steps of 2 rows (a verify step with one draft token), weights in 2 MB pages, took
-// +0.9-1.3 ms over a 1-row step without the prefetch and +2.3 with it (8 KB T1; 4 KB T1 and 2 KB T0 as bad).
-// Five rows and more take register tiles (`one_block512`, `gemm_rows512`), as on AVX2 (F32_ROW_PASS_MAX); two
-// weight rows per pass gave no gain.
-constexpr int64_t F32_PREFETCH_512 = 8192;
+#pragma GCC target("avx512f")
 template <int MR>
-static inline void dot_rows512(const float* x, int64_t K, const float* w, float* y, int64_t N, const char* lim) {
-  __m512 a[MR];
-  for (int m = 0; m < MR; ++m) a[m] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    const char* pf = reinterpret_cast<const char*>(w + k) + F32_PREFETCH_512;
-    if (MR > 2 && pf < lim) _mm_prefetch(pf, _MM_HINT_T1);  // not past the chunk: the next one may be the other core's
-    const __m512 wv = _mm512_loadu_ps(w + k);
-    for (int m = 0; m < MR; ++m) a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k), wv, a[m]);
-  }
-  if (k < K) {
-    const __m512 wv = ACCEL_TAIL512(w + k);
-    for (int m = 0; m < MR; ++m) a[m] = _mm512_mask3_fmadd_ps(ACCEL_TAIL512(x + m * K + k), wv, a[m], 0xFF);
-  }
-  for (int m = 0; m < MR; ++m) y[m * N] = fold512(a[m]);
-}
-
-// MR activation rows x NR weight rows, one zmm chain each. The next tile goes to L2 spread over this one's steps
-// (8 rows: 0.64x the time of the AVX2 tiles; into L1 as they do: 0.99x).
-template <int MR, int NR>
-static inline void micro512(const float* x, int64_t K, const float* w, float* y, int64_t N, const char* pf,
-                            int64_t pf_lines) {
-  __m512 a[MR][NR];
+static void panel_tile(const float* x, int64_t K, const float* p, float* y, int64_t N, int64_t cols) {
+  __m512 a[MR][3];
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) a[m][r] = _mm512_setzero_ps();
-  const int64_t steps = (K + 15) / 16;
-  int64_t acc = 0, k = 0;
-  for (; k + 16 <= K; k += 16) {
-    for (acc += pf_lines; acc >= steps; acc -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-    __m512 wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_ps(w + r * K + k);
+    for (int g = 0; g < 3; ++g) a[m][g] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* pk = p + k * PANEL;
+    const __m512 w0 = _mm512_loadu_ps(pk), w1 = _mm512_loadu_ps(pk + 16), w2 = _mm512_loadu_ps(pk + 32);
     for (int m = 0; m < MR; ++m) {
-      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
-      for (int r = 0; r < NR; ++r) a[m][r] = _mm512_fmadd_ps(xv, wv[r], a[m][r]);
-    }
-  }
-  if (k < K) {
-    for (acc += pf_lines; acc >= steps; acc -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-    __m512 wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = ACCEL_TAIL512(w + r * K + k);
-    for (int m = 0; m < MR; ++m) {
-      const __m512 xv = ACCEL_TAIL512(x + m * K + k);
-      for (int r = 0; r < NR; ++r) a[m][r] = _mm512_mask3_fmadd_ps(xv, wv[r], a[m][r], 0xFF);
+      const __m512 b = _mm512_set1_ps(x[m * K + k]);
+      a[m][0] = _mm512_fmadd_ps(b, w0, a[m][0]);
+      a[m][1] = _mm512_fmadd_ps(b, w1, a[m][1]);
+      a[m][2] = _mm512_fmadd_ps(b, w2, a[m][2]);
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) y[m * N + r] = fold512(a[m][r]);
-}
-#undef ACCEL_TAIL512
-
-// All MR rows in one register tile against NR weight rows at a time: one pass over the weights, each from DRAM
-// once, where the 4 x 6 tiles for 5-6 rows make a second pass of 1-2 rows (load-bound: 7-8 loads per 6 FMAs).
-// Whole engine verify steps, fp32 SmolLM2, 2 Zen 4 cores, paired in one process (6 of 6 pairs faster): 5 rows
-// 17.5 against 18.1 ms with the row pass, 6 rows 17.1 against 18.6 with the 4 x 6 tiles; 7 rows as 7 x 3 lost
-// (20.5 against 19.8), 8 as 8 x 3 was within noise.
-template <int MR, int NR>
-static void one_block512(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t tile_lines = NR * K * 4 / 64;
-  int64_t n = n0;
-  for (; n + NR <= n1; n += NR) {
-    const float* wn = w + n * K;
-    micro512<MR, NR>(x, K, wn, y + n, N, reinterpret_cast<const char*>(wn + NR * K), n + 2 * NR <= n1 ? tile_lines : 0);
-  }
-  for (; n < n1; ++n)
-    for (int64_t m = 0; m < MR; ++m) micro512<1, 1>(x + m * K, K, w + n * K, y + m * N + n, N, nullptr, 0);
+    for (int g = 0; g < 3; ++g) {
+      const int64_t c = std::clamp<int64_t>(cols - 16 * g, 0, 16);
+      _mm512_mask_storeu_ps(y + m * N + 16 * g, static_cast<__mmask16>((1u << c) - 1), a[m][g]);
+    }
 }
 
-// 4 x 6 tiles: 24 accumulators, 6 weight and 1 activation register of 32 (8 rows: 4 x 4 and 4 x 3 within 2%).
-static void gemm_rows512(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N, int64_t n0,
-                         int64_t n1) {
-  if (M == 1) {
-    for (int64_t n = n0; n < n1; ++n) y[n] = dot_row(x, w + n * K, K);
-    return;
-  }
-  if (M <= F32_ROW_PASS_MAX) {
-    const char* lim = reinterpret_cast<const char*>(w + n1 * K);
-    for (int64_t n = n0; n < n1; ++n) {
-      const float* wn = w + n * K;
-      switch (M) {
-        case 4: dot_rows512<4>(x, K, wn, y + n, N, lim); break;
-        case 3: dot_rows512<3>(x, K, wn, y + n, N, lim); break;
-        default: dot_rows512<2>(x, K, wn, y + n, N, lim); break;
+// Output panels [t0, t1) of y [M, N]: rows in groups of at most PANEL_ROWS, each a pass over the panel (the first
+// from memory, the rest from L2).
+static void panel_rows(const float* x, int64_t M, int64_t K, const float* p, float* y, int64_t N, int64_t t0,
+                       int64_t t1) {
+  const int64_t groups = (M + PANEL_ROWS - 1) / PANEL_ROWS;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* pt = p + t * K * PANEL;
+    const int64_t cols = std::min<int64_t>(PANEL, N - t * PANEL);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t m0 = g * M / groups, m1 = (g + 1) * M / groups;
+      const float* xg = x + m0 * K;
+      float* yg = y + m0 * N + t * PANEL;
+      switch (m1 - m0) {
+        case 1: panel_tile<1>(xg, K, pt, yg, N, cols); break;
+        case 2: panel_tile<2>(xg, K, pt, yg, N, cols); break;
+        case 3: panel_tile<3>(xg, K, pt, yg, N, cols); break;
+        case 4: panel_tile<4>(xg, K, pt, yg, N, cols); break;
+        case 5: panel_tile<5>(xg, K, pt, yg, N, cols); break;
+        case 6: panel_tile<6>(xg, K, pt, yg, N, cols); break;
+        case 7: panel_tile<7>(xg, K, pt, yg, N, cols); break;
+        default: panel_tile<8>(xg, K, pt, yg, N, cols); break;
       }
     }
-    return;
   }
-  if (M == 5) return one_block512<5, 4>(x, K, w, y, N, n0, n1);  // 20 accumulators + 4 weights + 1 activation
-  if (M == 6) return one_block512<6, 4>(x, K, w, y, N, n0, n1);
-  constexpr int NR = 6;
-  const int64_t blocks = (M + 3) / 4, tile_lines = NR * K * 4 / 64;
-  int64_t n = n0;
-  for (; n + NR <= n1; n += NR) {
-    const float* wn = w + n * K;
-    const char* pf = reinterpret_cast<const char*>(wn + NR * K);
-    const int64_t pf_lines = n + 2 * NR <= n1 ? tile_lines : 0;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t m0 = 4 * b, lines = pf_lines * (b + 1) / blocks - pf_lines * b / blocks;
-      const float* xm = x + m0 * K;
-      float* ym = y + m0 * N + n;
-      switch (std::min<int64_t>(4, M - m0)) {
-        case 4: micro512<4, NR>(xm, K, wn, ym, N, pf, lines); break;
-        case 3: micro512<3, NR>(xm, K, wn, ym, N, pf, lines); break;
-        case 2: micro512<2, NR>(xm, K, wn, ym, N, pf, lines); break;
-        default: micro512<1, NR>(xm, K, wn, ym, N, pf, lines); break;
-      }
-      pf += lines * 64;
-    }
-  }
-  for (; n < n1; ++n)
-    for (int64_t m = 0; m < M; ++m) micro512<1, 1>(x + m * K, K, w + n * K, y + m * N + n, N, nullptr, 0);
 }
 #pragma GCC pop_options
 
-static const bool HAS_AVX512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                               __builtin_cpu_supports("avx512vl");
-static bool USE_AVX512_F32 = HAS_AVX512;  // `f32_avx512(False)`: the tests compare both paths on one machine
+// Up to 16 rows a call streams its weights: chunks of ~STREAM_CHUNK bytes, the same number per thread; above, one
+// panel per chunk.
+static void panel_gemm(const float* x, int64_t M, int64_t K, const float* p, float* y, int64_t N) {
+  const int64_t T = (N + PANEL - 1) / PANEL;
+  int64_t n = T;
+  if (M <= 16) {
+    const int64_t nt = work_threads();
+    const int64_t per_thread = std::max<int64_t>(1, (T * K * PANEL * 4 + nt * STREAM_CHUNK / 2) / (nt * STREAM_CHUNK));
+    n = std::max<int64_t>(1, std::min(T, nt * per_thread));
+  }
+  parallel_chunks(n, [&](int64_t c) { panel_rows(x, M, K, p, y, N, c * T / n, (c + 1) * T / n); });
+}
 
 static void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, float* yp, int64_t N) {
   const int64_t CR = chunk_rows(M, N, K * 4, 48);  // larger M: chunks of 48 output rows (whole 3- and 6-row tiles)
-  if (USE_AVX512_F32) {
-    parallel_chunks((N + CR - 1) / CR,
-                    [&](int64_t c) { gemm_rows512(xp, M, K, wp, yp, N, c * CR, std::min(N, (c + 1) * CR)); });
-    return;
-  }
   // Inside a decode team every thread splits its own copy (no barrier; M x K floats is small).
   static thread_local std::vector<float> split;
   const float* xe = xp;
@@ -684,6 +614,18 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   auto y = torch::empty({M, N}, x.options());
   f32_gemm(x.data_ptr<float>(), M, K, w.data_ptr<float>(), y.data_ptr<float>(), N);
+  return y;
+}
+
+torch::Tensor f32_panel_linear(torch::Tensor x, torch::Tensor p, int64_t N) {
+  TORCH_CHECK(HAS_AVX512, "fp32 panels need AVX-512");
+  TORCH_CHECK(x.dim() == 2 && p.dim() == 3 && p.size(2) == PANEL && x.size(1) == p.size(1) &&
+              p.size(0) == (N + PANEL - 1) / PANEL, "x [M, K], panels [ceil(N / 48), K, 48]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat && p.is_contiguous(), "fp32 only");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  auto y = torch::empty({M, N}, x.options());
+  panel_gemm(x.data_ptr<float>(), M, K, p.data_ptr<float>(), y.data_ptr<float>(), N);
   return y;
 }
 
@@ -2193,7 +2135,7 @@ void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, to
 //
 // Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
 // VNNI tile layout; 4 int4 in its VNNI tile layout; 2 int4 packed
-// [N, K / 2] + scale_min [N, G, 2] fp32 / fp16), three tensor indices into `weights` (-1 unused), the INT4 group size,
+// [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]), three tensor indices into `weights` (-1 unused), the INT4 group size,
 // the bias index (-1: none), out_features. Per layer: input-norm index, post-attention-norm index, then the
 // qkv, o, gate_up and down specs; the last int is the final norm's index.
 constexpr int64_t LIN_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_FIELDS;
@@ -2207,6 +2149,7 @@ struct DecodeLinear {
 static void run_linear(const DecodeLinear& L, const float* x, int64_t M, int64_t K, float* y) {
   const int64_t N = L.N;
   if (L.kind == 0) f32_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
+  else if (L.kind == 5) panel_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
   else if (L.kind == 1) int8_gemm(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N);
   else if (L.kind == 3) int8_gemm_vnni(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N);
   else if (L.kind == 4) int4_gemm_vnni_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
@@ -2287,10 +2230,12 @@ struct DecodeTensors {
   static DecodeLinear linear(const std::vector<torch::Tensor>& w, const int64_t* f) {
     DecodeLinear d;
     d.kind = f[0]; d.gs = f[4]; d.N = f[6];
-    TORCH_CHECK(d.kind >= 0 && d.kind <= 4, "unknown linear kind ", d.kind);
+    TORCH_CHECK(d.kind >= 0 && d.kind <= 5, "unknown linear kind ", d.kind);
     TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
-    d.q = weight(w, f[1], d.kind == 0 ? at::kFloat : d.kind == 1 || d.kind == 3 ? at::kChar : at::kByte);
-    if (d.kind != 0) {
+    TORCH_CHECK(HAS_AVX512 || d.kind != 5, "fp32 panels need AVX-512");
+    const bool f32 = d.kind == 0 || d.kind == 5;
+    d.q = weight(w, f[1], f32 ? at::kFloat : d.kind == 1 || d.kind == 3 ? at::kChar : at::kByte);
+    if (!f32) {
       TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
       d.scale = w[f[2]];
       TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
@@ -2334,8 +2279,9 @@ struct DecodeTensors {
   static void check_linear(const DecodeLinear& d, int64_t k, int j) {
     const int64_t n = d.N;
     const bool int4 = d.kind == 2 || d.kind == 4;
-    TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : n * k), "projection ", j, ": weight of ", d.q.numel(),
-                " elements for [", n, ", ", k, "]");
+    const int64_t panels = (n + PANEL - 1) / PANEL * PANEL;  // kind 5: N padded to whole panels
+    TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : d.kind == 5 ? panels * k : n * k), "projection ", j,
+                ": weight of ", d.q.numel(), " elements for [", n, ", ", k, "]");
     if (d.kind == 1 || d.kind == 3) TORCH_CHECK(d.scale.numel() == n, "INT8 scale must be [N]");
     if (int4) TORCH_CHECK(d.gs > 0 && k % d.gs == 0 && d.scale.numel() == n * (k / d.gs) * 2, "INT4 scale_min shape");
     if (d.kind == 3) TORCH_CHECK(n % 16 == 0 && k % 32 == 0, "INT8 VNNI layout: N % 16, K % 32");
@@ -2615,8 +2561,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "each fp32 row's argmax, as torch.argmax");
   m.def("has_vnni", []() { return HAS_VNNI; }, "whether the AVX512-VNNI kernels (and the prefill GEMM) run here");
   m.def("int4_dequant", &int4_dequant, "w[n0:n1] = q * sm[n, g, 0] + sm[n, g, 1] in fp32", py::call_guard<py::gil_scoped_release>());
-  m.def("f32_avx512", [](bool on) { const bool was = USE_AVX512_F32; USE_AVX512_F32 = on && HAS_AVX512; return was; },
-        "use the AVX-512 fp32 kernels where the CPU has them (on by default); returns the previous setting");
+  m.def("has_avx512", []() { return HAS_AVX512; }, "whether the fp32 panel kernels run here");
+  m.def("f32_panel_linear", &f32_panel_linear, "y = x @ w^T with w in fp32 panels [ceil(N / 48), K, 48]",
+        py::call_guard<py::gil_scoped_release>());
   m.def("f32_linear", &f32_linear, "y = x @ w^T for a few fp32 rows", py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged fp32 KV cache", py::call_guard<py::gil_scoped_release>());
