@@ -506,7 +506,7 @@ def test_f32_kernel_rows_do_not_depend_on_how_many_share_the_call(k):
 @pytest.mark.parametrize("n,k", [(203, 96), (96, 37), (48, 1)])
 def test_f32_panel_rows_do_not_depend_on_how_many_share_the_call(n, k):
     # the same invariance for the panel layout, through a whole last panel and a partial one (203 = 4 x 48 + 11),
-    # up to prefill sizes (groups of 8 rows, 3 of 17, 9 of 70)
+    # up to prefill sizes (groups of 8 rows and one of the rest)
     torch.manual_seed(n + k)
     w, x = torch.randn(n, k), torch.randn(70, k)
     panels = cpu_kernels.f32_panels(w)
