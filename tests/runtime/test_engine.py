@@ -176,3 +176,27 @@ def test_text_prompts_with_a_real_tokenizer(tmp_path):
     (cut,) = engine.generate("The quick brown fox", SamplingParams(max_tokens=10, temperature=0,
                                                                   ignore_eos=True, stop=[stop]))
     assert cut.text == out.text[:out.text.index(stop)] and cut.finish_reason == "stop"
+
+
+def test_detokenizer_stream_matches_the_decode_window():
+    # a fast tokenizer's DecodeStream and the two-decode window give the same text, token by token, after any
+    # prompt tail (one ending inside a character takes the window)
+    import random
+
+    from tests.conftest import make_tiny_tokenizer
+
+    tok = make_tiny_tokenizer()
+    rng = random.Random(0)
+    ids = tok.encode("héllo wörld — a test 🙂 of streaming")
+    streamed = 0
+    for _ in range(60):
+        prompt = ids[:rng.randrange(1, len(ids))]
+        out = ids[len(prompt):] + [rng.randrange(tok.vocab_size) for _ in range(12)]
+        fast, slow = IncrementalDetokenizer(tok, prompt), IncrementalDetokenizer(tok, prompt)
+        slow._stream = None
+        streamed += fast._stream is not None
+        for t in out:
+            fast.update([t])
+            slow.update([t])
+            assert fast.output_text == slow.output_text
+    assert streamed > 30
