@@ -259,6 +259,15 @@ def decode_layers(x: Tensor, cos: Tensor, sin_signed: Tensor, tensors, slots: Te
                                    logit_rows, num_heads, num_kv_heads, head_dim, eps, scale)
 
 
+def decode_step(ids: list[int], positions: list[int], tensors, slots: list[int], block_table: list[int], nb: int,
+                context_lens: list[int], rows: list[int], spans: list[int], logit_rows: list[int], num_heads: int,
+                num_kv_heads: int, head_dim: int, eps: float, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """`decode_layers` from token ids and positions (tables set) with every index a list of ints; block_table is
+    [len(ids), nb] flattened. Call only when `available()`."""
+    return _module().decode_step(ids, positions, tensors, slots, block_table, nb, context_lens, rows, spans,
+                                 logit_rows, num_heads, num_kv_heads, head_dim, eps, scale)
+
+
 HUGE_PAGE_MIN_BYTES = 1 << 20  # smaller tensors span a handful of pages: nothing to gain
 
 

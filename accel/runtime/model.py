@@ -359,11 +359,7 @@ class NativeDecode:
         """x [T, hidden] or token ids [T]; cos / sin [T, 1, D], or positions [T] and None (`inputs`) ->
         (final hidden [T, hidden], logits of `logit_rows` [R, vocab], their argmax [R]; R = 0 without them)."""
         g = meta.decode_groups[0]
-        if kv_caches is not self._caches:  # a runner's cache tensors never change: bound once, not passed per step
-            if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches):
-                raise ValueError("the native decode step needs an fp32 KV cache")
-            self.tensors.bind_caches([c.k for c in kv_caches], [c.v for c in kv_caches])
-            self._caches = kv_caches
+        self._bind(kv_caches)
         if sin is None:  # positions: the rows come from the tables
             cos, sin = cos, _NO_FLOATS
         else:
@@ -374,6 +370,24 @@ class NativeDecode:
             g.token_idx, g.spans if g.spans is not None else _NO_ROWS,
             longs(logit_rows) if logit_rows else _NO_ROWS, self.num_heads,
             self.num_kv_heads, self.head_dim, self.eps, self.scale)
+
+
+    def step(self, kv_caches: list[PagedKVCache], ids: list[int], positions: list[int], slots: list[int],
+             block_table: list[int], nb: int, context_lens: list[int], rows: list[int], spans: list[int],
+             logit_rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """`__call__` from token ids and positions with the metadata as lists (`ModelRunner.native_inputs`):
+        no tensor is built from Python. Needs the tables and the head set."""
+        self._bind(kv_caches)
+        return cpu_kernels.decode_step(ids, positions, self.tensors, slots, block_table, nb, context_lens, rows, spans,
+                                       logit_rows, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
+                                       self.scale)
+
+    def _bind(self, kv_caches: list[PagedKVCache]) -> None:
+        if kv_caches is not self._caches:  # a runner's cache tensors never change: bound once, not passed per step
+            if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches):
+                raise ValueError("the native decode step needs an fp32 KV cache")
+            self.tensors.bind_caches([c.k for c in kv_caches], [c.v for c in kv_caches])
+            self._caches = kv_caches
 
 
 def _native_linear(m: nn.Module | None, add) -> list[int] | None:

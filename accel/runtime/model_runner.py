@@ -152,7 +152,11 @@ class ModelRunner:
         the distribution q [num drafts, V] each draft token was drawn from (None/missing: one-hot, n-gram)."""
         if sched.swap_out or sched.swap_in:
             self.swap(sched.swap_out, sched.swap_in)
-        input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
+        native = self._native_step(sched.scheduled)
+        if native is not None:
+            step_inputs, sample_rows = self.native_inputs(sched.scheduled)
+        else:
+            input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
         spec_rows = [(i, row) for i, row in sample_rows if sched.scheduled[i].spec_token_ids]
         if spec_rows:
             sample_rows = [(i, row) for i, row in sample_rows if not sched.scheduled[i].spec_token_ids]
@@ -162,7 +166,10 @@ class ModelRunner:
             logit_rows.extend(range(last - len(sched.scheduled[i].spec_token_ids), last + 1))
         num_verify = len(logit_rows)
         logit_rows.extend(row for _, row in sample_rows)
-        hidden, logits, argmax = self.model.forward_logits(input_ids, positions, meta, self.kv_caches, logit_rows)
+        if native is not None:
+            hidden, logits, argmax = native.step(self.kv_caches, *step_inputs, logit_rows)
+        else:
+            hidden, logits, argmax = self.model.forward_logits(input_ids, positions, meta, self.kv_caches, logit_rows)
         if self.feature_cache is not None:
             self.feature_cache.index_copy_(0, meta.slot_mapping, hidden.to(self.feature_cache.dtype))
         if self.hidden_hook is not None:
@@ -291,6 +298,53 @@ class ModelRunner:
     def generator_for(self, seq: Sequence) -> torch.Generator | None:
         """The request's generator (seeded requests), shared with the proposer so draws stay per request."""
         return self._generator(seq)
+
+    def _native_step(self, scheduled: list[ScheduledRequest]):
+        """The model's native decode step where it takes this step from lists (`native_inputs`): every request's
+        rows on the paged decode kernel (decode rows, short spans), at most its MAX_ROWS rows, nothing that reads
+        the step's tensors afterwards (feature cache, hidden hook); else None."""
+        native = getattr(self.model, "native_decode", None)
+        if (native is None or not native.has_head or not native.has_tables or not self._paged_decode_kernel
+                or self.feature_cache is not None or self.hidden_hook is not None):
+            return None
+        rows = 0
+        for r in scheduled:
+            if r.num_tokens > SPAN_AS_DECODE_MAX_TOKENS:
+                return None
+            rows += r.num_tokens
+        return native if rows <= native.MAX_ROWS else None
+
+    def native_inputs(self, scheduled: list[ScheduledRequest]) -> tuple[tuple, list[tuple[int, int]]]:
+        """What `prepare_inputs` builds for a step on the paged decode kernel alone, as lists for
+        `NativeDecode.step`: (ids, positions, slots, block table [T, nb] flat, nb, context lengths, rows, spans),
+        and the sampling rows. Every row is a decode row over its own causal context; a request's rows are one span."""
+        bs = self.config.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        ctx_lens: list[int] = []
+        tables: list[list[int]] = []
+        spans = [0]
+        sample_rows: list[tuple[int, int]] = []
+        for i, r in enumerate(scheduled):
+            seq, n = r.seq, r.num_tokens
+            start = seq.num_computed_tokens
+            end = start + n
+            ids.extend(seq.token_slice(start, end))
+            bt = seq.block_table
+            positions.extend(range(start, end))
+            slots.extend(bt[p // bs] * bs + p % bs for p in range(start, end))
+            ctx_lens.extend(range(start + 1, end + 1))
+            tables.append(bt)
+            spans.append(len(ids))
+            if r.samples:
+                sample_rows.append((i, len(ids) - 1))
+        nb = -(-max(ctx_lens) // bs)
+        flat: list[int] = []
+        for r, bt in zip(scheduled, tables):
+            row = bt[:nb] + [0] * (nb - min(len(bt), nb))
+            flat.extend(row * r.num_tokens)
+        return (ids, positions, slots, flat, nb, ctx_lens, list(range(len(ids))), spans), sample_rows
 
     def prepare_inputs(self, scheduled: list[ScheduledRequest]
                        ) -> tuple[Tensor, Tensor, AttentionMetadata, list[tuple[int, int]]]:

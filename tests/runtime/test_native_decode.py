@@ -38,9 +38,11 @@ def test_native_decode_is_identical_to_the_modules(tiny_llama_dir, scheme):
 
 
 @pytest.mark.parametrize("scheme", [None, "int8", "int4", "int4f"])
-def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_llama_dir, scheme):
+@pytest.mark.parametrize("inputs", ["lists", "tensors"])
+def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_llama_dir, scheme, inputs):
     """The lm_head inside the native step: the same logits, to the bit, as the lm_head module on the step's
-    hidden states, for any subset and order of rows (a verify span's rows, then sampling rows)."""
+    hidden states, for any subset and order of rows (a verify span's rows, then sampling rows). The runner calls it
+    with lists (`NativeDecode.step`), or with tensors where a hidden hook reads the step's hidden states."""
     import torch
 
     path, _ = tiny_llama_dir
@@ -49,20 +51,34 @@ def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_ll
     native, runner = engine.model.native_decode, engine.runner
     assert native is not None and native.has_head
     seen = []
-    forward_logits = engine.model.forward_logits
 
-    def check(input_ids, positions, meta, kv_caches, logit_rows):
-        if native.takes(meta, input_ids.shape[0]):
-            rows = list(range(input_ids.shape[0]))[::-1] + [0]  # reversed, and a row twice
-            # run twice: the second run writes the same K/V into the same slots
-            hidden, logits, argmax = forward_logits(input_ids, positions, meta, kv_caches, rows)
-            want = engine.model.compute_logits(hidden[torch.tensor(rows)])
-            assert logits.shape == want.shape and torch.equal(logits, want)
-            assert torch.equal(argmax, want.argmax(-1))
-            seen.append(len(rows))
-        return forward_logits(input_ids, positions, meta, kv_caches, logit_rows)
+    def compare(run, n):
+        rows = list(range(n))[::-1] + [0]  # reversed, and a row twice
+        # run twice: the second run writes the same K/V into the same slots
+        hidden, logits, argmax = run(rows)
+        want = engine.model.compute_logits(hidden[torch.tensor(rows)])
+        assert logits.shape == want.shape and torch.equal(logits, want)
+        assert torch.equal(argmax, want.argmax(-1))
+        seen.append(len(rows))
 
-    engine.model.forward_logits = check
+    if inputs == "lists":
+        step = native.step
+
+        def check_lists(kv_caches, *args):
+            compare(lambda rows: step(kv_caches, *args[:-1], rows), len(args[0]))
+            return step(kv_caches, *args)
+
+        native.step = check_lists
+    else:
+        runner.hidden_hook = lambda scheduled, hidden: None
+        forward_logits = engine.model.forward_logits
+
+        def check(input_ids, positions, meta, kv_caches, logit_rows):
+            if native.takes(meta, input_ids.shape[0]):
+                compare(lambda rows: forward_logits(input_ids, positions, meta, kv_caches, rows), input_ids.shape[0])
+            return forward_logits(input_ids, positions, meta, kv_caches, logit_rows)
+
+        engine.model.forward_logits = check
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     engine.generate(mixed_prompts(3, seed=2, lo=3, hi=12), params)
     assert seen and max(seen) > 2
@@ -78,12 +94,10 @@ def test_native_decode_takes_speculative_verify_spans(tiny_llama_dir):
     engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, speculative=spec)
     calls = []
     native = engine.model.native_decode
-    engine.model.native_decode = type("Spy", (), {"takes": lambda self, m, r: native.takes(m, r),
-                                                  "has_head": native.has_head,
-                                                  "inputs": lambda self, *a: native.inputs(*a),
-                                                  "__call__": lambda self, *a: calls.append(1) or native(*a)})()
+    step = native.step
+    native.step = lambda *a: calls.append(len(a[1])) or step(*a)
     assert _run(engine, prompts, greedy) == _run(plain, prompts, greedy)
-    assert calls and engine.stats().spec_decode.num_draft_tokens > 0
+    assert calls and max(calls) > 1 and engine.stats().spec_decode.num_draft_tokens > 0
 
 
 def test_a_model_with_an_unfused_or_unsupported_layer_keeps_the_modules(tiny_llama_dir):

@@ -2498,6 +2498,24 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
   return {out, logits, amax};
 }
 
+// `decode_layers` with the step's indices as Python lists of ints (token ids, positions, slots, the block table
+// flattened to [T, nb], context lengths, the rows' indices, spans, logit rows), viewed here without a copy. Why: at
+// batch 1 the runner built them as ~11 small tensors from Python, and with caches cold after the weight stream
+// each torch call from Python cost several microseconds.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_step(
+    std::vector<int64_t> ids, std::vector<int64_t> positions, const DecodeTensors& dw, std::vector<int64_t> slots,
+    std::vector<int64_t> block_table, int64_t nb, std::vector<int64_t> context_lens, std::vector<int64_t> rows,
+    std::vector<int64_t> spans, std::vector<int64_t> logit_rows, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_dim, double eps, double scale) {
+  TORCH_CHECK(dw.has_tables, "set_tables first");
+  const int64_t T = static_cast<int64_t>(ids.size());
+  TORCH_CHECK(nb > 0 && static_cast<int64_t>(block_table.size()) == T * nb, "block_table: T x nb ints");
+  auto view = [](std::vector<int64_t>& v) { return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kLong); };
+  return decode_layers(view(ids), view(positions), torch::Tensor(), dw, view(slots), view(block_table).view({T, nb}),
+                       view(context_lens), view(rows), view(spans), view(logit_rows), num_heads, num_kv_heads,
+                       head_dim, eps, scale);
+}
+
 // Test hook: which thread ran each of n chunks of one parallel_chunks call in a team of `threads`, where thread
 // `late` starts `late_us` microseconds after the others (a preempted thread: its range is taken by the others).
 torch::Tensor team_chunks(int64_t n, int64_t threads, int64_t late, int64_t late_us) {
@@ -2615,5 +2633,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_input_proj", &DecodeTensors::set_input_proj, "a projection decode_layers runs on x first")
       .def("set_tables", &DecodeTensors::set_tables, "the embedding and RoPE tables decode_layers gathers rows from");
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("decode_step", &decode_step, "decode_layers with the step's indices as lists of ints",
         py::call_guard<py::gil_scoped_release>());
 }
