@@ -8,7 +8,8 @@ to bf16 and reached ~2x an fp32 GEMV for 4x fewer bytes). The INT8 / INT4 kernel
 integers per block of 32 (error <= 1.5e-5 of the block's largest value; greedy output stays equal to
 transformers') and multiply-add in int32 (vpmaddwd, or vpdpwssd where AVX512-VNNI exists, chosen at run time).
 Work is split into chunks of output rows that threads take from a shared counter, on torch's OpenMP pool; the
-one-call decode step runs on one team of those threads from its first layer to its last.
+one-call decode step runs on one team of those threads from its first layer to its last, each thread taking its
+own range of a Linear's chunks first. On AVX-512, fp32 weights are held in panels of 48 outputs (`f32_panels`).
 
 Compiled with torch.utils.cpp_extension.load_inline into the torch extensions cache (~40 s once per machine and
 source); `available()` is False where there is no compiler, no AVX2/FMA, or the build fails, and callers then use
