@@ -382,6 +382,14 @@ class NativeDecode:
                                        logit_rows, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
                                        self.scale)
 
+    def steps(self, kv_caches: list[PagedKVCache], ids: list[int], positions: list[int], block_table: list[int],
+              nb: int, num_steps: int, stop_ids: list[list[int]]) -> list[list[int]]:
+        """Up to `num_steps` greedy steps of single-row requests in one call (`cpu_kernels.decode_steps`): each
+        row's tokens; the steps end after one in which a row produced one of its `stop_ids`."""
+        self._bind(kv_caches)
+        return cpu_kernels.decode_steps(ids, positions, self.tensors, block_table, nb, num_steps, stop_ids,
+                                        self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale)
+
     def _bind(self, kv_caches: list[PagedKVCache]) -> None:
         if kv_caches is not self._caches:  # a runner's cache tensors never change: bound once, not passed per step
             if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches):

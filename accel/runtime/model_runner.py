@@ -153,6 +153,8 @@ class ModelRunner:
         if sched.swap_out or sched.swap_in:
             self.swap(sched.swap_out, sched.swap_in)
         native = self._native_step(sched.scheduled)
+        if native is not None and sched.num_steps > 1:
+            return self._decode_steps(native, sched)
         if native is not None:
             step_inputs, sample_rows = self.native_inputs(sched.scheduled)
         else:
@@ -213,6 +215,43 @@ class ModelRunner:
                 if row is not None:
                     sampled[i], logprobs[i], top[i] = row
         return ModelRunnerOutput(request_ids, sampled, logprobs, top, failed)
+
+    def max_decode_steps(self, running: list[Sequence], num_steps: int, max_model_len: int) -> int:
+        """How many decode steps in a row (`SchedulerOutput.num_steps`) the running batch may take: 1 unless the
+        native step runs it and every request is a plain greedy decode row past min_tokens, without logprobs; then
+        num_steps capped by each request's max_tokens and the model length (a burst never overshoots a length)."""
+        native = self._native_decode()
+        if num_steps <= 1 or not running or native is None or len(running) > native.MAX_ROWS:
+            return 1
+        for seq in running:
+            p = seq.params
+            if (seq.num_tokens - seq.num_computed_tokens != 1 or not plain_greedy(p) or p.logprobs is not None
+                    or seq.num_output_tokens < p.min_tokens or seq.spec_token_ids):
+                return 1
+            num_steps = min(num_steps, p.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens)
+        return max(1, num_steps)
+
+    def _decode_steps(self, native, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """`sched.num_steps` greedy decode steps in one native call (each request one row); they end early after a
+        step in which a request drew one of its stop tokens (eos unless ignored, stop_token_ids)."""
+        bs = self.config.block_size
+        ids, positions, stops = [], [], []
+        for r in sched.scheduled:
+            seq = r.seq
+            ids.append(seq.token_slice(seq.num_computed_tokens, seq.num_computed_tokens + 1)[0])
+            positions.append(seq.num_computed_tokens)
+            stop = list(seq.params.stop_token_ids)
+            if seq.eos_token_id is not None and not seq.params.ignore_eos:
+                stop.append(seq.eos_token_id)
+            stops.append(stop)
+        nb = -(-(max(positions) + sched.num_steps) // bs)
+        flat: list[int] = []
+        for r in sched.scheduled:
+            bt = r.seq.block_table[:nb]
+            flat.extend(bt + [0] * (nb - len(bt)))
+        tokens = native.steps(self.kv_caches, ids, positions, flat, nb, sched.num_steps, stops)
+        n = len(sched.scheduled)
+        return ModelRunnerOutput([r.seq.request_id for r in sched.scheduled], tokens, [None] * n, [None] * n)
 
     def _sample(self, logits: Tensor, seqs: list[Sequence], argmax: Tensor | None = None
                 ) -> list[tuple[list[int], list | None, list | None]]:
@@ -299,13 +338,20 @@ class ModelRunner:
         """The request's generator (seeded requests), shared with the proposer so draws stay per request."""
         return self._generator(seq)
 
-    def _native_step(self, scheduled: list[ScheduledRequest]):
-        """The model's native decode step where it takes this step from lists (`native_inputs`): every request's
-        rows on the paged decode kernel (decode rows, short spans), at most its MAX_ROWS rows, nothing that reads
-        the step's tensors afterwards (feature cache, hidden hook); else None."""
+    def _native_decode(self):
+        """The model's native decode where it can take steps from lists (head and tables set, fp32 paged cache)
+        and nothing reads the step's tensors afterwards (feature cache, hidden hook); else None."""
         native = getattr(self.model, "native_decode", None)
         if (native is None or not native.has_head or not native.has_tables or not self._paged_decode_kernel
                 or self.feature_cache is not None or self.hidden_hook is not None):
+            return None
+        return native
+
+    def _native_step(self, scheduled: list[ScheduledRequest]):
+        """`_native_decode` where it takes this step (`native_inputs`): every request's rows on the paged decode
+        kernel (decode rows, short spans), at most its MAX_ROWS rows; else None."""
+        native = self._native_decode()
+        if native is None:
             return None
         rows = 0
         for r in scheduled:

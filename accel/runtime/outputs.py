@@ -33,6 +33,9 @@ class SchedulerOutput:
     # forward, so the blocks can be reused in this very step) / come back from it (into freshly allocated blocks)
     swap_out: dict[str, list[int]] = field(default_factory=dict)
     swap_in: dict[str, list[int]] = field(default_factory=dict)
+    # decode steps the runner may run in a row (every request one decode row with lookahead KV slots for them); it
+    # may stop earlier, and returns every step's token
+    num_steps: int = 1
 
     @property
     def is_empty(self) -> bool:

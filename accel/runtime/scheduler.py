@@ -143,7 +143,10 @@ class Scheduler:
             if left is not None:
                 left -= len(seq.spec_token_ids)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, num_steps: int = 1) -> SchedulerOutput:
+        """num_steps > 1 asks for a multi-step decode: the output's num_steps is that when nothing waits, every
+        running request is scheduled as one decode row, and each gets num_steps - 1 lookahead KV slots from free
+        blocks (taken after everything else is scheduled, so they never preempt anyone); else 1."""
         self.num_steps += 1
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, ScheduledRequest] = {}
@@ -186,9 +189,26 @@ class Scheduler:
                 s.seq.metrics.first_scheduled_time = now
         swap_out, swap_in = self._swap_out, self._swap_in
         self._swap_out, self._swap_in = {}, {}
+        if num_steps > 1 and not self._lookahead_for_steps(out, num_steps, preempted):
+            num_steps = 1
         return SchedulerOutput(scheduled=out, num_scheduled_tokens=sum(s.num_tokens for s in out),
                                preempted_request_ids=[s.request_id for s in preempted],
-                               swap_out=swap_out, swap_in=swap_in)
+                               swap_out=swap_out, swap_in=swap_in, num_steps=num_steps)
+
+    def _lookahead_for_steps(self, out: list[ScheduledRequest], num_steps: int, preempted: list[Sequence]) -> bool:
+        """Take num_steps - 1 lookahead slots for each of `out` if it is a multi-step batch (every running request
+        one decode row, nothing waiting or preempted) and the free blocks hold them all; else take nothing."""
+        if not out or preempted or self.waiting or len(out) != len(self.running):
+            return False
+        if any(r.num_tokens != 1 or r.spec_token_ids for r in out):
+            return False
+        bs = self.kv.block_size
+        need = sum(max(0, -(-(r.seq.num_computed_tokens + num_steps) // bs) - len(r.seq.block_table)) for r in out)
+        if need > self.kv.pool.num_free_blocks:
+            return False
+        for r in out:
+            self.kv.allocate_slots(r.seq, 1, num_lookahead_tokens=num_steps - 1)
+        return True
 
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int | None = None) -> int:
         """Tokens to schedule: what is left (incl. drafts), capped by the budget, the model length, the chunk cap."""

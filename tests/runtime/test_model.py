@@ -70,7 +70,8 @@ def prompts_and_refs(tiny_llama_dir):
 def test_greedy_identical_one_batch(tiny_llama_dir, prompts_and_refs):
     path, _ = tiny_llama_dir
     prompts, refs = prompts_and_refs
-    engine = Engine.from_pretrained(path, num_kv_blocks=512, block_size=4, max_num_batched_tokens=4096)
+    engine = Engine.from_pretrained(path, num_kv_blocks=512, block_size=4, max_num_batched_tokens=4096,
+                                    num_scheduler_steps=1)
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == refs
     assert engine.stats().num_steps == 8  # everything ran together: one prefill step + 7 decode steps

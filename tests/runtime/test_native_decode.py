@@ -47,7 +47,8 @@ def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_ll
 
     path, _ = tiny_llama_dir
     kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
-    engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, enable_prefix_caching=False, **kw)
+    engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, enable_prefix_caching=False,
+                                    num_scheduler_steps=1, **kw)
     native, runner = engine.model.native_decode, engine.runner
     assert native is not None and native.has_head
     seen = []
@@ -98,6 +99,40 @@ def test_native_decode_takes_speculative_verify_spans(tiny_llama_dir):
     native.step = lambda *a: calls.append(len(a[1])) or step(*a)
     assert _run(engine, prompts, greedy) == _run(plain, prompts, greedy)
     assert calls and max(calls) > 1 and engine.stats().spec_decode.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("scheme", [None, "int8"])
+def test_decode_steps_in_a_row_give_what_single_steps_give(tiny_llama_dir, scheme):
+    """Greedy bursts of native steps (num_scheduler_steps) against one step at a time: the same tokens, finish
+    reasons and stop reasons, with a stop token that lands inside a burst, max_tokens that end mid-burst, min_tokens,
+    and a sampled request that keeps the batch to single steps while it runs."""
+    path, _ = tiny_llama_dir
+    kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
+    prompts = mixed_prompts(4, seed=7, lo=3, hi=25)
+    engines = {k: Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, enable_prefix_caching=False,
+                                         num_scheduler_steps=k, **kw) for k in (1, 5)}
+    first = engines[1].generate(prompts, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    stop_id = first[1].token_ids[6]  # request 1 stops at its 7th token (or earlier where it drew it before)
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, stop_token_ids=[stop_id]),
+              SamplingParams(max_tokens=13, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=17, temperature=0, min_tokens=9, stop_token_ids=[stop_id])]
+    calls = {}
+    for k, engine in engines.items():
+        steps = engine.model.native_decode.steps
+        calls[k] = []
+        engine.model.native_decode.steps = lambda *a, calls=calls[k], steps=steps: calls.append(a[5]) or steps(*a)
+    outs = {k: [(o.token_ids, o.finish_reason, o.stop_reason) for o in e.generate(prompts, params)]
+            for k, e in engines.items()}
+    assert outs[5] == outs[1]
+    assert outs[1][1][1:] == ("stop", stop_id) and len(outs[1][2][0]) == 13
+    assert not calls[1] and calls[5] and max(calls[5]) == 5
+    assert engines[5].scheduler.num_steps < engines[1].scheduler.num_steps
+    sampled = [SamplingParams(max_tokens=12, temperature=0.8, seed=1), SamplingParams(max_tokens=12, temperature=0)]
+    calls[5].clear()
+    assert ([o.token_ids for o in engines[5].generate(prompts[:2], sampled)]
+            == [o.token_ids for o in engines[1].generate(prompts[:2], sampled)])
+    assert not calls[5]
 
 
 def test_a_model_with_an_unfused_or_unsupported_layer_keeps_the_modules(tiny_llama_dir):

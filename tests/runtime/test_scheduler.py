@@ -226,3 +226,36 @@ def test_the_scheduler_holds_a_step_to_max_step_rows_granting_drafts_in_the_orde
     assert make().draft_budget() is None
     with pytest.raises(ValueError, match="max_step_rows=1 is invalid"):
         SchedulerConfig(max_step_rows=1)
+
+
+def test_multi_step_takes_lookahead_slots_only_from_free_blocks_and_only_when_nothing_waits():
+    s = make(num_blocks=6, block_size=4)
+    s.add(req("a", 3, max_tokens=20, t=0))
+    s.add(req("b", 3, max_tokens=20, t=1))
+    out = s.schedule(num_steps=4)
+    assert out.num_steps == 1  # prefill rows
+    s.update_from_output(out, ModelRunnerOutput(["a", "b"], [[7], [7]]))
+    out = s.schedule(num_steps=4)
+    assert out.num_steps == 4 and [r.num_tokens for r in out.scheduled] == [1, 1]
+    for r in out.scheduled:  # 4 tokens computed in a row from position 3: slots 3..6 -> 2 blocks each
+        assert len(r.seq.block_table) == 2
+    s.update_from_output(out, ModelRunnerOutput(["a", "b"], [[7, 8, 9, 10], [7, 8]]))  # b stopped early
+    assert [q.num_computed_tokens for q in s.running] == [7, 5]
+    assert [q.num_tokens for q in s.running] == [8, 6]
+    # a burst of 8 needs 2 more blocks for a (positions 7..14) and 1 for b: 2 are free -> one step, no block taken
+    out = s.schedule(num_steps=8)
+    assert out.num_steps == 1 and not out.preempted_request_ids and len(out.scheduled) == 2
+    assert [len(q.block_table) for q in s.running] == [2, 2] and s.kv.pool.num_free_blocks == 2
+    s.update_from_output(out, ModelRunnerOutput(["a", "b"], [[7], [7]]))
+    s.add(req("c", 3, t=2))
+    out = s.schedule(num_steps=2)  # c is admitted (prefill): not a multi-step batch
+    assert out.num_steps == 1 and len(out.scheduled) == 3
+
+
+def test_no_multi_step_while_a_request_waits():
+    s = make(max_num_seqs=1)
+    s.add(req("a", 3, max_tokens=20, t=0))
+    s.add(req("b", 3, max_tokens=20, t=1))
+    out = s.schedule(num_steps=4)
+    s.update_from_output(out, ModelRunnerOutput(["a"], [[7]]))
+    assert s.schedule(num_steps=4).num_steps == 1  # b waits for a's seat

@@ -244,6 +244,9 @@ def test_streams_in_flight_finish_normally_while_every_kind_of_bad_request_arriv
         return step()
 
     monkeypatch.setattr(tiny.engine, "step", slow_step)
+    # one token per step: the bad requests are served between steps (each step holds the event loop), so the streams
+    # must take many steps
+    monkeypatch.setattr(tiny.engine.config, "num_scheduler_steps", 1)
     threads, results = start_streams(tiny.base_url, 4, max_tokens=200)
     assert wait_until(lambda: tiny.async_engine.num_in_flight == 4, 10)
     statuses = _bad_requests(tiny.base_url)
