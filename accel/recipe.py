@@ -281,6 +281,8 @@ class RuntimeConfig(Strict):
     max_waiting: Annotated[int, Field(ge=1)] = 1024
     enable_prefix_caching: bool = True
     num_threads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    num_scheduler_steps: Annotated[int, Field(ge=1, le=64)] = 8
+    """Greedy decode steps one native call may run in a row when nothing waits (1: one step at a time)."""
 
 
 class WorkloadConfig(Strict):

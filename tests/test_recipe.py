@@ -75,6 +75,7 @@ BROKEN = [
      ["speculation", "draft_ngram_first needs a draft model", "'ngram'"]),
     ({"runtime": {"block_size": 7}}, ["runtime.block_size", "7"]),
     ({"runtime": {"max_num_seqs": 0}}, ["runtime.max_num_seqs", "greater than or equal to 1"]),
+    ({"runtime": {"num_scheduler_steps": 0}}, ["runtime.num_scheduler_steps", "greater than or equal to 1"]),
     ({"eval": {"workloads": [{"name": "w", "prompt_tokens": [10, 5]}]}}, ["eval.workloads.0", "min <= max"]),
     ({"eval": {"variants": ["turbo"]}}, ["eval.variants.0", "turbo"]),
     ({"gates": {"min_top1_agreement": 1.5}}, ["gates.min_top1_agreement", "1.5", "less than or equal to 1"]),

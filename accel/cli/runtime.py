@@ -24,6 +24,9 @@ def serve(
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send.")] = None,
     max_queue: Annotated[int, typer.Option(min=1, help="Waiting requests before 429.")] = 256,
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
+    num_scheduler_steps: Annotated[int, typer.Option(
+        min=1, max=64, help="Greedy decode steps run in a row in one native call when nothing waits; tokens then "
+                            "stream in bursts (1: one step at a time).")] = 8,
     kv_cache_memory_gb: Annotated[float, typer.Option(min=0.01)] = 1.0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     skip_verify: Annotated[bool, typer.Option(help="Serve an export even when its files do not match its "
@@ -47,6 +50,7 @@ def serve(
         run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                    speculative=spec,
                    max_queue=max_queue, max_num_seqs=max_num_seqs, skip_verify=skip_verify,
+                   num_scheduler_steps=num_scheduler_steps,
                    kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device, **quant_fields)
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))

@@ -61,3 +61,14 @@ def test_serve_refuses_a_bad_draft_confidence_before_loading(tiny_model_dir):
     res = runner.invoke(app, ["serve", str(tiny_model_dir), "--speculative-config",
                               json.dumps({"draft_model": str(tiny_model_dir), "draft_min_path_confidence": 0})])
     assert res.exit_code == 2 and "draft_min_path_confidence=0 is invalid" in res.output and "(0, 1)" in res.output
+
+
+def test_serve_hands_num_scheduler_steps_to_the_engine_and_refuses_zero(tiny_model_dir, monkeypatch):
+    import accel.server
+
+    got = {}
+    monkeypatch.setattr(accel.server, "run_server", lambda model, **kw: got.update(kw))
+    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--num-scheduler-steps", "1"])
+    assert res.exit_code == 0 and got["num_scheduler_steps"] == 1
+    res = runner.invoke(app, ["serve", str(tiny_model_dir), "--num-scheduler-steps", "0"], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "--num-scheduler-steps" in res.output and "greater than or equal to 1" in res.output
