@@ -244,12 +244,15 @@ class ModelRunner:
             if seq.eos_token_id is not None and not seq.params.ignore_eos:
                 stop.append(seq.eos_token_id)
             stops.append(stop)
-        nb = -(-(max(positions) + sched.num_steps) // bs)
+        # never past a request's own blocks (a padded table entry would point into another request's block)
+        num_steps = min([sched.num_steps] + [len(r.seq.block_table) * bs - p
+                                             for r, p in zip(sched.scheduled, positions)])
+        nb = -(-(max(positions) + num_steps) // bs)
         flat: list[int] = []
         for r in sched.scheduled:
             bt = r.seq.block_table[:nb]
             flat.extend(bt + [0] * (nb - len(bt)))
-        tokens = native.steps(self.kv_caches, ids, positions, flat, nb, sched.num_steps, stops)
+        tokens = native.steps(self.kv_caches, ids, positions, flat, nb, num_steps, stops)
         n = len(sched.scheduled)
         return ModelRunnerOutput([r.seq.request_id for r in sched.scheduled], tokens, [None] * n, [None] * n)
 

@@ -135,6 +135,22 @@ def test_decode_steps_in_a_row_give_what_single_steps_give(tiny_llama_dir, schem
     assert not calls[5]
 
 
+def test_a_burst_never_runs_past_a_requests_own_blocks(tiny_llama_dir):
+    from accel.runtime.outputs import ScheduledRequest, SchedulerOutput
+
+    path, _ = tiny_llama_dir
+    greedy = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    single = Engine.from_pretrained(path, num_kv_blocks=64, block_size=8, num_scheduler_steps=1)
+    ref = single.generate([5, 6, 7], greedy)
+    engine = Engine.from_pretrained(path, num_kv_blocks=64, block_size=8, enable_prefix_caching=False)
+    rid = engine.add_request([5, 6, 7], greedy)
+    engine.step()  # the prompt: positions 0-2 of the request's one block, and its first token
+    seq = engine.scheduler.requests[rid]
+    assert len(seq.block_table) == 1 and seq.num_computed_tokens == 3
+    out = engine.runner.execute(SchedulerOutput([ScheduledRequest(seq, 1)], 1, num_steps=30))
+    assert out.sampled_token_ids[0] == ref[0].token_ids[1:6]  # positions 3-7: the block's end
+
+
 def test_a_model_with_an_unfused_or_unsupported_layer_keeps_the_modules(tiny_llama_dir):
     path, _ = tiny_llama_dir
     engine = Engine.from_pretrained(path, num_kv_blocks=64, block_size=8, fuse_projections=False)
