@@ -70,10 +70,8 @@ def generate(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Generate text for one prompt with the embedded runtime, streaming to the terminal."""
-    import time
-
     from accel.models import ModelNotFoundError, resolve_model
-    from accel.runtime.engine import Engine, stream_generate
+    from accel.runtime.engine import Engine
     from accel.runtime.sampling_params import SamplingParams
 
     if quant not in QUANT_CHOICES:
@@ -89,16 +87,23 @@ def generate(
         fail(f"{path} has no tokenizer files; accel generate needs one")
     text = prompt if raw or not tok.chat_template else tok.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-    t0 = time.perf_counter()
-    first, n = None, 0
-    for delta in stream_generate(engine, tok(text, add_special_tokens=False).input_ids, params):
-        first = first or time.perf_counter()
-        n += 1
-        print(delta, end="", flush=True)
+    rid = engine.add_request(tok(text, add_special_tokens=False).input_ids, params)
+    final = None
+    try:
+        while final is None and engine.has_unfinished():
+            for o in engine.step():
+                if o.request_id == rid:
+                    print(o.text_delta, end="", flush=True)
+                    final = o if o.finished else None
+    finally:
+        engine.abort(rid)  # no-op when finished
     print()
-    ttft = f"TTFT {1000 * (first - t0):.0f} ms" if first is not None else "no text generated"
-    rate = (n - 1) / (time.perf_counter() - first) if first is not None and n > 1 else 0.0
-    err_console.print(f"[dim]{ttft}, {n} text chunks, {rate:.1f} chunks/s after the first[/]")
+    # tokens, not text chunks: greedy decoding delivers several tokens a step (multi-step decode)
+    m = final.metrics if final is not None else None
+    ttft = f"TTFT {1000 * m.ttft:.0f} ms" if m is not None and m.ttft is not None else "no tokens generated"
+    tpot = m.tpot if m is not None else None
+    rate = f", {1 / tpot:.1f} tok/s after the first" if tpot else ""
+    err_console.print(f"[dim]{ttft}, {len(final.token_ids) if final else 0} tokens{rate}[/]")
 
 
 def bench(

@@ -1,4 +1,4 @@
-"""The offline engine: add_request / step / abort, generate, stats; `stream_generate` for the CLI.
+"""The offline engine: add_request / step / abort, generate, stats; `stream_generate` yields one request's text.
 
 One step is three lines (schedule, run, update) plus detokenization and stop strings.
 """
@@ -375,7 +375,7 @@ def _eos_id(config, tokenizer) -> int | None:
 
 def stream_generate(engine: Engine, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> Iterator[str]:
-    """Yield the text deltas of one request as they are produced (for `accel generate`)."""
+    """Yield the text deltas of one request as they are produced."""
     rid = engine.add_request(prompt, params, request_id=request_id)
     try:
         while True:

@@ -32,7 +32,7 @@ def test_bench_rejects_bad_arguments():
 def test_generate_streams_text(tiny_model_dir):
     res = runner.invoke(app, ["generate", str(tiny_model_dir), "The quick brown", "--max-tokens", "5", "--raw"])
     assert res.exit_code == 0, res.output
-    assert "TTFT" in res.output
+    assert "TTFT" in res.output and " tokens" in res.output
 
 
 def test_generate_rejects_bad_sampling_value(tiny_model_dir):
