@@ -280,6 +280,17 @@ def decode_steps(ids: list[int], positions: list[int], tensors, block_table: lis
                                   num_kv_heads, head_dim, eps, scale)
 
 
+def spec_steps(history: list[int], tensors, block_table: list[int], max_steps: int, max_new: int, budget_s: float,
+               stop_ids: list[int], min_n: int, max_n: int, guess: bool, policy: list[float], num_heads: int,
+               num_kv_heads: int, head_dim: int, eps: float, scale: float) -> tuple[list[int], list[list[float]]]:
+    """Greedy n-gram speculation of one request, up to `max_steps` verify steps in one call: (tokens, per step
+    [length asked, drafted, accepted, guess, propose seconds, step seconds]). `history` is prompt + output, its last
+    token not yet in the cache; `policy` the draft-length state (see the C++ `SpecPolicy`). Tables and head set.
+    Call only when `available()`."""
+    return _module().spec_steps(history, tensors, block_table, max_steps, max_new, budget_s, stop_ids, min_n, max_n,
+                                guess, policy, num_heads, num_kv_heads, head_dim, eps, scale)
+
+
 HUGE_PAGE_MIN_BYTES = 1 << 20  # smaller tensors span a handful of pages: nothing to gain
 
 

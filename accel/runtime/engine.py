@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from accel.runtime.detokenizer import IncrementalDetokenizer
 from accel.runtime.kv_cache_manager import KVCacheManager
 from accel.runtime.model import CausalLM, fuse_projections, load_model
 from accel.runtime.model_runner import KV_CACHE_DTYPES, ModelRunner, RunnerConfig, kv_bytes_per_block
+from accel.runtime.outputs import SpecBurst
 from accel.runtime.sampling_params import SamplingParams
 from accel.runtime.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from accel.runtime.sequence import FinishReason, RequestMetrics, Sequence
@@ -30,8 +32,9 @@ __all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullE
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 DEFAULT_KV_CACHE_BYTES = 1 << 30
-# A burst of decode steps (num_scheduler_steps) holds new arrivals, and in the server the event loop, until it ends:
-# bursts are cut to about this long. What they save, ~0.2 ms of Python a step, matters only where steps are short.
+# A burst of steps in one call (num_scheduler_steps) holds new arrivals, and in the server the event loop, until it
+# ends: a serving loop cuts bursts to about this long (`Engine.max_burst_s`). Offline, where nothing can arrive
+# during a step, only num_scheduler_steps bounds them.
 MAX_BURST_S = 0.025
 log = logging.getLogger("accel.engine")
 
@@ -61,9 +64,9 @@ class EngineConfig:
     fuse_projections: bool = True  # fuse unquantized q/k/v and gate/up Linears after the quant plan is applied
     speculative: SpeculativeConfig | None = None  # speculative decoding (n-gram lookup or a draft model); None: off
     pack_linears: bool = True  # CPU fp32: run float Linears through oneDNN with pre-reordered weights (faster)
-    # greedy decode steps run in a row in one native call when nothing waits (vLLM's multi-step scheduling): the
-    # Python between steps is paid once per burst; a request that arrives meanwhile waits for the burst's end, so a
-    # burst is also cut to MAX_BURST_S
+    # greedy decode steps (or n-gram verify steps at batch 1) run in a row in one native call when nothing waits
+    # (vLLM's multi-step scheduling): the Python between steps is paid once per burst; a request that arrives
+    # meanwhile waits for the burst's end, so a serving loop also cuts bursts to MAX_BURST_S
     num_scheduler_steps: int = 8
 
     def __post_init__(self) -> None:
@@ -169,6 +172,7 @@ class Engine:
         self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()
         self._decode_step_s: float | None = None  # the last decode-only step's time per decode step
+        self.max_burst_s: float | None = None  # seconds a burst of steps may take (None: num_scheduler_steps alone)
         self.spec = None
         if spec is not None:
             proposer = proposer or build_proposer(spec, config.model, num_blocks, config.block_size, self.runner.device,
@@ -248,22 +252,29 @@ class Engine:
     # ---- the step --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns an output for every request that got tokens or finished."""
-        draft_probs = None
+        draft_probs, burst = None, None
         if self.spec is not None:
-            drafts, draft_probs = self.spec.propose(self.scheduler.running, self.runner.generator_for,
-                                                    self.scheduler.draft_budget())
-            self.scheduler.update_draft_token_ids(drafts)
+            burst = self._spec_burst()
+            if burst is None:
+                drafts, draft_probs = self.spec.propose(self.scheduler.running, self.runner.generator_for,
+                                                        self.scheduler.draft_budget())
+                self.scheduler.update_draft_token_ids(drafts)
         t0 = time.perf_counter()
-        sched = self.scheduler.schedule(self._num_steps())
+        sched = self.scheduler.schedule(burst.num_positions if burst is not None else self._num_steps())
         if sched.is_empty:
             self.runner.swap(sched.swap_out, sched.swap_in)  # preemptions may still have to move K/V
             return []
-        out = self.runner.execute(sched, draft_probs) if draft_probs else self.runner.execute(sched)
+        if burst is not None:
+            out = self.runner.execute(sched, burst=burst)
+        else:
+            out = self.runner.execute(sched, draft_probs) if draft_probs else self.runner.execute(sched)
         if sched.num_scheduled_tokens == len(sched.scheduled):  # decode rows only: what one decode step costs
             self._decode_step_s = (time.perf_counter() - t0) / max(1, max(len(t) for t in out.sampled_token_ids))
         results = [self._fail(self._states[rid], error) for rid, error in out.failed.items()]
         touched = self.scheduler.update_from_output(sched, out)
-        if self.spec is not None:
+        if out.spec_steps is not None:
+            self.spec.observe_burst(sched.scheduled[0].seq, out.spec_steps)
+        elif self.spec is not None:
             self.spec.observe(sched, out, time.perf_counter() - t0)
         by_id = dict(zip(out.request_ids, range(len(out.request_ids))))
         for seq in touched:
@@ -280,13 +291,25 @@ class Engine:
         return results
 
     def _num_steps(self) -> int:
-        """Decode steps the next step may run in a row: num_scheduler_steps, as many as fit in MAX_BURST_S at the
+        """Decode steps the next step may run in a row: num_scheduler_steps, as many as fit in `max_burst_s` at the
         last decode step's cost, where the runner can (`max_decode_steps`); 1 with speculation."""
         if self.spec is not None or self.config.num_scheduler_steps == 1 or self._decode_step_s is None:
             return 1
-        fit = max(1, int(MAX_BURST_S / max(self._decode_step_s, 1e-6)))
-        return self.runner.max_decode_steps(self.scheduler.running, min(self.config.num_scheduler_steps, fit),
-                                            self.max_model_len)
+        steps = self.config.num_scheduler_steps
+        if self.max_burst_s is not None:
+            steps = min(steps, max(1, int(self.max_burst_s / max(self._decode_step_s, 1e-6))))
+        return self.runner.max_decode_steps(self.scheduler.running, steps, self.max_model_len)
+
+    def _spec_burst(self) -> SpecBurst | None:
+        """Several verify steps in one native call where the one running request may take them (`SpecDecoder.burst`,
+        `max_decode_steps`), within `max_burst_s`; None for a step of its own."""
+        if self.config.num_scheduler_steps == 1 or self.runner.max_decode_steps(
+                self.scheduler.running, 2, self.max_model_len) == 1 or self.scheduler.waiting:
+            return None
+        burst = self.spec.burst(self.scheduler.running, self.config.num_scheduler_steps,
+                                math.inf if self.max_burst_s is None else self.max_burst_s,
+                                self.scheduler.draft_budget())
+        return burst if burst is not None and self.scheduler.lookahead_fits(burst.num_positions) else None
 
     def _fail(self, st: _RequestState, error: str) -> RequestOutput:
         """End one request with finish reason "error" (its blocks freed); the rest of the batch goes on."""

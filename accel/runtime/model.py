@@ -390,6 +390,16 @@ class NativeDecode:
         return cpu_kernels.decode_steps(ids, positions, self.tensors, block_table, nb, num_steps, stop_ids,
                                         self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale)
 
+    def spec_steps(self, kv_caches: list[PagedKVCache], history: list[int], block_table: list[int], max_steps: int,
+                   max_new: int, budget_s: float, stop_ids: list[int], min_n: int, max_n: int, guess: bool,
+                   policy: list[float]) -> tuple[list[int], list[list[float]]]:
+        """Greedy n-gram speculation of one request in one call (`cpu_kernels.spec_steps`): its tokens and, per verify
+        step, [length asked, drafted, accepted, guess, propose seconds, step seconds]."""
+        self._bind(kv_caches)
+        return cpu_kernels.spec_steps(history, self.tensors, block_table, max_steps, max_new, budget_s, stop_ids, min_n,
+                                      max_n, guess, policy, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
+                                      self.scale)
+
     def _bind(self, kv_caches: list[PagedKVCache]) -> None:
         if kv_caches is not self._caches:  # a runner's cache tensors never change: bound once, not passed per step
             if any(c.quantized or c.k.dtype != torch.float32 for c in kv_caches):

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from accel.runtime.attention import AttentionMetadata, DecodeGroup, PagedKVCache, PrefillSpan
 from accel.runtime.model import CausalLM, longs
-from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, SpecBurst
 from accel.runtime.sampler import Sampler, plain_greedy, row_argmax
 from accel.runtime.sequence import Sequence
 
@@ -146,15 +146,16 @@ class ModelRunner:
 
     # ---- one step --------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, draft_probs: dict[str, Tensor | None] | None = None
-                ) -> ModelRunnerOutput:
+    def execute(self, sched: SchedulerOutput, draft_probs: dict[str, Tensor | None] | None = None,
+                burst: SpecBurst | None = None) -> ModelRunnerOutput:
         """Run one step. Requests with draft tokens are verified (see `_verify`); draft_probs[request id] is
-        the distribution q [num drafts, V] each draft token was drawn from (None/missing: one-hot, n-gram)."""
+        the distribution q [num drafts, V] each draft token was drawn from (None/missing: one-hot, n-gram). With
+        `burst` and lookahead slots (`sched.num_steps` > 1), the burst's verify steps run in one call instead."""
         if sched.swap_out or sched.swap_in:
             self.swap(sched.swap_out, sched.swap_in)
         native = self._native_step(sched.scheduled)
         if native is not None and sched.num_steps > 1:
-            return self._decode_steps(native, sched)
+            return self._spec_steps(native, sched, burst) if burst is not None else self._decode_steps(native, sched)
         if native is not None:
             step_inputs, sample_rows = self.native_inputs(sched.scheduled)
         else:
@@ -255,6 +256,20 @@ class ModelRunner:
         tokens = native.steps(self.kv_caches, ids, positions, flat, nb, num_steps, stops)
         n = len(sched.scheduled)
         return ModelRunnerOutput([r.seq.request_id for r in sched.scheduled], tokens, [None] * n, [None] * n)
+
+    def _spec_steps(self, native, sched: SchedulerOutput, burst: SpecBurst) -> ModelRunnerOutput:
+        """`burst`'s verify steps of its one request in one native call, within the blocks the request holds (the
+        scheduler took lookahead slots for `sched.num_steps` positions) and its max_tokens and the model length."""
+        (r,) = sched.scheduled
+        seq = r.seq
+        assert seq.request_id == burst.request_id and seq.num_computed_tokens == seq.num_tokens - 1
+        stop = list(seq.params.stop_token_ids)
+        if seq.eos_token_id is not None and not seq.params.ignore_eos:
+            stop.append(seq.eos_token_id)
+        tokens, steps = native.spec_steps(self.kv_caches, seq.token_ids, seq.block_table, burst.max_steps,
+                                          burst.max_new, burst.budget_s, stop, burst.min_n, burst.max_n, burst.guess,
+                                          burst.policy)
+        return ModelRunnerOutput([seq.request_id], [tokens], [None], [None], spec_steps=steps)
 
     def _sample(self, logits: Tensor, seqs: list[Sequence], argmax: Tensor | None = None
                 ) -> list[tuple[list[int], list | None, list | None]]:

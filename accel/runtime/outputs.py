@@ -34,12 +34,29 @@ class SchedulerOutput:
     swap_out: dict[str, list[int]] = field(default_factory=dict)
     swap_in: dict[str, list[int]] = field(default_factory=dict)
     # decode steps the runner may run in a row (every request one decode row with lookahead KV slots for them); it
-    # may stop earlier, and returns every step's token
+    # may stop earlier, and returns every step's token. With a `SpecBurst`: the positions its request may advance
     num_steps: int = 1
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+@dataclass
+class SpecBurst:
+    """Greedy n-gram speculation of the one running request for several verify steps in one native call (what
+    `SpecDecoder.burst` hands the runner): the proposer's n-gram sizes, whether a one-token guess fills a step where
+    nothing matches, and the draft-length state the native loop advances (`SpecPolicy` in the C++)."""
+
+    request_id: str
+    max_steps: int
+    max_new: int  # tokens the request may still take (max_tokens, the model length)
+    num_positions: int  # lookahead the scheduler reserves: what max_steps steps of up to k max + 1 rows can reach
+    budget_s: float
+    min_n: int
+    max_n: int
+    guess: bool
+    policy: list[float]  # successes, failures, decay, cost ratio, min speedup, k max, last full, fixed k (-1: adaptive)
 
 
 @dataclass
@@ -57,3 +74,5 @@ class ModelRunnerOutput:
     logprobs: list[list[float] | None] = field(default_factory=list)
     top_logprobs: list[list[list[tuple[int, float]]] | None] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    # a `SpecBurst`'s verify steps: [length asked, drafted, accepted, guess (0/1), propose seconds, step seconds] each
+    spec_steps: list[list[float]] | None = None

@@ -195,6 +195,12 @@ class Scheduler:
                                preempted_request_ids=[s.request_id for s in preempted],
                                swap_out=swap_out, swap_in=swap_in, num_steps=num_steps)
 
+    def lookahead_fits(self, num_steps: int) -> bool:
+        """Whether the free blocks hold num_steps - 1 lookahead slots for every running request now."""
+        bs = self.kv.block_size
+        return sum(max(0, -(-(s.num_computed_tokens + num_steps) // bs) - len(s.block_table))
+                   for s in self.running) <= self.kv.pool.num_free_blocks
+
     def _lookahead_for_steps(self, out: list[ScheduledRequest], num_steps: int, preempted: list[Sequence]) -> bool:
         """Take num_steps - 1 lookahead slots for each of `out` if it is a multi-step batch (every running request
         one decode row, nothing waiting or preempted) and the free blocks hold them all; else take nothing."""
@@ -202,9 +208,7 @@ class Scheduler:
             return False
         if any(r.num_tokens != 1 or r.spec_token_ids for r in out):
             return False
-        bs = self.kv.block_size
-        need = sum(max(0, -(-(r.seq.num_computed_tokens + num_steps) // bs) - len(r.seq.block_table)) for r in out)
-        if need > self.kv.pool.num_free_blocks:
+        if not self.lookahead_fits(num_steps):
             return False
         for r in out:
             self.kv.allocate_slots(r.seq, 1, num_lookahead_tokens=num_steps - 1)

@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from accel.runtime.engine import MAX_BURST_S
 from accel.runtime.sampling_params import SamplingParams
 from accel.server.metrics import ServerMetrics
 
@@ -164,6 +165,8 @@ class AsyncEngine:
                  idle_wait_s: float = 0.05) -> None:
         """engine: an Engine built on the thread that will run the event loop (see the module docstring)."""
         self.engine = engine
+        # the loop answers nothing while a step runs: bursts of steps are kept short for arrivals and streams
+        engine.max_burst_s = MAX_BURST_S
         self.policy = policy or AdmissionPolicy()
         self.metrics = metrics
         self.max_model_len = max_model_len(engine)

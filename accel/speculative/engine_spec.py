@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput
+from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput, SpecBurst
 from accel.runtime.sequence import Sequence
-from accel.speculative.adaptive import AdaptiveSpeculation, CostMeter
+from accel.speculative.adaptive import AdaptiveSpeculation, CostMeter, speculation_enabled
 from accel.speculative.config import SpeculativeConfig
 from accel.speculative.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer
 from accel.speculative.stats import SpecDecodeStats
@@ -169,6 +169,55 @@ class SpecDecoder:
                 drafts[seq.request_id] = list(props.token_ids[i])
                 probs[seq.request_id] = None if props.probs is None else props.probs[i]
         return drafts, probs
+
+    def burst(self, running: list[Sequence], max_steps: int, budget_s: float, budget: int | None) -> SpecBurst | None:
+        """Several verify steps of the one running request in one native call (the runner's `_spec_steps`), where
+        they make the same choices as steps one at a time: n-gram lookup (no draft model), a greedy request (the
+        caller checks it: `ModelRunner.max_decode_steps`) already drafted for, and the free row, which makes every
+        step draft or guess. The draft lengths follow the request's acceptance estimate within the burst at the
+        cost ratio measured before it; `observe_burst` then replays the steps. None: propose as usual."""
+        if max_steps < 2 or len(running) != 1 or type(self.proposer) is not NgramProposer:
+            return None
+        seq = running[0]
+        rid = seq.request_id
+        est = self.adaptive.estimates.get(rid)
+        cfg = self.adaptive.config
+        if est is None or rid in self._undraftable or not self._free_row(1):
+            return None
+        k_max = cfg.k_max if budget is None else min(cfg.k_max, budget)
+        if k_max < 1:
+            return None
+        fixed = -1
+        if not speculation_enabled(1, cfg.disable_above_batch_size):
+            fixed = 0
+        elif not cfg.adaptive:
+            fixed = k_max
+        cost = cfg.cost_ratio if self.adaptive.measured_cost_ratio is None else self.adaptive.measured_cost_ratio
+        self._drafted, self._guessed, self._source = set(), set(), {}  # this step proposes nothing of its own
+        max_new = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+        return SpecBurst(rid, max_steps, max_new, min(max_new, max_steps * (k_max + 1)) + k_max, budget_s,
+                         self.proposer.min_n, self.proposer.max_n, True,
+                         [est.successes, est.failures, cfg.decay, cost, cfg.min_speedup, k_max, est.last_full, fixed])
+
+    def observe_burst(self, seq: Sequence, steps: list[list[float]]) -> None:
+        """`observe` for each verify step of a burst, in order: the counters, the request's acceptance estimate and
+        the cost meter see what steps one at a time would have shown them."""
+        rid = seq.request_id
+        domain = self._domain.get(rid)
+        for k, drafted, accepted, guessed, propose_s, step_s in steps:
+            n, a = int(drafted), int(accepted)
+            if self.cost is not None:
+                self.cost.observe(propose_s, int(k), step_s, 1 + n, 1, True)
+                self.adaptive.measured_cost_ratio = self.cost.cost_ratio(1, self.config.default_cost_ratio())
+            self.adaptive.observe(rid, 0, 0) if guessed or n == 0 else self.adaptive.observe(rid, n, a)
+            if n == 0:
+                continue
+            seq.spec.observe(n, a)
+            self.total.observe(n, a)
+            if guessed:
+                self.guesses.observe(n, a)
+            if domain is not None:
+                self.per_domain.setdefault(domain, SpecDecodeStats()).observe(n, a)
 
     def _free_row(self, batch: int) -> bool:
         """Whether a free proposer drafts this step whatever the adaptive length, guessing one token where nothing

@@ -135,6 +135,71 @@ def test_decode_steps_in_a_row_give_what_single_steps_give(tiny_llama_dir, schem
     assert not calls[5]
 
 
+@pytest.fixture(scope="module")
+def looping_llama_dir(tmp_path_factory):
+    """A tiny Llama whose attention adds nothing (o_proj = 0): each next token is a function of the last one alone,
+    so greedy output soon cycles and n-gram drafts are accepted to their end, after the prompt's wrong ones."""
+    import torch
+
+    from tests.runtime.helpers import make_hf_model, tiny_config
+
+    model = make_hf_model(tiny_config())
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+    path = tmp_path_factory.mktemp("looping_llama")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("scheme", [None, "int8"])
+def test_ngram_verify_steps_in_a_row_make_the_choices_of_single_steps(looping_llama_dir, scheme):
+    """n-gram speculation at batch 1 in bursts of verify steps (`spec_steps`) against one step at a time: the same
+    tokens and finish reasons, and step for step the same drafts, acceptances and guesses (the native loop's draft
+    length mirrors `AdaptiveSpeculation`), with a stop token and max_tokens that end a burst. The cost meter is
+    off, so both paths weigh drafts at the same cost."""
+    kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
+    prompts = [p * 3 for p in mixed_prompts(4, seed=5, lo=2, hi=10)]  # repeats: wrong drafts before the cycle
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=6)
+    engines = {k: Engine.from_pretrained(looping_llama_dir, num_kv_blocks=128, block_size=8,
+                                         enable_prefix_caching=False, speculative=spec, num_scheduler_steps=k, **kw)
+               for k in (1, 8)}
+    steps: dict[int, list] = {}
+    for k, engine in engines.items():
+        sd = engine.spec
+        sd.cost = None
+        log = steps[k] = []
+
+        def observe(sched, out, seconds, sd=sd, log=log, observe=sd.observe):
+            for r, sampled in zip(sched.scheduled, out.sampled_token_ids):
+                if sampled and r.seq.request_id in sd._drafted:
+                    log.append((len(r.spec_token_ids), len(sampled) - 1, r.seq.request_id in sd._guessed))
+            observe(sched, out, seconds)
+
+        def observe_burst(seq, records, log=log, observe_burst=sd.observe_burst):
+            log.extend((int(d), int(a), bool(g)) for _, d, a, g, _, _ in records)
+            observe_burst(seq, records)
+
+        sd.observe, sd.observe_burst = observe, observe_burst
+    # the same history for both: the adaptive prior of new requests is the engine's measured acceptance
+    first = [e.generate(prompts[1], SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
+             for e in engines.values()][0]
+    params = [SamplingParams(max_tokens=60, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=60, temperature=0, ignore_eos=True, stop_token_ids=[first[0].token_ids[37]]),
+              SamplingParams(max_tokens=43, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=51, temperature=0, ignore_eos=True)]
+    steps[1].clear()
+    steps[8].clear()
+    outs = {k: [(o.token_ids, o.finish_reason) for p, sp in zip(prompts, params) for o in e.generate(p, sp)]
+            for k, e in engines.items()}
+    assert outs[8] == outs[1]
+    assert outs[1][1][1] == "stop" and len(outs[1][2][0]) == 43
+    assert steps[8] == steps[1]
+    assert any(a == d >= 4 and not g for d, a, g in steps[1])  # whole drafts, and doubled after them
+    assert any(a < d for d, a, _ in steps[1]) and any(g for _, _, g in steps[1])  # rejections, guesses
+    assert engines[8].scheduler.num_steps < engines[1].scheduler.num_steps / 2
+
+
 def test_a_burst_never_runs_past_a_requests_own_blocks(tiny_llama_dir):
     from accel.runtime.outputs import ScheduledRequest, SchedulerOutput
 

@@ -33,6 +33,16 @@ def test_generate_streams_deltas_then_the_final_output():
     assert [o.finished for o in outs] == [False, False, False, True] and outs[-1].finish_reason == "length"
 
 
+def test_serving_cuts_bursts_of_steps_short():
+    """The event loop answers nothing while a step runs: under the server, a burst of steps (num_scheduler_steps,
+    n-gram verify steps) is cut to MAX_BURST_S; an engine used directly has no cut."""
+    from accel.runtime.engine import MAX_BURST_S
+
+    engine = FakeEngine()
+    AsyncEngine(engine)
+    assert engine.max_burst_s == MAX_BURST_S
+
+
 def test_concurrent_requests_each_get_their_own_stream():
     async def main():
         ae = AsyncEngine(FakeEngine(reply="xyz"))

@@ -35,7 +35,8 @@ class FailingSampler(Sampler):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = save_tiny_model(tmp_path_factory.mktemp("hostile") / "tiny", max_position_embeddings=256)
-    engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=16, max_model_len=256)
+    # one step at a time: bursts of steps finish a tiny model's 48-token streams before a test can see them run
+    engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=16, max_model_len=256, num_scheduler_steps=1)
     engine.runner.sampler = FailingSampler()
     with serve_in_thread(engine, model_name="tiny") as running:
         yield running
