@@ -274,7 +274,7 @@ class Engine:
         touched = self.scheduler.update_from_output(sched, out)
         if out.spec_steps is not None:
             self.spec.observe_burst(sched.scheduled[0].seq, out.spec_steps)
-        elif self.spec is not None:
+        elif self.spec is not None and sched.num_steps == 1:  # a burst of plain decode steps verified nothing
             self.spec.observe(sched, out, time.perf_counter() - t0)
         by_id = dict(zip(out.request_ids, range(len(out.request_ids))))
         for seq in touched:
@@ -292,8 +292,10 @@ class Engine:
 
     def _num_steps(self) -> int:
         """Decode steps the next step may run in a row: num_scheduler_steps, as many as fit in `max_burst_s` at the
-        last decode step's cost, where the runner can (`max_decode_steps`); 1 with speculation."""
-        if self.spec is not None or self.config.num_scheduler_steps == 1 or self._decode_step_s is None:
+        last decode step's cost, where the runner can (`max_decode_steps`); 1 while speculation may draft."""
+        if self.config.num_scheduler_steps == 1 or self._decode_step_s is None:
+            return 1
+        if self.spec is not None and self.spec.may_draft(len(self.scheduler.running)):
             return 1
         steps = self.config.num_scheduler_steps
         if self.max_burst_s is not None:

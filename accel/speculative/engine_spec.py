@@ -170,6 +170,12 @@ class SpecDecoder:
                 probs[seq.request_id] = None if props.probs is None else props.probs[i]
         return drafts, probs
 
+    def may_draft(self, batch: int) -> bool:
+        """Whether any request of a batch of `batch` running requests may draft (or guess, or probe) this step: not
+        above `disable_above_batch_size`, where the engine then bursts plain decode steps as without speculation."""
+        cfg = self.adaptive.config
+        return cfg.k_max > 0 and (batch == 1 or speculation_enabled(batch, cfg.disable_above_batch_size))
+
     def burst(self, running: list[Sequence], max_steps: int, budget_s: float, budget: int | None) -> SpecBurst | None:
         """Several verify steps of the one running request in one native call (the runner's `_spec_steps`), where
         they make the same choices as steps one at a time: n-gram lookup (no draft model), a greedy request (the

@@ -200,6 +200,22 @@ def test_ngram_verify_steps_in_a_row_make_the_choices_of_single_steps(looping_ll
     assert engines[8].scheduler.num_steps < engines[1].scheduler.num_steps / 2
 
 
+def test_a_speculating_engine_bursts_plain_steps_where_no_request_may_draft(tiny_llama_dir):
+    """At or above `disable_above_batch_size` running requests nothing drafts, and the engine bursts decode steps
+    as one without speculation does: the same tokens, in fewer steps."""
+    path, _ = tiny_llama_dir
+    prompts = [p * 3 for p in mixed_prompts(3, seed=5, lo=2, hi=10)]
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    spec = SpeculativeConfig(method="ngram", disable_above_batch_size=2)
+    plain = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, num_scheduler_steps=1)
+    engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, speculative=spec, num_scheduler_steps=6)
+    calls = []
+    steps = engine.model.native_decode.steps
+    engine.model.native_decode.steps = lambda *a: calls.append(a[5]) or steps(*a)
+    assert _run(engine, prompts, greedy) == _run(plain, prompts, greedy)
+    assert calls and max(calls) == 6 and engine.scheduler.num_steps < plain.scheduler.num_steps / 2
+
+
 def test_a_burst_never_runs_past_a_requests_own_blocks(tiny_llama_dir):
     from accel.runtime.outputs import ScheduledRequest, SchedulerOutput
 
