@@ -270,13 +270,14 @@ def decode_step(ids: list[int], positions: list[int], tensors, slots: list[int],
 
 
 def decode_steps(ids: list[int], positions: list[int], tensors, block_table: list[int], nb: int, num_steps: int,
-                 stop_ids: list[list[int]], num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
-                 scale: float) -> list[list[int]]:
+                 stop_ids: list[list[int]], features: Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                 eps: float, scale: float) -> list[list[int]]:
     """Up to `num_steps` greedy decode steps of len(ids) requests, one row each, each step's argmax the next one's
     input: the tokens of each row. Stops after the first step in which a row's token is in its `stop_ids`. Row t's
-    block table ([len(ids), nb] flattened) must cover positions[t] + num_steps. Tables and head set. Call only when
+    block table ([len(ids), nb] flattened) must cover positions[t] + num_steps. `features` (fp32 [cache slots,
+    hidden], or empty) receives each position's final hidden state by slot. Tables and head set. Call only when
     `available()`."""
-    return _module().decode_steps(ids, positions, tensors, block_table, nb, num_steps, stop_ids, num_heads,
+    return _module().decode_steps(ids, positions, tensors, block_table, nb, num_steps, stop_ids, features, num_heads,
                                   num_kv_heads, head_dim, eps, scale)
 
 

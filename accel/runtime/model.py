@@ -383,12 +383,14 @@ class NativeDecode:
                                        self.scale)
 
     def steps(self, kv_caches: list[PagedKVCache], ids: list[int], positions: list[int], block_table: list[int],
-              nb: int, num_steps: int, stop_ids: list[list[int]]) -> list[list[int]]:
+              nb: int, num_steps: int, stop_ids: list[list[int]], features: Tensor | None = None) -> list[list[int]]:
         """Up to `num_steps` greedy steps of single-row requests in one call (`cpu_kernels.decode_steps`): each
-        row's tokens; the steps end after one in which a row produced one of its `stop_ids`."""
+        row's tokens; the steps end after one in which a row produced one of its `stop_ids`. `features`: where each
+        position's final hidden state goes by slot (the runner's feature cache), if anywhere."""
         self._bind(kv_caches)
         return cpu_kernels.decode_steps(ids, positions, self.tensors, block_table, nb, num_steps, stop_ids,
-                                        self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale)
+                                        _NO_FLOATS if features is None else features, self.num_heads,
+                                        self.num_kv_heads, self.head_dim, self.eps, self.scale)
 
     def spec_steps(self, kv_caches: list[PagedKVCache], history: list[int], block_table: list[int], max_steps: int,
                    max_new: int, budget_s: float, stop_ids: list[int], min_n: int, max_n: int, guess: bool,

@@ -153,9 +153,10 @@ class ModelRunner:
         `burst` and lookahead slots (`sched.num_steps` > 1), the burst's verify steps run in one call instead."""
         if sched.swap_out or sched.swap_in:
             self.swap(sched.swap_out, sched.swap_in)
-        native = self._native_step(sched.scheduled)
-        if native is not None and sched.num_steps > 1:
+        if sched.num_steps > 1:  # lookahead slots: only where `max_decode_steps` allowed a burst
+            native = self._native_decode(features=True)
             return self._spec_steps(native, sched, burst) if burst is not None else self._decode_steps(native, sched)
+        native = self._native_step(sched.scheduled)
         if native is not None:
             step_inputs, sample_rows = self.native_inputs(sched.scheduled)
         else:
@@ -221,7 +222,7 @@ class ModelRunner:
         """How many decode steps in a row (`SchedulerOutput.num_steps`) the running batch may take: 1 unless the
         native step runs it and every request is a plain greedy decode row past min_tokens, without logprobs; then
         num_steps capped by each request's max_tokens and the model length (a burst never overshoots a length)."""
-        native = self._native_decode()
+        native = self._native_decode(features=True)
         if num_steps <= 1 or not running or native is None or len(running) > native.MAX_ROWS:
             return 1
         for seq in running:
@@ -253,7 +254,7 @@ class ModelRunner:
         for r in sched.scheduled:
             bt = r.seq.block_table[:nb]
             flat.extend(bt + [0] * (nb - len(bt)))
-        tokens = native.steps(self.kv_caches, ids, positions, flat, nb, num_steps, stops)
+        tokens = native.steps(self.kv_caches, ids, positions, flat, nb, num_steps, stops, self.feature_cache)
         n = len(sched.scheduled)
         return ModelRunnerOutput([r.seq.request_id for r in sched.scheduled], tokens, [None] * n, [None] * n)
 
@@ -263,6 +264,7 @@ class ModelRunner:
         (r,) = sched.scheduled
         seq = r.seq
         assert seq.request_id == burst.request_id and seq.num_computed_tokens == seq.num_tokens - 1
+        assert self.feature_cache is None, "n-gram lookup reads no features"
         stop = list(seq.params.stop_token_ids)
         if seq.eos_token_id is not None and not seq.params.ignore_eos:
             stop.append(seq.eos_token_id)
@@ -356,12 +358,15 @@ class ModelRunner:
         """The request's generator (seeded requests), shared with the proposer so draws stay per request."""
         return self._generator(seq)
 
-    def _native_decode(self):
+    def _native_decode(self, features: bool = False):
         """The model's native decode where it can take steps from lists (head and tables set, fp32 paged cache)
-        and nothing reads the step's tensors afterwards (feature cache, hidden hook); else None."""
+        and nothing reads the step's tensors afterwards (a hidden hook; the feature cache too, unless `features`:
+        bursts of decode steps fill it themselves); else None."""
         native = getattr(self.model, "native_decode", None)
         if (native is None or not native.has_head or not native.has_tables or not self._paged_decode_kernel
-                or self.feature_cache is not None or self.hidden_hook is not None):
+                or self.hidden_hook is not None or (self.feature_cache is not None and not features)):
+            return None
+        if self.feature_cache is not None and self.feature_cache.dtype != torch.float32:
             return None
         return native
 

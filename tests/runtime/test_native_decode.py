@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from accel.quant import cpu_kernels
 from accel.quant.schemes import uniform_plan
@@ -43,8 +44,6 @@ def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_ll
     """The lm_head inside the native step: the same logits, to the bit, as the lm_head module on the step's
     hidden states, for any subset and order of rows (a verify span's rows, then sampling rows). The runner calls it
     with lists (`NativeDecode.step`), or with tensors where a hidden hook reads the step's hidden states."""
-    import torch
-
     path, _ = tiny_llama_dir
     kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
     engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, enable_prefix_caching=False,
@@ -139,8 +138,6 @@ def test_decode_steps_in_a_row_give_what_single_steps_give(tiny_llama_dir, schem
 def looping_llama_dir(tmp_path_factory):
     """A tiny Llama whose attention adds nothing (o_proj = 0): each next token is a function of the last one alone,
     so greedy output soon cycles and n-gram drafts are accepted to their end, after the prompt's wrong ones."""
-    import torch
-
     from tests.runtime.helpers import make_hf_model, tiny_config
 
     model = make_hf_model(tiny_config())
@@ -214,6 +211,25 @@ def test_a_speculating_engine_bursts_plain_steps_where_no_request_may_draft(tiny
     engine.model.native_decode.steps = lambda *a: calls.append(a[5]) or steps(*a)
     assert _run(engine, prompts, greedy) == _run(plain, prompts, greedy)
     assert calls and max(calls) == 6 and engine.scheduler.num_steps < plain.scheduler.num_steps / 2
+
+
+def test_bursts_fill_the_feature_cache_as_single_steps_do(tiny_llama_dir):
+    """An EAGLE draft reads the target's final hidden state of every verified position from the runner's feature
+    cache; bursts of decode steps write it by slot, to the bit what steps one at a time write."""
+    path, _ = tiny_llama_dir
+    greedy = SamplingParams(max_tokens=21, temperature=0, ignore_eos=True)
+    engines = {k: Engine.from_pretrained(path, num_kv_blocks=64, block_size=8, enable_prefix_caching=False,
+                                         num_scheduler_steps=k) for k in (1, 6)}
+    calls = []
+    steps = engines[6].model.native_decode.steps
+    engines[6].model.native_decode.steps = lambda *a: calls.append(a[5]) or steps(*a)
+    outs = {}
+    for k, engine in engines.items():
+        engine.runner.enable_feature_cache()
+        outs[k] = [_run(engine, p, greedy) for p in mixed_prompts(2, seed=3, lo=3, hi=12)]
+    assert outs[6] == outs[1] and calls and max(calls) == 6
+    f1, f6 = engines[1].runner.feature_cache, engines[6].runner.feature_cache
+    assert f1.abs().sum() > 0 and torch.equal(f6, f1)
 
 
 def test_a_burst_never_runs_past_a_requests_own_blocks(tiny_llama_dir):

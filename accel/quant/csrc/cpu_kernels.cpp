@@ -2524,15 +2524,20 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_step(
 // Up to `num_steps` greedy decode steps of T requests (one row each) in one call, each step's argmax the next step's
 // input (vLLM's multi-step scheduling): tokens [T][steps run]. The steps stop after the first in which a row's token
 // is one of that row's `stop_ids`. Row t's block table (row t of [T, nb]) must hold slots for positions
-// positions[t] .. positions[t] + num_steps - 1. Why: between single steps the runner's Python, with caches cold after
+// positions[t] .. positions[t] + num_steps - 1. With `features` (not empty), each step's final hidden states are
+// stored there by slot. Why: between single steps the runner's Python, with caches cold after
 // the weight stream, cost ~0.2 ms of an INT8 step of ~3.
 std::vector<std::vector<int64_t>> decode_steps(
     std::vector<int64_t> ids, std::vector<int64_t> positions, const DecodeTensors& dw, std::vector<int64_t> block_table,
-    int64_t nb, int64_t num_steps, std::vector<std::vector<int64_t>> stop_ids, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
+    int64_t nb, int64_t num_steps, std::vector<std::vector<int64_t>> stop_ids, torch::Tensor features,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
   TORCH_CHECK(dw.has_tables && dw.has_head, "set_tables and set_head first");
   TORCH_CHECK(!dw.k_caches.empty(), "bind_caches first");
   const int64_t T = static_cast<int64_t>(ids.size()), BS = dw.k_caches[0].size(1);
+  const bool keep = features.defined() && features.numel() > 0;
+  TORCH_CHECK(!keep || (features.scalar_type() == at::kFloat && features.dim() == 2 && features.is_contiguous() &&
+                        features.size(0) >= dw.k_caches[0].size(0) * BS),
+              "features: fp32 [cache slots, hidden], contiguous");
   TORCH_CHECK(T > 0 && static_cast<int64_t>(positions.size()) == T && static_cast<int64_t>(stop_ids.size()) == T,
               "one position and one stop list per row");
   TORCH_CHECK(nb > 0 && static_cast<int64_t>(block_table.size()) == T * nb, "block_table: T x nb ints");
@@ -2555,6 +2560,13 @@ std::vector<std::vector<int64_t>> decode_steps(
                              long_view(ctx), long_view(rows), long_view(spans), long_view(rows), num_heads, num_kv_heads,
                              head_dim, eps, scale);
     const int64_t* am = std::get<2>(res).data_ptr<int64_t>();
+    if (keep) {  // the final hidden state of each position, by slot as its K/V (an EAGLE draft's features)
+      const torch::Tensor& h = std::get<0>(res);
+      const int64_t Hd = h.size(1);
+      TORCH_CHECK(features.size(1) == Hd, "features: ", Hd, " values per slot");
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(features.data_ptr<float>() + slots[t] * Hd, h.data_ptr<float>() + t * Hd, Hd * sizeof(float));
+    }
     bool stop = false;
     for (int64_t t = 0; t < T; ++t) {
       out[t].push_back(am[t]);
