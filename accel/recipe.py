@@ -12,14 +12,20 @@ every other field has a default, so a three-line recipe works:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import typing
+from dataclasses import dataclass, field
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from accel.runtime.config import STRICT, RuntimeConfig
+from accel.speculative.config import SpeculativeConfig
 
 Scheme = Literal["int4", "int4f", "int8", "fp16"]
 """int4: integer zero point (vLLM-loadable W4A16); int4f: float zero point per group (GGUF Q4_1 form, lossless on
@@ -30,7 +36,7 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(**STRICT, validate_assignment=True)
 
 
 class ModelConfig(Strict):
@@ -204,10 +210,12 @@ class DistillConfig(Strict):
     num_layers: Annotated[int, Field(ge=1, le=8)] = 2
     """kind layers only."""
     time_budget_minutes: Annotated[float, Field(gt=0.0, le=24 * 60)] = 30.0
+    """Wall time from loading the target to saving the draft."""
     num_prompts: Annotated[int, Field(ge=1)] | None = None
     """Calibration prompts queued for the target's replies (generation stops at its share of the budget);
     None: 256 for layers; for eagle 1200, or 40 per budget minute when that is more (`default_num_prompts`)."""
     max_new_tokens: Annotated[int, Field(ge=1, le=2048)] = 128
+    """Reply length per prompt."""
     learning_rate: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     """None: 1e-3 for eagle, 5e-4 for layers."""
     model_written_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
@@ -219,6 +227,12 @@ class DistillConfig(Strict):
     init_from: str | None = None
     """kind eagle only: an EAGLE draft folder of the same target to go on training on this run's fresh replies
     (see train_eagle); use another seed and a high model_written_fraction, or the replies repeat the first run's."""
+    draft_vocab_size: Annotated[int, Field(ge=1)] = 8192
+    """The draft's vocabulary: the target's most frequent tokens in its own replies (a reduced head)."""
+    layer_choice: Literal["first", "spread"] = "first"
+    """kind layers only: which target layers initialise the draft's."""
+    train_head: bool = True
+    """kind layers only: train the draft vocabulary's head rows (its own lm_head); false keeps the target's."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -235,54 +249,18 @@ class DistillConfig(Strict):
         return DISTILL_DEFAULTS[self.kind][name] if value is None else value
 
 
-class SpeculationConfig(Strict):
-    """The recipe's `speculation:` section: accel.speculative.config.SpeculativeConfig's fields under the same names
-    (see there), with method "distilled" (a draft trained from the target in this run, `distill`) and "none"."""
+@dataclass(kw_only=True)
+class SpeculationConfig(SpeculativeConfig):
+    """The recipe's `speculation:` section: the engine's `SpeculativeConfig` (accel/speculative/config.py, every
+    field declared there) with two more methods: none, and distilled (a draft trained from the target in this run
+    by `distill`, then served as method draft)."""
+
+    METHODS: ClassVar[tuple[str, ...]] = ("none", "ngram", "draft", "distilled")
 
     method: Literal["none", "ngram", "draft", "distilled"] = "none"
-    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 4
-    ngram_min_n: Annotated[int, Field(ge=1, le=8)] = 2
-    ngram_max_n: Annotated[int, Field(ge=1, le=8)] = 4
-    draft_model: str | None = None
-    """Path or registry name of a draft sharing the target's tokenizer (method draft)."""
-    draft_quantization: Scheme | None = None
-    adaptive: bool = True
-    disable_above_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
-    max_step_rows: Annotated[int, Field(ge=2)] | None = 16
-    draft_min_path_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    draft_min_first_confidence: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    draft_ngram_first: bool | None = None
-    """Prompt lookup first, the draft model where it finds nothing (None: on with a draft model)."""
-    distill: DistillConfig = DistillConfig()
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SpeculationConfig:
-        if self.ngram_min_n > self.ngram_max_n:
-            raise ValueError(f"ngram_min_n ({self.ngram_min_n}) must be <= ngram_max_n ({self.ngram_max_n})")
-        if self.method == "draft" and not self.draft_model:
-            raise ValueError("speculation.method 'draft' needs speculation.draft_model (a path or model name)")
-        if self.method != "draft" and self.draft_model:
-            raise ValueError(f"speculation.draft_model is set but method is {self.method!r}; use 'draft'")
-        if self.draft_ngram_first and self.method not in ("draft", "distilled"):
-            raise ValueError(f"speculation.draft_ngram_first needs a draft model to fall back to; method is "
-                             f"{self.method!r} (allowed with it: draft, distilled)")
-        return self
-
-
-class RuntimeConfig(Strict):
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    block_size: Literal[8, 16, 32, 64, 128] = 16
-    num_kv_blocks: Annotated[int, Field(ge=1)] | None = None
-    kv_cache_memory_gb: Annotated[float, Field(gt=0.0, le=4096)] = 2.0
-    """KV cache budget when num_kv_blocks is not set."""
-    kv_cache_dtype: Literal["auto", "int8"] = "auto"
-    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 32
-    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1 << 20)] = 1024
-    max_waiting: Annotated[int, Field(ge=1)] = 1024
-    enable_prefix_caching: bool = True
-    num_threads: Annotated[int, Field(ge=1, le=1024)] | None = None
-    num_scheduler_steps: Annotated[int, Field(ge=1, le=64)] = 8
-    """Greedy decode steps one native call may run in a row when nothing waits (1: one step at a time)."""
+    """none | ngram (prompt lookup) | draft (draft_model) | distilled (trained in the run, see distill)."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """How method distilled trains its draft."""
 
 
 class WorkloadConfig(Strict):
@@ -411,7 +389,7 @@ class Recipe(Strict):
         """A stable hash of the named sections (for stage reuse)."""
         import hashlib
 
-        data = {s: getattr(self, s).model_dump(mode="json") for s in sections}
+        data = self.model_dump(mode="json", include=set(sections))
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -424,21 +402,29 @@ class RecipeError(ValueError):
         super().__init__(f"invalid recipe {source}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+def _field_names(cls: Any) -> list[str]:
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return list(cls.model_fields)
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return []
+
+
 def _allowed_fields(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names allowed at `loc` (the parent of an extra key), walking the pydantic models."""
+    """Field names allowed at `loc` (the parent of an extra key), walking the recipe's classes."""
     cur: Any = model
     for part in loc:
         if isinstance(part, int):
             continue
-        field = getattr(cur, "model_fields", {}).get(part)
-        if field is None:
+        hints = typing.get_type_hints(cur) if dataclasses.is_dataclass(cur) else {
+            k: f.annotation for k, f in getattr(cur, "model_fields", {}).items()}
+        ann = hints.get(part)
+        if ann is None:
             return []
-        ann = field.annotation
-        cur = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)),
-                   ann)
-        if getattr(ann, "__origin__", None) is list:
-            cur = ann.__args__[0]
-    return list(getattr(cur, "model_fields", {}))
+        if typing.get_origin(ann) is list:
+            ann = typing.get_args(ann)[0]
+        cur = next((a for a in (typing.get_args(ann) or (ann,)) if _field_names(a)), ann)
+    return _field_names(cur)
 
 
 def _format_errors(e: ValidationError) -> list[str]:
@@ -447,7 +433,7 @@ def _format_errors(e: ValidationError) -> list[str]:
         loc = tuple(err["loc"])
         path = ".".join(str(p) for p in loc) or "(top level)"
         bad = err.get("input")
-        if err["type"] == "extra_forbidden":
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             allowed = _allowed_fields(Recipe, loc[:-1])
             hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
             msg = f"{path}: unknown field"
@@ -456,6 +442,9 @@ def _format_errors(e: ValidationError) -> list[str]:
             msg += f"; allowed fields here: {', '.join(allowed)}"
         else:
             reason = err["msg"].removeprefix("Value error, ")
+            named = re.match(r"(\w+)=", reason)  # a dataclass's own check names its field: add it to the path
+            if named and isinstance(bad, dict) and named.group(1) in _allowed_fields(Recipe, loc):
+                path = f"{path}.{named.group(1)}"
             msg = f"{path}: {reason} (got {bad!r})" if not isinstance(bad, dict) else f"{path}: {reason}"
         problems.append(msg)
     return problems

@@ -21,6 +21,7 @@ number of tokens. Timings on a shared machine are noisy: compare the ratios, mea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -30,6 +31,7 @@ import time
 import torch
 
 from accel.quant.schemes import uniform_plan
+from accel.runtime.config import RUNTIME_DEFAULTS
 from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
 
@@ -249,7 +251,7 @@ def bench_kvint8(path: str, args) -> dict:
             "combined movable metal type, oil-based ink and a wooden screw press. ") * 8
     tokens = engine.tokenizer.encode(text)[: (128 if args.quick else 512)]
     ref = all_row_logits(engine, tokens).log_softmax(-1)
-    q = Engine(engine.model, type(engine.config)(**{**engine.config.__dict__, "kv_cache_dtype": "int8"}),
+    q = Engine(engine.model, dataclasses.replace(engine.config, kv_cache_dtype="int8"),
                engine.tokenizer)
     got = all_row_logits(q, tokens).log_softmax(-1)
     kl = (ref.exp() * (ref - got)).sum(-1)  # [T] KL(fp32 KV || int8 KV)
@@ -269,8 +271,8 @@ def main() -> None:
     ap.add_argument("--skip-padded", action="store_true", help="offline: skip the (slow) padded generate peer")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--hf-batch-size", type=int, default=16)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=RUNTIME_DEFAULTS["max_num_batched_tokens"])
+    ap.add_argument("--max-num-seqs", type=int, default=RUNTIME_DEFAULTS["max_num_seqs"])
     ap.add_argument("--num-requests", type=int, default=None, help="offline workload size (default 64, quick 16)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()

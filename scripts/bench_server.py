@@ -27,6 +27,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from accel.runtime.config import RUNTIME_DEFAULTS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -196,7 +198,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=RUNTIME_DEFAULTS["max_num_batched_tokens"])
     ap.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--skip-in-process", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the results here")

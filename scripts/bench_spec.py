@@ -198,7 +198,7 @@ def main() -> None:
             engines, proposers = {}, {}
             for method in methods:
                 spec = specs[method]
-                config = EngineConfig(model=str(target_path), kv_cache_memory_bytes=512 << 20, speculative=spec,
+                config = EngineConfig(model=str(target_path), kv_cache_memory_gb=0.5, speculative=spec,
                                       max_num_batched_tokens=2048)
                 engines[method] = Engine(model, config, tok)  # builds its proposer (an EAGLE draft needs the runner)
                 proposer = None

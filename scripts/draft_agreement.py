@@ -52,7 +52,7 @@ if args.layers:
 eg, vide = load_trainer(args.eagle, tgt)
 gates = [float(g) for g in args.gates.split(",")]
 first_gates = [None] + [float(g) for g in args.first_gates.split(",") if g]
-eng = Engine.from_pretrained(M, kv_cache_memory_bytes=512 << 20)
+eng = Engine.from_pretrained(M, kv_cache_memory_gb=0.5)
 for name, msgs in sets.items():
     ids = [tok(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
            ["input_ids"] for m in msgs]

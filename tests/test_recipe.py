@@ -54,10 +54,10 @@ BROKEN = [
     ({"calibration": {"num_samples": 0}}, ["calibration.num_samples", "greater than or equal to 1"]),
     ({"calibration": {"length_buckets": [256, 64]}}, ["calibration.length_buckets", "strictly increasing"]),
     ({"calibration": {"allocation": "weights"}}, ["calibration", "needs calibration.weights"]),
-    ({"speculation": {"method": "draft"}}, ["speculation", "needs speculation.draft_model"]),
+    ({"speculation": {"method": "draft"}}, ["speculation", "needs draft_model"]),
     ({"speculation": {"method": "medusa"}}, ["speculation.method", "medusa", "'ngram'"]),
     ({"speculation": {"num_speculative_tokens": 99}}, ["speculation.num_speculative_tokens", "99", "16"]),
-    ({"speculation": {"ngram_min_n": 5, "ngram_max_n": 2}}, ["speculation", "ngram_min_n (5) must be <= ngram_max_n (2)"]),
+    ({"speculation": {"ngram_min_n": 5, "ngram_max_n": 2}}, ["speculation.ngram_min_n", "ngram_min_n=5, ngram_max_n=2 are invalid", "ngram_min_n <= ngram_max_n"]),
     ({"speculation": {"distill": {"model_written_fraction": 1.5}}},
      ["speculation.distill.model_written_fraction", "1.5", "less than or equal to 1"]),
     ({"speculation": {"disable_above_batch_size": "sometimes"}},
@@ -69,13 +69,13 @@ BROKEN = [
     ({"speculation": {"distill": {"gen_fraction": 1.0}}},
      ["speculation.distill.gen_fraction", "1.0", "less than or equal to 0.95"]),
     ({"speculation": {"draft_min_path_confidence": 1.5}},
-     ["speculation.draft_min_path_confidence", "1.5", "less than 1"]),
+     ["speculation.draft_min_path_confidence", "1.5", "in (0, 1)"]),
     ({"speculation": {"draft_context_window": 0}}, ["speculation.draft_context_window", "unknown field"]),
     ({"speculation": {"method": "ngram", "draft_ngram_first": True}},
-     ["speculation", "draft_ngram_first needs a draft model", "'ngram'"]),
-    ({"runtime": {"block_size": 7}}, ["runtime.block_size", "7"]),
-    ({"runtime": {"max_num_seqs": 0}}, ["runtime.max_num_seqs", "greater than or equal to 1"]),
-    ({"runtime": {"num_scheduler_steps": 0}}, ["runtime.num_scheduler_steps", "greater than or equal to 1"]),
+     ["speculation.draft_ngram_first", "needs a draft model", "'ngram'"]),
+    ({"runtime": {"block_size": 0}}, ["runtime.block_size", "block_size=0 is invalid", ">= 1"]),
+    ({"runtime": {"max_num_seqs": 0}}, ["runtime.max_num_seqs", "max_num_seqs=0 is invalid", ">= 1"]),
+    ({"runtime": {"num_scheduler_steps": 0}}, ["runtime.num_scheduler_steps", ">= 1"]),
     ({"eval": {"workloads": [{"name": "w", "prompt_tokens": [10, 5]}]}}, ["eval.workloads.0", "min <= max"]),
     ({"eval": {"variants": ["turbo"]}}, ["eval.variants.0", "turbo"]),
     ({"gates": {"min_top1_agreement": 1.5}}, ["gates.min_top1_agreement", "1.5", "less than or equal to 1"]),
@@ -106,7 +106,8 @@ def test_broken_recipes_name_path_value_and_allowed(data, expected):
 
 def test_every_problem_is_listed():
     with pytest.raises(RecipeError) as ei:
-        parse_recipe({**BASE, "runtime": {"block_size": 7, "max_num_seqs": 0}, "modle": {}})
+        parse_recipe({**BASE, "runtime": {"max_num_seqs": 0}, "speculation": {"num_speculative_tokens": 99},
+                      "modle": {}})
     assert len(ei.value.problems) == 3
 
 

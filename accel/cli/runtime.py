@@ -8,33 +8,37 @@ from typing import Annotated, Optional
 import typer
 
 from accel.cli.common import QUANT_CHOICES, QUANT_HELP, console, err_console, fail, int_pair, quant_kwargs
+from accel.cli.options import build_config, config_options
+from accel.runtime.config import RuntimeConfig
 
 
+def _speculative_help() -> str:
+    from dataclasses import fields
+
+    from accel.speculative.config import SpeculativeConfig
+
+    return ("Speculative decoding, as vLLM's flag: a JSON object of SpeculativeConfig's fields, e.g. "
+            "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or '{\"draft_model\": \"runs/default/draft\"}' "
+            f"(fields: {', '.join(f.name for f in fields(SpeculativeConfig))}).")
+
+
+@config_options(RuntimeConfig, dest="runtime")
 def serve(
     model: Annotated[str, typer.Argument(help="Model name, HF folder, .gguf file or exported checkpoint.")],
     host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes it beyond this machine.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     api_key: Annotated[Optional[str], typer.Option(envvar="ACCEL_API_KEY", help="Require this Bearer key.")] = None,
-    speculative_config: Annotated[Optional[str], typer.Option(
-        help="Speculative decoding, as vLLM's flag: a JSON object of the speculative config's fields, e.g. "
-             "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or '{\"draft_model\": \"runs/default/draft\"}' "
-             "(fields: method, num_speculative_tokens, ngram_min_n, ngram_max_n, draft_model, draft_quantization, "
-             "adaptive, disable_above_batch_size, max_step_rows, draft_min_path_confidence, "
-             "draft_min_first_confidence, draft_ngram_first).")] = None,
+    speculative_config: Annotated[Optional[str], typer.Option(help=_speculative_help())] = None,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send.")] = None,
     max_queue: Annotated[int, typer.Option(min=1, help="Waiting requests before 429.")] = 256,
-    max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
-    num_scheduler_steps: Annotated[int, typer.Option(
-        min=1, max=64, help="Greedy decode steps run in a row in one native call when nothing waits; tokens then "
-                            "stream in bursts (1: one step at a time).")] = 8,
-    kv_cache_memory_gb: Annotated[float, typer.Option(min=0.01)] = 1.0,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     skip_verify: Annotated[bool, typer.Option(help="Serve an export even when its files do not match its "
                                                    "accel.json (checked by default).")] = False,
     quant: Annotated[Optional[str], typer.Option(help=QUANT_HELP)] = None,
     quant_group_size: Annotated[int, typer.Option(help="INT4 group size for --quant int4 / int4f.")] = 64,
+    runtime: Optional[dict] = None,
 ) -> None:
-    """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API."""
+    """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API. The runtime's options
+    (RuntimeConfig) are the recipe's `runtime:` fields, with the same defaults."""
     from accel.models import ModelNotFoundError, resolve_model
     from accel.server import run_server
     from accel.server.serve import speculative_config as parse_speculative_config
@@ -42,16 +46,15 @@ def serve(
     if quant not in QUANT_CHOICES:
         fail(f"--quant {quant!r} is invalid; allowed: {', '.join(q for q in QUANT_CHOICES if q)}")
     try:
+        settings = build_config(RuntimeConfig, runtime or {})
         quant_fields = quant_kwargs(resolve_model(model), quant, quant_group_size) if quant else {}
         spec = None if speculative_config is None else parse_speculative_config(speculative_config)
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))
     try:
         run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                   speculative=spec,
-                   max_queue=max_queue, max_num_seqs=max_num_seqs, skip_verify=skip_verify,
-                   num_scheduler_steps=num_scheduler_steps,
-                   kv_cache_memory_bytes=int(kv_cache_memory_gb * (1 << 30)), device=device, **quant_fields)
+                   speculative=spec, max_queue=max_queue, skip_verify=skip_verify, **settings.runtime_fields(),
+                   **quant_fields)
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))
 

@@ -181,7 +181,7 @@ def engine_teacher_samples(target, target_path: str | Path, tokenizer, prompts: 
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for t in texts]
     eos = stop_token_ids(target, tokenizer)
-    engine = Engine.from_pretrained(target_path, kv_cache_memory_bytes=512 << 20, max_num_seqs=batch_size,
+    engine = Engine.from_pretrained(target_path, kv_cache_memory_gb=0.5, max_num_seqs=batch_size,
                                     max_num_batched_tokens=2048)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0, stop_token_ids=sorted(eos), logprobs=top_m)
     prompt_of = {engine.add_request(p, params): p for p in encoded}

@@ -68,7 +68,7 @@ def engine_feature_samples(target_path: str | Path, prompts: list[list[int]], ma
     from accel.runtime.engine import Engine
     from accel.runtime.sampling_params import SamplingParams
 
-    engine = Engine.from_pretrained(target_path, kv_cache_memory_bytes=512 << 20, max_num_seqs=max_num_seqs,
+    engine = Engine.from_pretrained(target_path, kv_cache_memory_gb=0.5, max_num_seqs=max_num_seqs,
                                     max_num_batched_tokens=2048, enable_prefix_caching=False,
                                     max_waiting=max(1024, len(prompts)))
     # One arena for every request's features, sized up front (prompt + max_new_tokens rows each): a clone per
@@ -137,7 +137,7 @@ def model_written_prompts(target_path: str | Path, tokenizer, num_prompts: int, 
     prefix = tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
     end_ids = tokenizer(text[text.index(marker) + len(marker):], add_special_tokens=False)["input_ids"][:1]
     stop = sorted(set(end_ids) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
-    engine = Engine.from_pretrained(target_path, kv_cache_memory_bytes=256 << 20, max_num_seqs=max_num_seqs,
+    engine = Engine.from_pretrained(target_path, kv_cache_memory_gb=0.25, max_num_seqs=max_num_seqs,
                                     max_waiting=max(1024, num_prompts))
     ids = [engine.add_request(prefix, SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                                      seed=seed * 1_000_003 + i, stop_token_ids=stop))

@@ -136,10 +136,9 @@ def load_engine(path: str | Path, **engine_kwargs):
     model = load_runtime_model(path, config.resolve_dtype(device), device)
     if config.fuse_projections:
         fuse_projections(model)
-    if getattr(config, "pack_linears", False):  # as Engine.from_pretrained does (oneDNN-packed float Linears)
-        from accel.quant.kernels import pack_float_linears
+    from accel.quant.kernels import pack_float_linears
 
-        pack_float_linears(model)
+    pack_float_linears(model)  # as Engine.from_pretrained does (oneDNN-packed float Linears)
     tokenizer = None
     if (path / "tokenizer_config.json").exists() or (path / "tokenizer.json").exists():
         from transformers import AutoTokenizer

@@ -30,16 +30,8 @@ TASK_EXAMPLES = 8
 
 
 def engine_kwargs(recipe) -> dict[str, Any]:
-    """The recipe's `runtime:` (and model dtype) as EngineConfig fields."""
-    r = recipe.runtime
-    kw = dict(dtype=recipe.model.dtype, device=r.device, block_size=r.block_size, num_kv_blocks=r.num_kv_blocks,
-              kv_cache_dtype=r.kv_cache_dtype, max_num_seqs=r.max_num_seqs,
-              max_num_batched_tokens=r.max_num_batched_tokens, max_waiting=r.max_waiting,
-              enable_prefix_caching=r.enable_prefix_caching, num_threads=r.num_threads,
-              num_scheduler_steps=r.num_scheduler_steps)
-    if r.num_kv_blocks is None:
-        kw["kv_cache_memory_bytes"] = int(r.kv_cache_memory_gb * (1 << 30))
-    return kw
+    """The recipe's `runtime:` section (RuntimeConfig, every field) and the model's dtype as EngineConfig fields."""
+    return {**recipe.runtime.runtime_fields(), "dtype": recipe.model.dtype}
 
 
 def eval_device(recipe) -> str:

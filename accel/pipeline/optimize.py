@@ -219,19 +219,10 @@ def stage_draft(ctx: StageContext) -> dict:
     elif s.method == "distilled":
         d = s.distill
         _set_threads(ctx.recipe)
-        common = dict(time_budget_minutes=d.time_budget_minutes, calibration_dir=PROJECT_ROOT / "calibration_data",
-                      num_prompts=d.resolved("num_prompts"), max_new_tokens=d.max_new_tokens,
-                      learning_rate=d.resolved("learning_rate"), seed=d.seed, progress=_progress(ctx))
-        if d.kind == "eagle":
-            from accel.draft_training.eagle_train import train_eagle
+        from accel.draft_training import distill_draft
 
-            res = train_eagle(model_path(ctx), ctx.out_dir / "draft", model_written_fraction=d.model_written_fraction,
-                              gen_fraction=d.gen_fraction, init_from=d.init_from,
-                              **common)
-        else:
-            from accel.draft_training.distill import train_draft
-
-            res = train_draft(model_path(ctx), ctx.out_dir / "draft", num_layers=d.num_layers, **common)
+        res = distill_draft(model_path(ctx), ctx.out_dir / "draft", d, PROJECT_ROOT / "calibration_data",
+                            progress=_progress(ctx))
         info["kind"] = d.kind
         info["draft_model"] = "draft"
         info["train"] = {k: v for k, v in asdict(res).items() if k not in ("losses", "out_dir")}

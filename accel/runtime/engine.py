@@ -9,7 +9,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,8 @@ import torch
 from accel.runtime.detokenizer import IncrementalDetokenizer
 from accel.runtime.kv_cache_manager import KVCacheManager
 from accel.runtime.model import CausalLM, fuse_projections, load_model
-from accel.runtime.model_runner import KV_CACHE_DTYPES, ModelRunner, RunnerConfig, kv_bytes_per_block
+from accel.runtime.config import RuntimeConfig
+from accel.runtime.model_runner import ModelRunner, RunnerConfig, kv_bytes_per_block
 from accel.runtime.outputs import SpecBurst
 from accel.runtime.sampling_params import SamplingParams
 from accel.runtime.scheduler import QueueFullError, Scheduler, SchedulerConfig
@@ -31,7 +32,6 @@ __all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullE
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-DEFAULT_KV_CACHE_BYTES = 1 << 30
 # A burst of steps in one call (num_scheduler_steps) holds new arrivals, and in the server the event loop, until it
 # ends: a serving loop cuts bursts to about this long (`Engine.max_burst_s`). Offline, where nothing can arrive
 # during a step, only num_scheduler_steps bounds them.
@@ -39,47 +39,28 @@ MAX_BURST_S = 0.025
 log = logging.getLogger("accel.engine")
 
 
-@dataclass
-class EngineConfig:
-    """Everything the engine needs; the recipe's `runtime:` section maps onto these fields."""
+@dataclass(kw_only=True)
+class EngineConfig(RuntimeConfig):
+    """Everything the engine needs: the runtime's settings (`RuntimeConfig`, declared there once) and what comes
+    with the model."""
 
     model: str
-    dtype: str = "auto"  # auto: float32 on CPU (no fast bf16 matmul there), bfloat16 on CUDA
-    device: str = "auto"  # auto: cuda when available, else cpu
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # wins over kv_cache_memory_bytes
-    kv_cache_memory_bytes: int | None = None  # default 1 GiB
-    kv_cache_dtype: str = "auto"  # auto | int8
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_waiting: int = 1024
-    max_wait_steps: int = 256
-    long_prefill_token_threshold: int | None = None  # cap on one request's prefill chunk per step
-    preemption_mode: str = "recompute"  # recompute | swap (K/V of preempted requests kept in host memory)
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    enable_prefix_caching: bool = True
-    quant_plan: dict[str, str] | None = None  # {hf_module_name: "int8" | "int4" | "int4f" | "fp16" | "fp32"}
+    """The model folder (or a name for the logs)."""
+    dtype: str = "auto"
+    """Compute dtype: auto (float32 on CPU, no fast bf16 matmul there; bfloat16 on CUDA) or one of DTYPES."""
+    quant_plan: dict[str, str] | None = None
+    """{hf_module_name: "int8" | "int4" | "int4f" | "fp16" | "fp32"} applied at load (None: as stored)."""
     quant_group_size: int = 64
-    num_threads: int | None = None  # torch CPU threads; None leaves torch's default
-    fuse_projections: bool = True  # fuse unquantized q/k/v and gate/up Linears after the quant plan is applied
-    speculative: SpeculativeConfig | None = None  # speculative decoding (n-gram lookup or a draft model); None: off
-    pack_linears: bool = True  # CPU fp32: run float Linears through oneDNN with pre-reordered weights (faster)
-    # greedy decode steps (or n-gram verify steps at batch 1) run in a row in one native call when nothing waits
-    # (vLLM's multi-step scheduling): the Python between steps is paid once per burst; a request that arrives
-    # meanwhile waits for the burst's end, so a serving loop also cuts bursts to MAX_BURST_S
-    num_scheduler_steps: int = 8
+    """INT4 group size of the plan's int4 / int4f modules."""
+    fuse_projections: bool = True
+    """Fuse unquantized q/k/v and gate/up Linears after the plan is applied."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding (n-gram lookup or a draft model); None: off."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: 'auto' or one of {sorted(DTYPES)}")
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
-            raise ValueError(f"device={self.device!r} is invalid; allowed: 'auto', 'cpu', 'cuda', 'cuda:N'")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid; allowed: {KV_CACHE_DTYPES}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size={self.block_size} is invalid; allowed: an integer >= 1")
-        if self.num_scheduler_steps < 1:
-            raise ValueError(f"num_scheduler_steps={self.num_scheduler_steps} is invalid; allowed: an integer >= 1")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -141,15 +122,18 @@ class _RequestState:
 
 
 class Engine:
-    def __init__(self, model: CausalLM, config: EngineConfig, tokenizer=None, proposer=None) -> None:
-        """proposer: a `speculative.proposer.Proposer` to use instead of building one from `config.speculative`."""
+    def __init__(self, model: CausalLM, config: EngineConfig, tokenizer=None, proposer=None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """proposer: a `speculative.proposer.Proposer` to use instead of building one from `config.speculative`.
+        clock: seconds for the measured costs (step and draft times) the engine decides by; tests inject one."""
+        self.clock = clock
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
         p = next(model.parameters())
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
-            budget = config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
+            budget = config.kv_cache_memory_bytes
             num_blocks = budget // kv_bytes_per_block(model, config.block_size, config.kv_cache_dtype, p.dtype)
         if num_blocks < 1:
             raise ValueError(f"the KV cache budget holds {num_blocks} blocks; give it at least one block's bytes")
@@ -177,7 +161,7 @@ class Engine:
         if spec is not None:
             proposer = proposer or build_proposer(spec, config.model, num_blocks, config.block_size, self.runner.device,
                                                   self.runner.dtype, target_runner=self.runner)
-            self.spec = SpecDecoder(spec, proposer, max_model_len)
+            self.spec = SpecDecoder(spec, proposer, max_model_len, clock=clock)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs) -> Engine:
@@ -193,10 +177,9 @@ class Engine:
             apply_plan(model, config.quant_plan, group_size=config.quant_group_size)
         if config.fuse_projections:
             fuse_projections(model)
-        if config.pack_linears:
-            from accel.quant.kernels import pack_float_linears
+        from accel.quant.kernels import pack_float_linears
 
-            pack_float_linears(model)
+        pack_float_linears(model)  # CPU fp32: oneDNN with pre-reordered weights; a no-op elsewhere
         tokenizer = None
         if (Path(path) / "tokenizer_config.json").exists() or (Path(path) / "tokenizer.json").exists():
             from transformers import AutoTokenizer
@@ -259,7 +242,7 @@ class Engine:
                 drafts, draft_probs = self.spec.propose(self.scheduler.running, self.runner.generator_for,
                                                         self.scheduler.draft_budget())
                 self.scheduler.update_draft_token_ids(drafts)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         sched = self.scheduler.schedule(burst.num_positions if burst is not None else self._num_steps())
         if sched.is_empty:
             self.runner.swap(sched.swap_out, sched.swap_in)  # preemptions may still have to move K/V
@@ -269,13 +252,13 @@ class Engine:
         else:
             out = self.runner.execute(sched, draft_probs) if draft_probs else self.runner.execute(sched)
         if sched.num_scheduled_tokens == len(sched.scheduled):  # decode rows only: what one decode step costs
-            self._decode_step_s = (time.perf_counter() - t0) / max(1, max(len(t) for t in out.sampled_token_ids))
+            self._decode_step_s = (self.clock() - t0) / max(1, max(len(t) for t in out.sampled_token_ids))
         results = [self._fail(self._states[rid], error) for rid, error in out.failed.items()]
         touched = self.scheduler.update_from_output(sched, out)
         if out.spec_steps is not None:
             self.spec.observe_burst(sched.scheduled[0].seq, out.spec_steps)
         elif self.spec is not None and sched.num_steps == 1:  # a burst of plain decode steps verified nothing
-            self.spec.observe(sched, out, time.perf_counter() - t0)
+            self.spec.observe(sched, out, self.clock() - t0)
         by_id = dict(zip(out.request_ids, range(len(out.request_ids))))
         for seq in touched:
             st = self._states[seq.request_id]

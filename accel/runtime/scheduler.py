@@ -18,34 +18,32 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from accel.runtime.config import PREEMPTION_MODES, RUNTIME_DEFAULTS
 from accel.runtime.kv_cache_manager import KVCacheManager
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from accel.runtime.sequence import FinishReason, Sequence, SequenceStatus
-
-
-PREEMPTION_MODES = ("recompute", "swap")
 
 
 class QueueFullError(RuntimeError):
     """Raised by `add` when the waiting queue is at `max_waiting`."""
 
 
+_D = RUNTIME_DEFAULTS  # the settings' one declaration (accel.runtime.config.RuntimeConfig)
+
+
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 64  # running requests per step
-    max_num_batched_tokens: int = 512  # token budget per step
-    max_waiting: int = 1024  # waiting-queue cap; add() beyond it is rejected
-    max_wait_steps: int = 256  # starvation bound: after this many waiting steps a request cannot be passed
-    max_model_len: int = 8192  # prompt + output tokens of one request
+    """The scheduler's part of `RuntimeConfig` (the fields mean the same there), plus what the engine derives."""
+
+    max_num_seqs: int = _D["max_num_seqs"]
+    max_num_batched_tokens: int = _D["max_num_batched_tokens"]
+    max_waiting: int = _D["max_waiting"]
+    max_wait_steps: int = _D["max_wait_steps"]
+    max_model_len: int = 8192  # the engine passes RuntimeConfig.max_model_len resolved against the model
     num_lookahead_tokens: int = 0  # KV slots reserved per step for draft tokens (speculative decoding)
-    # decode rows + draft tokens one step may carry (None: no cap beyond the token budget); on a CPU a step
-    # costs about the same up to ~16 rows and grows with every row beyond
-    max_step_rows: int | None = None
-    # cap on one request's prefill chunk per step, so a long prompt leaves budget to admit others (None: no cap)
-    long_prefill_token_threshold: int | None = None
-    # "recompute": a preempted request drops its K/V and recomputes them; "swap": its K/V are copied to host
-    # memory and copied back on resume (worth it when recompute is expensive, e.g. long contexts on a GPU)
-    preemption_mode: str = "recompute"
+    max_step_rows: int | None = None  # SpeculativeConfig.max_step_rows of a speculating engine (None: no cap)
+    long_prefill_token_threshold: int | None = _D["long_prefill_token_threshold"]
+    preemption_mode: str = _D["preemption_mode"]
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_wait_steps", "max_model_len"):

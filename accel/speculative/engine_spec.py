@@ -82,8 +82,10 @@ def build_proposer(config: SpeculativeConfig, target_dir: str | None, num_blocks
 class SpecDecoder:
     """Speculation state of one engine: proposer, adaptive lengths, acceptance counters."""
 
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config
+        self.clock = clock  # seconds, for the measured draft cost (tests inject a clock)
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.last: Proposals | None = None  # the last step's proposals (benchmarks and tests read their stats)
@@ -144,9 +146,9 @@ class SpecDecoder:
             reqs, seqs = self._fit_budget(reqs, seqs, budget)
             if not reqs:
                 return {}, {}
-        t0 = time.perf_counter()
+        t0 = self.clock()
         props = self.last = self._contained_propose(reqs)
-        self._propose_s = time.perf_counter() - t0
+        self._propose_s = self.clock() - t0
         # the cost per unit of k: a draft model runs up to max(k) batched forwards, fewer when confidence gates end
         # the chains early (`Proposals.num_forwards`). The adaptive rule charges k x c for a draft of length k, and with
         # gates the real cost is (forwards run) x (seconds per forward), so c per allowed token (proposing time /

@@ -188,5 +188,5 @@ def test_speculative_config_from_the_flag_uses_the_config_field_names(tiny_dir):
         speculative_config({"draft": "x"})
     with pytest.raises(ValueError, match="is not JSON"):
         speculative_config("ngram")
-    with pytest.raises(ValueError, match="wrong type"):
+    with pytest.raises(ValueError, match="num_speculative_tokens='four' is invalid"):
         speculative_config({"num_speculative_tokens": "four"})

@@ -186,13 +186,13 @@ def test_path_gate_validation():
                                   draft_dir="d").draft_min_path_confidence == 0.3
     with pytest.raises(ValueError, match="draft_min_path_confidence=1.0 is invalid"):
         SpeculativeConfig(method="draft", draft_model="d", draft_min_path_confidence=1.0)
-    with pytest.raises(ValueError, match="n-gram lookup has no confidence"):
+    with pytest.raises(ValueError, match="needs a draft model; method is .ngram."):
         SpeculativeConfig(method="ngram", draft_min_path_confidence=0.3)
     assert SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_first_confidence=0.2),
                                   draft_dir="d").draft_min_first_confidence == 0.2
     with pytest.raises(ValueError, match="draft_min_first_confidence=0.0 is invalid"):
         SpeculativeConfig(method="draft", draft_model="d", draft_min_first_confidence=0.0)
-    with pytest.raises(ValueError, match="n-gram lookup has no confidence"):
+    with pytest.raises(ValueError, match="needs a draft model; method is .ngram."):
         SpeculativeConfig(method="ngram", draft_min_first_confidence=0.2)
     with pytest.raises(ValueError, match="draft_min_first_confidence"):
         SpeculationConfig(method="distilled", draft_min_first_confidence=1.0)

@@ -1,0 +1,135 @@
+"""One declaration per setting: the recipe, `accel serve`, `accel draft train`, the engine and the scheduler read
+each default from the config class of the part it configures, and every value given reaches that part."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from accel.cli import app
+from accel.recipe import DistillConfig, SpeculationConfig, parse_recipe
+from accel.runtime.config import RuntimeConfig
+from accel.runtime.engine import Engine, EngineConfig
+from accel.runtime.scheduler import SchedulerConfig
+from accel.speculative.config import SpeculativeConfig
+
+runner = CliRunner()
+RUNTIME_FIELDS = [f.name for f in dataclasses.fields(RuntimeConfig)]
+# a value other than the default for every runtime setting (the device stays on the CPU this test runs on)
+NON_DEFAULT = dict(device="cpu", block_size=8, num_kv_blocks=None, kv_cache_memory_gb=0.001, kv_cache_dtype="int8",
+                   max_num_seqs=3, max_num_batched_tokens=96, max_waiting=7, max_wait_steps=9,
+                   long_prefill_token_threshold=32, preemption_mode="swap", max_model_len=100,
+                   enable_prefix_caching=False, num_threads=torch.get_num_threads(), num_scheduler_steps=2)
+
+
+def _served(monkeypatch, args: list[str]) -> dict:
+    """The keyword arguments `accel serve MODEL *args` hands to the server (nothing is served)."""
+    import accel.server
+
+    got = {}
+    monkeypatch.setattr(accel.server, "run_server", lambda model, **kw: got.update(kw))
+    res = runner.invoke(app, ["serve", "some-folder", *args])
+    assert res.exit_code == 0, res.output
+    return got
+
+
+def test_the_recipe_the_server_the_engine_and_the_scheduler_share_every_default(monkeypatch):
+    defaults = RuntimeConfig().runtime_fields()
+    recipe = parse_recipe({"name": "x", "model": {"path": "m"}})
+    served = _served(monkeypatch, [])
+    from accel.pipeline.evaluate import engine_kwargs
+
+    assert recipe.runtime.runtime_fields() == defaults
+    assert {k: served[k] for k in RUNTIME_FIELDS} == defaults
+    assert EngineConfig(model="m").runtime_fields() == defaults
+    # what `optimize` evaluates with is what `serve` starts: the same EngineConfig from both
+    assert EngineConfig(model="m", **engine_kwargs(recipe)) == EngineConfig(
+        model="m", dtype="auto", **{k: served[k] for k in RUNTIME_FIELDS})
+    scheduler = SchedulerConfig()
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_wait_steps",
+                 "long_prefill_token_threshold", "preemption_mode"):
+        assert getattr(scheduler, name) == defaults[name], name
+    assert NON_DEFAULT.keys() == defaults.keys()
+
+
+def test_every_serve_option_is_a_runtime_field_and_reaches_the_server(monkeypatch):
+    args = []
+    for name, value in NON_DEFAULT.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            args += [flag, str(value)]
+    served = _served(monkeypatch, args)
+    assert {k: served[k] for k in RUNTIME_FIELDS} == NON_DEFAULT
+
+
+def test_every_runtime_value_of_a_recipe_reaches_the_engine(tiny_model_dir):
+    from accel.pipeline.evaluate import engine_kwargs
+
+    recipe = parse_recipe({"name": "x", "model": {"path": str(tiny_model_dir), "dtype": "float32"},
+                           "runtime": NON_DEFAULT})
+    engine = Engine.from_pretrained(tiny_model_dir, **engine_kwargs(recipe))
+    assert engine.config.runtime_fields() == NON_DEFAULT
+    sched = engine.scheduler.config
+    assert (sched.max_num_seqs, sched.max_num_batched_tokens, sched.max_waiting, sched.max_wait_steps,
+            sched.long_prefill_token_threshold, sched.preemption_mode, sched.max_model_len) == (3, 96, 7, 9, 32, "swap",
+                                                                                           100)
+    assert engine.kv.block_size == 8 and engine.kv.enable_prefix_caching is False
+    assert engine.runner.config.kv_cache_dtype == "int8" and engine.runner.device.type == "cpu"
+    from accel.runtime.model_runner import kv_bytes_per_block
+
+    per_block = kv_bytes_per_block(engine.model, 8, "int8", torch.float32)
+    assert engine.runner.config.num_blocks == int(0.001 * (1 << 30)) // per_block
+    assert next(engine.model.parameters()).dtype == torch.float32
+
+
+def test_every_speculation_value_of_a_recipe_reaches_the_engine_config():
+    values = dict(num_speculative_tokens=7, ngram_min_n=1, ngram_max_n=3, draft_quantization="int4",
+                  adaptive=False, disable_above_batch_size=9, max_step_rows=5, draft_min_path_confidence=0.3,
+                  draft_min_first_confidence=0.2, draft_ngram_first=False)
+    spec = SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", **values), draft_dir="run/draft")
+    assert spec == SpeculativeConfig(method="draft", draft_model="run/draft", **values)
+    # the recipe's section is the engine's class: no field of its own but the method and the distillation
+    own = {f.name for f in dataclasses.fields(SpeculationConfig)} - {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    assert own == {"distill"}
+
+
+def test_draft_train_options_are_the_recipes_distill_fields(monkeypatch, tmp_path):
+    import accel.draft_training
+    import accel.models
+
+    got = {}
+    monkeypatch.setattr(accel.models, "resolve_model", lambda name, **kw: name)
+    monkeypatch.setattr(accel.draft_training, "distill_draft",
+                        lambda target, out, config, calibration_dir: got.update(config=config) or _Result())
+    res = runner.invoke(app, ["draft", "train", "t", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert got["config"] == DistillConfig()
+    res = runner.invoke(app, ["draft", "train", "t", "--out", str(tmp_path), "--time-budget-minutes", "5",
+                              "--kind", "layers", "--no-train-head", "--layer-choice", "spread",
+                              "--draft-vocab-size", "100"])
+    assert res.exit_code == 0, res.output
+    assert got["config"] == DistillConfig(time_budget_minutes=5, kind="layers", train_head=False,
+                                          layer_choice="spread", draft_vocab_size=100)
+    helptext = runner.invoke(app, ["draft", "train", "--help"], env={"COLUMNS": "300"}).output
+    for name in DistillConfig.model_fields:
+        assert "--" + name.replace("_", "-") in helptext, name
+
+
+class _Result:
+    out_dir = "d"
+    draft_vocab_size = num_prompts = num_model_written_prompts = num_train_positions = num_steps = num_layers = 1
+    vocab_coverage = heldout_top1 = heldout_second = 0.5
+    layer_ids = [0]
+    losses = [1.0]
+
+
+@pytest.mark.parametrize("config", [RuntimeConfig, SpeculativeConfig])
+def test_every_setting_has_a_description(config):
+    from accel.cli.options import config_fields
+
+    assert all(description for _, _, _, description in config_fields(config))
