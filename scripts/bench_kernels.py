@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from accel.quant.kernels import (
+from accel.kernels.linear import (
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
     dequantize_int4_groupwise,

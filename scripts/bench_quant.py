@@ -94,10 +94,10 @@ def swapped(model: nn.Module, weights: dict[str, torch.Tensor]):
 
 def dequantized_weights(checkpoint) -> dict[str, torch.Tensor]:
     """fp32 weights of every quantized Linear of a compressed-tensors checkpoint, via accel's kernels."""
-    from accel.quant import kernels
-    from accel.quant.quantize import load_quantized_for_runtime
+    from accel.kernels import linear as kernels
+    from accel.kernels.loader import load_hf_model
 
-    m = load_quantized_for_runtime(checkpoint)
+    m = load_hf_model(checkpoint)
     out = {}
     for n, mod in m.named_modules():
         if isinstance(mod, kernels.Int8WeightOnlyLinear):

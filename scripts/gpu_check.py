@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Check the runtime's CUDA path in one bounded run: exactness, quantized weights, speculation, speed.
 
-The runtime (accel.runtime, accel.speculative, accel.quant.kernels) was developed on CPU. This script runs it on a GPU
+The runtime (accel.runtime, accel.speculative, accel.kernels.linear) was developed on CPU. This script runs it on a GPU
 with random-weight Llamas built here (no network, no checkpoint). Greedy references come from transformers'
 `generate` on CPU in fp32 (the oracle). The tiny target (hidden 128, 4 layers, vocab 512) uses
 initializer_range=0.3: fp32 reorderings on another device do not flip its argmax, but the model is chaotic (its
@@ -69,8 +69,8 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing accel
 
 from accel.draft_training.eagle_train import EagleTrainer  # noqa: E402
-from accel.quant import cpu_kernels  # noqa: E402
-from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear, apply_plan  # noqa: E402
+from accel.kernels import cpu  # noqa: E402
+from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, apply_plan  # noqa: E402
 from accel.runtime.engine import Engine, EngineConfig  # noqa: E402
 from accel.runtime.model import fuse_projections, load_model  # noqa: E402
 from accel.runtime.sampling_params import SamplingParams  # noqa: E402
@@ -279,7 +279,7 @@ def check_env(out: Outcome, device: str, tf32_env_removed: dict[str, str]) -> No
     out.record(python=platform.python_version(), torch=torch.__version__, torch_cuda=torch.version.cuda,
                transformers=transformers.__version__, cuda_available=torch.cuda.is_available(),
                cpu_capability=torch.backends.cpu.get_cpu_capability(), torch_threads=torch.get_num_threads(),
-               cpu_kernels_disabled_by_env=bool(os.environ.get(cpu_kernels.DISABLE_ENV)),
+               cpu_kernels_disabled_by_env=bool(os.environ.get(cpu.DISABLE_ENV)),
                cpu_kernels_extension_loaded=any(m.startswith("accel_cpu_kernels") for m in sys.modules),
                absent_on_gpu_machine_but_imported=[m for m in ABSENT_ON_GPU_MACHINE if m in sys.modules],
                float32_matmul_precision=torch.get_float32_matmul_precision(), tf32_env_removed=tf32_env_removed)
@@ -566,8 +566,8 @@ def alarm(seconds: float) -> Iterator[None]:
 
 
 def cpu_kernel_calls() -> int:
-    """Calls so far of accel's CPU-kernel loader (every `cpu_kernels.available()` goes through it)."""
-    info = cpu_kernels._module.cache_info()
+    """Calls so far of accel's CPU-kernel loader (every `cpu.available()` goes through it)."""
+    info = cpu._module.cache_info()
     return info.hits + info.misses
 
 
@@ -660,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     if torch.device(args.device).type == "cuda":
-        os.environ.setdefault(cpu_kernels.DISABLE_ENV, "1")  # CPU references only; no ~40 s compile
+        os.environ.setdefault(cpu.DISABLE_ENV, "1")  # CPU references only; no ~40 s compile
     tf32_env_removed = {k: os.environ.pop(k) for k in TF32_ENV if k in os.environ}  # read at cuBLAS init
     torch.set_float32_matmul_precision("highest")
     sizes = QUICK if args.quick else Sizes()

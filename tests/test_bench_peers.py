@@ -41,7 +41,7 @@ def test_streamed_bytes_count_an_int8_weight_once_in_whichever_layout_the_kernel
     import torch
     from torch import nn
 
-    from accel.quant.kernels import Int8WeightOnlyLinear
+    from accel.kernels.linear import Int8WeightOnlyLinear
 
     model = nn.Module()
     model.embed_tokens = nn.Embedding(10, 32)

@@ -25,14 +25,14 @@ def read_bandwidth_gbs(threads: int, megabytes: int = 256, reads: int = 5) -> fl
     """Best of `reads` passes over `megabytes` in 2 MB pages, on `threads` threads, in GB/s."""
     import torch
 
-    from accel.quant import cpu_kernels
+    from accel.kernels import cpu
 
     _check(threads=threads, megabytes=megabytes, reads=reads)
     was = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         n = (megabytes << 20) // 4
-        src = cpu_kernels.huge_page_copy(torch.ones(n))  # itself where 2 MB pages do not apply
+        src = cpu.huge_page_copy(torch.ones(n))  # itself where 2 MB pages do not apply
         best = 0.0
         for _ in range(reads):
             t0 = time.perf_counter()
@@ -72,12 +72,12 @@ def core_to_core_ns(rounds: int = 20000) -> float | None:
     kernels or a second thread."""
     import statistics
 
-    from accel.quant import cpu_kernels
+    from accel.kernels import cpu
 
     _check(rounds=rounds)
-    if not cpu_kernels.available():
+    if not cpu.available():
         return None
-    runs = [cpu_kernels.core_to_core_ns(rounds) for _ in range(3)]
+    runs = [cpu.core_to_core_ns(rounds) for _ in range(3)]
     return statistics.median(runs) if all(runs) else None
 
 

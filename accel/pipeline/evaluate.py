@@ -46,7 +46,7 @@ def eval_device(recipe) -> str:
 def quality(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root: Path, progress: bool) -> dict:
     """{"baseline": quality dict, "quantized": quality dict | absent} in the report's `quality` shape."""
     from accel.eval.runner import run_eval
-    from accel.quant.quantize import load_quantized_for_runtime
+    from accel.kernels.loader import load_hf_model
 
     e = recipe.eval
     kw = dict(text_dir=root / "eval" / "text", tasks_dir=root / "eval" / "tasks", domains=e.domains, window=e.window,
@@ -54,7 +54,7 @@ def quality(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root: Pa
               tokenizer=tokenizer, progress=progress, device=eval_device(recipe))
     if quant_dir is None:
         return {"baseline": run_eval(str(base_path), **kw).summary()}
-    r = run_eval(load_quantized_for_runtime(quant_dir), baseline=str(base_path), **kw).summary()
+    r = run_eval(load_hf_model(quant_dir), baseline=str(base_path), **kw).summary()
     base = {"ppl": r.get("ppl_baseline"), "ppl_increase_pct": 0.0, "kl_mean": 0.0, "top1": 1.0,
             "per_domain": {d: {"ppl": m.get("ppl_baseline"), "kl_mean": 0.0, "top1": 1.0}
                            for d, m in r.get("per_domain", {}).items()}}
@@ -75,7 +75,7 @@ def llama_scale(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root
 
     from accel.eval.chunked import held_out_text, score_chunks, text_chunks
     from accel.eval.gguf import CHUNKS, N_CTX, llama_perplexity_path, score_ggufs
-    from accel.quant.quantize import load_quantized_for_runtime
+    from accel.kernels.loader import load_hf_model
 
     e = recipe.eval
     text = held_out_text(root / "eval" / "text", e.domains)
@@ -83,7 +83,7 @@ def llama_scale(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root
     scores = {}
     if quant_dir is not None:
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
-        scores.update(score_chunks(base, {"quantized": load_quantized_for_runtime(quant_dir)},
+        scores.update(score_chunks(base, {"quantized": load_hf_model(quant_dir)},
                                    text_chunks(tokenizer, text, N_CTX, CHUNKS)))
     ggufs = {p.name: Path(p.gguf).expanduser() for p in e.peers if p.gguf}
     scores.update(score_ggufs(llama_perplexity_path(e.llama_perplexity), Path(e.gguf_base).expanduser(), ggufs, text,
@@ -260,7 +260,7 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from accel.quant.quantize import load_quantized_for_runtime
+    from accel.kernels.loader import load_hf_model
     from accel.report import machine_info
     from accel.speculative.config import SpeculativeConfig
 
@@ -300,7 +300,7 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
     spec_by_target: dict[str, dict | None] = {}
     for target_name in {v.split("+")[0] for v in names if v.endswith("+spec")}:
         if target_name == "quantized":
-            target, tdir = load_quantized_for_runtime(quant_dir), quant_dir
+            target, tdir = load_hf_model(quant_dir), quant_dir
         else:
             target, tdir = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval(), base_path
         spec_by_target[target_name] = spec_acceptance(recipe, target, tokenizer, tdir, draft_dir, root)

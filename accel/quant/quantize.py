@@ -253,7 +253,7 @@ def tie_int8_table(folder: str | Path) -> None:
 
     from safetensors.torch import save_file
 
-    from accel.quant.kernels import int8_from_compressed_tensors
+    from accel.kernels.linear import int8_from_compressed_tensors
 
     folder = Path(folder)
     files = sorted(folder.glob("*.safetensors"))
@@ -302,102 +302,3 @@ def save_checkpoint(model: nn.Module, plan: Plan, out_dir: str | Path, processor
         processor.save_pretrained(out)
     plan.to_json(out / PLAN_FILE)
     return out
-
-
-# --- compressed-tensors checkpoint -> accel kernels ------------------------------------------------------------
-
-def _read_state(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors file in {folder}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
-
-
-def _kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int | None, bias) -> nn.Module:
-    from accel.quant import kernels
-
-    if f"{prefix}.weight_packed" in state:
-        if f"{prefix}.weight_g_idx" in state:
-            raise ValueError(f"{prefix}: activation-ordered groups (weight_g_idx) are not supported by accel kernels")
-        packed, shape = state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_shape"]
-        if int(shape[1]) == 4 * packed.shape[1]:  # four values per int32: 8-bit
-            w = kernels.int8_from_compressed_tensors(packed, shape)
-            return kernels.Int8WeightOnlyLinear.from_quantized(w, state[f"{prefix}.weight_scale"], bias=bias)
-        q, scales, zeros = kernels.int4_from_compressed_tensors(
-            state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
-            state.get(f"{prefix}.weight_zero_point"))
-        if group_size is None:
-            group_size = q.shape[1] // scales.shape[1]
-        return kernels.Int4WeightOnlyLinear.from_quantized(q, scales, zeros, group_size, bias=bias)
-    w = state.get(f"{prefix}.weight")
-    if w is None and prefix == "lm_head":  # a tied table: the lm_head's integers are the embedding's
-        w = state[f"{TABLE}.weight"]
-    if prefix == TABLE:
-        return kernels.Int8Embedding(w, state[f"{prefix}.weight_scale"])
-    if w.dtype != torch.int8:
-        raise ValueError(f"{prefix}.weight is {w.dtype}; expected int8 for an int-quantized layer")
-    scale = state[f"{prefix}.weight_scale"]
-    if scale.dim() == 2 and scale.shape[1] > 1:  # group-wise: 4-bit values in an int8 container ("int4f")
-        zp = state.get(f"{prefix}.weight_zero_point")
-        if zp is None or int(w.min()) < -8 or int(w.max()) > 7:
-            raise ValueError(f"{prefix}: group-wise int-quantized layer needs 4-bit values in [-8, 7] and a zero point")
-        q = (w.to(torch.int16) + 8).to(torch.uint8)  # signed -> accel's [0, 15]
-        zeros = zp.float().reshape(scale.shape) + 8.0
-        zeros = zeros if zp.is_floating_point() else zeros.to(torch.uint8)
-        return kernels.Int4WeightOnlyLinear.from_quantized(q, scale.float(), zeros, group_size or w.shape[1] // scale.shape[1],
-                                                           bias=bias)
-    return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)
-
-
-def share_table(model: nn.Module) -> None:
-    """A tied INT8 table held once: the embedding gathers rows from the lm_head kernel's own int8 tensor."""
-    from accel.quant.kernels import Int8Embedding, Int8WeightOnlyLinear
-
-    table, head = model.get_submodule(TABLE), model.lm_head
-    if isinstance(table, Int8Embedding) and isinstance(head, Int8WeightOnlyLinear) and \
-            torch.equal(table.qweight, head.qweight):
-        table.qweight = head.qweight
-
-
-def load_quantized_for_runtime(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Load a compressed-tensors checkpoint written by `save_checkpoint` into a HF model whose quantized Linears
-    are accel's Int8WeightOnlyLinear / Int4WeightOnlyLinear (weights stay quantized in memory), exactly as stored."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    folder = Path(checkpoint)
-    config = AutoConfig.from_pretrained(folder)
-    qcfg = getattr(config, "quantization_config", None)
-    if qcfg is None:
-        raise ValueError(f"{folder} has no quantization_config; not a compressed-tensors checkpoint")
-    qcfg = qcfg if isinstance(qcfg, dict) else qcfg.to_dict()
-    if qcfg.get("quant_method") != "compressed-tensors":
-        raise ValueError(f"{folder}: quant_method {qcfg.get('quant_method')!r}, expected 'compressed-tensors'")
-    del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # random init, overwritten below
-    state = _read_state(folder)
-    quant_prefixes = {k.rsplit(".", 1)[0] for k in state if k.endswith(".weight_scale")}
-    plain = {k: v for k, v in state.items() if k.rsplit(".", 1)[0] not in quant_prefixes}
-    missing, unexpected = model.load_state_dict(plain, strict=False)
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-    modules = dict(model.named_modules())
-    for prefix in sorted(quant_prefixes):
-        bias = state.get(f"{prefix}.bias")
-        new = _kernel_module(state, prefix, None, bias)
-        if prefix == TABLE:
-            new.dtype = dtype
-        parent, _, child = prefix.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, new)
-        modules[prefix] = new
-    share_table(model)
-    still_missing = [k for k in missing if k.rsplit(".", 1)[0] not in quant_prefixes
-                     and not (k == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
-    if still_missing:
-        raise ValueError(f"checkpoint {folder} lacks tensors: {still_missing[:5]}")
-    return model.eval()
-

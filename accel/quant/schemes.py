@@ -32,7 +32,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-TABLE = "model.embed_tokens"
+from accel.kernels.linear import (dequantize_int4_groupwise, dequantize_int8_per_channel, quantize_int4_groupwise,
+                                  quantize_int8_per_channel)
+from accel.kernels.loader import TABLE
 """The embedding table (Llama family naming); tied to the lm_head in small models."""
 
 SCHEMES = ("int4", "int8", "int4f", "fp16")
@@ -157,46 +159,18 @@ def in_features_of(model: nn.Module, names: list[str]) -> dict[str, int]:
 
 # --- fake quantization (RTN, min-max observer, compressed-tensors conventions) ---------------------------------
 
-def _fp16_scale(scale: torch.Tensor) -> torch.Tensor:
-    """Scales rounded to fp16, as the checkpoint stores them (compressed-tensors' `scale_dtype`); an all-zero group
-    gets fp16's eps, as the library gives it."""
-    s = scale.half().float()
-    return torch.where(s == 0, torch.finfo(torch.float16).eps, s)
-
-
 def fake_quant_int8(w: torch.Tensor) -> torch.Tensor:
-    """Symmetric per-output-channel int8: scale = absmax / 127.5 rounded to fp16, range [-128, 127]
-    (compressed-tensors)."""
-    w32 = w.float()  # [O, I]
-    scale = _fp16_scale(w32.abs().amax(dim=1, keepdim=True) / 127.5)  # [O, 1]
-    q = torch.clamp(torch.round(w32 / scale), -128, 127)
-    return (q * scale).to(w.dtype)
+    """Round to INT8 and back: `accel.kernels.linear.quantize_int8_per_channel`, the one rounding."""
+    q, scales = quantize_int8_per_channel(w)
+    return dequantize_int8_per_channel(q, scales).to(w.dtype)
 
 
 def fake_quant_int4(w: torch.Tensor, group_size: int, float_zero: bool = False) -> torch.Tensor:
-    """Asymmetric group-wise int4 in the signed range [-8, 7] with an integer zero point (compressed-tensors).
-
-    The observed range always contains 0 (min <= 0 <= max), as compressed-tensors' min-max observer does.
-    float_zero ("int4f"): the zero point is kept as an fp16 number instead of rounded to an integer (what
-    compressed-tensors does with `zp_dtype=float16`), so each group's min and max land exactly on levels -8 and 7.
-    Why it exists: GGUF Q4_1 weights (SmolLM2 ships as one) sit on a grid `d * q + m` with a float min `m`; an
-    integer zero point cannot reproduce it (~8% relative weight error per layer) and the float one can (~1e-4).
-    """
-    out_f, in_f = w.shape
-    check_group_size(in_f, group_size)
-    g = w.float().reshape(out_f, in_f // group_size, group_size)  # [O, G, gs]
-    lo = g.amin(dim=2, keepdim=True).clamp(max=0.0)  # [O, G, 1]
-    hi = g.amax(dim=2, keepdim=True).clamp(min=0.0)
-    exact = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).eps)
-    scale = _fp16_scale(exact)
-    # the zero point comes from the unrounded scale, the values from the stored one (compressed-tensors' order)
-    if float_zero:
-        zp = torch.clamp(-8 - lo / exact, -8, 7).half().float()
-        q = torch.clamp(torch.round(g / scale + zp), -8, 7)
-    else:
-        zp = torch.clamp(-8 - torch.round(lo / exact), -8, 7)
-        q = torch.clamp(torch.round(g / scale) + zp, -8, 7)
-    return ((q - zp) * scale).reshape(out_f, in_f).to(w.dtype)
+    """Round to INT4 (integer zero point, or fp16 with float_zero: "int4f") and back:
+    `accel.kernels.linear.quantize_int4_groupwise`, the one rounding."""
+    check_group_size(w.shape[1], group_size)
+    q, scales, zeros = quantize_int4_groupwise(w, group_size, float_zero)
+    return dequantize_int4_groupwise(q, scales, zeros, group_size).to(w.dtype)
 
 
 def fake_quant(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:

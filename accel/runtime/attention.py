@@ -19,7 +19,7 @@ decode token). Two paths, chosen per request by the model runner once per step (
            head are laid out as extra query rows ([G, kv_heads, group, head_dim]) so K/V are never repeated.
 
 On CPU with an fp32 cache, decode groups go to accel's own paged decode kernel instead
-(accel/quant/cpu_kernels.py: reads K/V through the block table, no gather, no padding), and the model runner
+(accel/kernels/cpu.py: reads K/V through the block table, no gather, no padding), and the model runner
 then puts every decode row in one group.
 
 Why hand-written: CPU torch has no paged-attention kernel; gathering whole blocks + SDPA keeps every loop at
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from accel.quant import cpu_kernels
+from accel.kernels import cpu
 
 
 @dataclass
@@ -70,12 +70,12 @@ class PagedKVCache:
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype) -> None:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = cpu_kernels.zeros(shape, dtype, device)
-        self.v = cpu_kernels.zeros(shape, dtype, device)
+        self.k = cpu.zeros(shape, dtype, device)
+        self.v = cpu.zeros(shape, dtype, device)
         self.quantized = dtype == torch.int8
         self.compute_dtype = compute_dtype
         # fp32 CPU cache: accel's kv_write_ (one call, no index_copy_ dispatch) when the kernels are built
-        self.fast_write = (dtype == torch.float32 and self.k.device.type == "cpu" and cpu_kernels.available())
+        self.fast_write = (dtype == torch.float32 and self.k.device.type == "cpu" and cpu.available())
         if self.quantized:
             self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
             self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
@@ -85,7 +85,7 @@ class PagedKVCache:
         nkv, hd = k.shape[1], k.shape[2]
         if (self.fast_write and k.dtype == v.dtype == torch.float32 and k.stride(2) == v.stride(2) == 1
                 and k.stride(1) == v.stride(1) == hd):
-            cpu_kernels.kv_write_(self.k, self.v, k, v, slots)
+            cpu.kv_write_(self.k, self.v, k, v, slots)
             return
         if not self.quantized:
             self.k.view(-1, nkv, hd).index_copy_(0, slots, k.to(self.k.dtype))
@@ -155,12 +155,12 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, scale=scale, enable_gqa=group > 1)
         out[rows] = o[0].transpose(0, 1)
     use_kernel = (q.device.type == "cpu" and q.dtype == torch.float32 and not cache.quantized
-                  and cache.k.dtype == torch.float32 and cpu_kernels.available())
+                  and cache.k.dtype == torch.float32 and cpu.available())
     # the kernel takes q rows with any row stride (a view into the fused qkv output: no copy)
     qc = q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous()
     for g in meta.decode_groups:
         if use_kernel and g.context_lens is not None:
-            cpu_kernels.paged_decode_attention(out, qc, cache.k, cache.v, g.block_table,
+            cpu.paged_decode_attention(out, qc, cache.k, cache.v, g.block_table,
                                                g.context_lens, g.token_idx, scale, g.spans)
             continue
         n = g.token_idx.shape[0]

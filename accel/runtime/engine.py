@@ -166,18 +166,22 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs) -> Engine:
         """Load an HF folder (config.json + safetensors [+ tokenizer]); kwargs are EngineConfig fields."""
+        from accel.kernels.loader import is_compressed
+
         config = EngineConfig(model=str(path), **kwargs)
+        if config.quant_plan and is_compressed(path):
+            raise ValueError(f"{path} is already quantized (compressed-tensors); do not pass quant_plan")
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         device = config.resolve_device()
         model = load_model(path, config.resolve_dtype(device), device)
         if config.quant_plan:
-            from accel.quant.kernels import apply_plan
+            from accel.kernels.linear import apply_plan
 
             apply_plan(model, config.quant_plan, group_size=config.quant_group_size)
         if config.fuse_projections:
             fuse_projections(model)
-        from accel.quant.kernels import pack_float_linears
+        from accel.kernels.linear import pack_float_linears
 
         pack_float_linears(model)  # CPU fp32: oneDNN with pre-reordered weights; a no-op elsewhere
         tokenizer = None

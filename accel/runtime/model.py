@@ -10,16 +10,14 @@ every scaling type HF supports is computed exactly as HF does.
 
 from __future__ import annotations
 
-import json
 from array import array
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from accel.quant import cpu_kernels
+from accel.kernels import cpu
 from accel.runtime.attention import AttentionMetadata, PagedKVCache, paged_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -66,7 +64,7 @@ def apply_rope_rolled(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
 
 def _fused_cpu_ops(x: Tensor) -> bool:
     """accel's fused CPU kernels (RoPE, SwiGLU) apply: fp32 on CPU and the kernels compiled."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and cpu_kernels.available()
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and cpu.available()
 
 
 class RMSNorm(nn.Module):
@@ -79,10 +77,10 @@ class RMSNorm(nn.Module):
         """RMSNorm(x); with `residual`, first `residual += x` in place and return RMSNorm(residual) (vLLM's
         fused_add_rms_norm: the decoder keeps the residual stream in one buffer)."""
         if x.dtype == torch.float32 and x.device.type == "cpu" and self.weight.dtype == torch.float32 \
-                and cpu_kernels.available():
+                and cpu.available():
             if residual is None:
-                return cpu_kernels.rms_norm(x, self.weight, self.eps)
-            return cpu_kernels.add_rms_norm_(x, residual, self.weight, self.eps)
+                return cpu.rms_norm(x, self.weight, self.eps)
+            return cpu.add_rms_norm_(x, residual, self.weight, self.eps)
         if residual is not None:
             residual.add_(x)
             x = residual
@@ -114,7 +112,7 @@ class Attention(nn.Module):
         if hasattr(self, "qkv_proj"):  # fused at load time (see fuse_projections)
             qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) D]
             if _fused_cpu_ops(qkv):  # accel's RoPE kernel, in place on the q and k columns
-                cpu_kernels.rope_(qkv, cos, sin, h + kvh, d)
+                cpu.rope_(qkv, cos, sin, h + kvh, d)
                 q, k = qkv[:, :h * d].view(t, h, d), qkv[:, h * d:(h + kvh) * d].view(t, kvh, d)
             else:  # q and k are adjacent columns: rotate them with one set of kernels, then split the result
                 qk = apply_rope_rolled(qkv[:, :(h + kvh) * d].view(t, h + kvh, d), cos, sin)
@@ -143,7 +141,7 @@ class MLP(nn.Module):
         if hasattr(self, "gate_up_proj"):  # fused at load time (see fuse_projections)
             gu = self.gate_up_proj(x)
             if _fused_cpu_ops(gu):
-                return self.down_proj(cpu_kernels.silu_mul(gu))
+                return self.down_proj(cpu.silu_mul(gu))
             gate, up = gu.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
@@ -216,15 +214,15 @@ class CausalLM(nn.Module):
     def prepare_cpu_decode(self) -> bool:
         """For the CPU: build the kernels' weight layouts now, move the weights into 2 MB pages, and run decode
         steps through one native call when every layer fits it (NativeDecode). True if the native call is on."""
-        from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+        from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
         self.native_decode = None
-        if next(self.parameters()).device.type != "cpu" or not cpu_kernels.available():
+        if next(self.parameters()).device.type != "cpu" or not cpu.available():
             return False
         for m in self.modules():
             if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0 or isinstance(m, Int8WeightOnlyLinear):
                 m.avx2_operands()  # built lazily otherwise, after the move
-        cpu_kernels.move_to_huge_pages(self)
+        cpu.move_to_huge_pages(self)
         self.native_decode = NativeDecode.for_model(self)
         return self.native_decode is not None
 
@@ -279,7 +277,7 @@ _NO_FLOATS = torch.empty(0)
 
 
 class NativeDecode:
-    """A decode step's decoder layers as one native call (`cpu_kernels.decode_layers`), for fp32 CPU models whose
+    """A decode step's decoder layers as one native call (`cpu.decode_layers`), for fp32 CPU models whose
     projections are fused (qkv_proj, gate_up_proj) and run on accel's kernels (fp32, INT8, INT4/int4f).
 
     Why: at batch 1 the module-by-module path issues ~1,400 torch ops per step, and their dispatch, checks and
@@ -293,7 +291,7 @@ class NativeDecode:
     MAX_ROWS = 32
 
     def __init__(self, model: CausalLM, weights: list[Tensor], spec: list[int]) -> None:
-        self.tensors = cpu_kernels.decode_tensors(weights, spec)
+        self.tensors = cpu.decode_tensors(weights, spec)
         self.has_head = False  # set_head done: a step can return the lm_head's logits too
         self.has_tables = False  # set_tables done: a step takes token ids and positions
         self._caches: list[PagedKVCache] | None = None  # the cache list bound to `tensors`
@@ -308,7 +306,7 @@ class NativeDecode:
         input_proj: a projection the call runs on its input first (an EAGLE draft's fc); its x is then that
         projection's input."""
         p = next(model.parameters())
-        if p.device.type != "cpu" or p.dtype != torch.float32 or not cpu_kernels.available():
+        if p.device.type != "cpu" or p.dtype != torch.float32 or not cpu.available():
             return None
         weights: list[Tensor] = []
         spec: list[int] = []
@@ -364,7 +362,7 @@ class NativeDecode:
             cos, sin = cos, _NO_FLOATS
         else:
             cos, sin = cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1)
-        return cpu_kernels.decode_layers(
+        return cpu.decode_layers(
             x.contiguous(), cos, sin, self.tensors,
             meta.slot_mapping, g.block_table, g.context_lens,
             g.token_idx, g.spans if g.spans is not None else _NO_ROWS,
@@ -378,29 +376,29 @@ class NativeDecode:
         """`__call__` from token ids and positions with the metadata as lists (`ModelRunner.native_inputs`):
         no tensor is built from Python. Needs the tables and the head set."""
         self._bind(kv_caches)
-        return cpu_kernels.decode_step(ids, positions, self.tensors, slots, block_table, nb, context_lens, rows, spans,
+        return cpu.decode_step(ids, positions, self.tensors, slots, block_table, nb, context_lens, rows, spans,
                                        logit_rows, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
                                        self.scale)
 
     def steps(self, kv_caches: list[PagedKVCache], ids: list[int], positions: list[int], block_table: list[int],
               nb: int, num_steps: int, stop_ids: list[list[int]], features: Tensor | None = None) -> list[list[int]]:
-        """Up to `num_steps` greedy steps of single-row requests in one call (`cpu_kernels.decode_steps`): each
+        """Up to `num_steps` greedy steps of single-row requests in one call (`cpu.decode_steps`): each
         row's tokens; the steps end after one in which a row produced one of its `stop_ids`. `features`: where each
         position's final hidden state goes by slot (the runner's feature cache), if anywhere."""
         self._bind(kv_caches)
-        return cpu_kernels.decode_steps(ids, positions, self.tensors, block_table, nb, num_steps, stop_ids,
+        return cpu.decode_steps(ids, positions, self.tensors, block_table, nb, num_steps, stop_ids,
                                         _NO_FLOATS if features is None else features, self.num_heads,
                                         self.num_kv_heads, self.head_dim, self.eps, self.scale)
 
     def spec_steps(self, kv_caches: list[PagedKVCache], history: list[int], block_table: list[int], max_steps: int,
                    max_new: int, budget_s: float, stop_ids: list[int], min_n: int, max_n: int, guess: bool,
-                   policy: list[float]) -> tuple[list[int], list[list[float]]]:
-        """Greedy n-gram speculation of one request in one call (`cpu_kernels.spec_steps`): its tokens and, per verify
+                   policy) -> tuple[list[int], list[list[float]]]:
+        """Greedy n-gram speculation of one request in one call (`cpu.spec_steps`): its tokens and, per verify
         step, [length asked, drafted, accepted, guess, propose seconds, step seconds]."""
         self._bind(kv_caches)
-        return cpu_kernels.spec_steps(history, self.tensors, block_table, max_steps, max_new, budget_s, stop_ids, min_n,
-                                      max_n, guess, policy, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
-                                      self.scale)
+        return cpu.spec_steps(history, self.tensors, block_table, max_steps, max_new, budget_s, stop_ids, min_n,
+                              max_n, guess, policy, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
+                              self.scale)
 
     def _bind(self, kv_caches: list[PagedKVCache]) -> None:
         if kv_caches is not self._caches:  # a runner's cache tensors never change: bound once, not passed per step
@@ -411,8 +409,8 @@ class NativeDecode:
 
 
 def _native_linear(m: nn.Module | None, add) -> list[int] | None:
-    """The 7-int spec of one projection for `cpu_kernels.decode_layers`, or None if it has no native kernel."""
-    from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear, PackedLinear
+    """The 7-int spec of one projection for `cpu.decode_layers`, or None if it has no native kernel."""
+    from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, PackedLinear
 
     if m is None:
         return None
@@ -455,7 +453,7 @@ def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:
 
 def _fuse_quantized(parent: nn.Module, names: tuple[str, ...], fused_name: str, mods: list[nn.Module]) -> bool:
     """Siblings quantized with one scheme (and group size) become one quantized Linear (`concat_quantized`)."""
-    from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear, concat_quantized
+    from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, concat_quantized
 
     kinds = {(type(m), getattr(m, "group_size", None)) for m in mods}
     if len(kinds) != 1 or not isinstance(mods[0], (Int8WeightOnlyLinear, Int4WeightOnlyLinear)):
@@ -482,38 +480,22 @@ def fuse_projections(model: CausalLM) -> list[str]:
     return fused
 
 
-def _safetensors_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / n for n in names]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
-    return files
-
-
 def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """Build the model from `path`/config.json and load its safetensors weights (HF names)."""
+    """Build the model from `path`/config.json and load its weights (HF names): plain tensors as stored, an
+    export's quantized Linears as kernel modules (`accel.kernels.loader`, the one way from disk to kernels)."""
     from transformers import AutoConfig
+
+    from accel.kernels.loader import load_weights
 
     path = Path(path)
     config = AutoConfig.from_pretrained(path)
+    if hasattr(config, "quantization_config"):  # the plan is in the weights
+        del config.quantization_config
     with torch.device("meta"):
         model = CausalLM(config)
     model = model.to_empty(device=device).to(dtype)
     if model.tie_word_embeddings:  # to_empty breaks the tie; restore it
         model.lm_head.weight = model.model.embed_tokens.weight
-    state: dict[str, Tensor] = {}
-    for f in _safetensors_files(path):
-        state.update(load_file(str(f), device=str(device)))
-    if model.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (model.tie_word_embeddings and m == "lm_head.weight")]
-    unexpected = [u for u in unexpected if "rotary_emb" not in u]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not match the {config.model_type} architecture: "
-                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    load_weights(model, path, dtype, device, model.tie_word_embeddings)
     model.init_rope(device, dtype)
     return model.eval().requires_grad_(False)

@@ -63,10 +63,10 @@ class ModelRunner:
         self.kv_caches = [PagedKVCache(config.num_blocks, config.block_size, model.num_kv_heads, model.head_dim,
                                        kv_dtype, self.device, self.dtype) for _ in range(model.num_layers)]
         self._generators: dict[str, torch.Generator] = {}
-        from accel.quant import cpu_kernels
+        from accel.kernels import cpu
 
         self._paged_decode_kernel = (self.device.type == "cpu" and kv_dtype == torch.float32
-                                     and cpu_kernels.available())
+                                     and cpu.available())
         self._swapped: dict[str, list[list[Tensor]]] = {}  # request id -> per layer saved block tensors
         # the final hidden state of every computed position, one row per KV slot (an EAGLE draft reads the
         # verified ones by block table); None until a proposer asks for it (enable_feature_cache)

@@ -56,7 +56,20 @@ class SpecBurst:
     min_n: int
     max_n: int
     guess: bool
-    policy: list[float]  # successes, failures, decay, cost ratio, min speedup, k max, last full, fixed k (-1: adaptive)
+    policy: SpecPolicyState
+
+
+@dataclass
+class SpecPolicyState:
+    """The batch-1 draft-length rule's state for a burst: the C++ `SpecPolicy`'s fields, by name."""
+
+    successes: float  # the request's decayed acceptance evidence (AcceptanceEstimate)
+    failures: float
+    decay: float  # adaptive.DECAY
+    cost_ratio: float  # the draft's cost in target steps, as measured before the burst
+    k_max: int
+    last_full: int  # draft tokens of the last step when all were accepted, else 0
+    fixed_k: int  # -1: adaptive; 0: speculation is off at this batch size (a guess every step); > 0: always this
 
 
 @dataclass

@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from accel.quant import cpu_kernels
+from accel.kernels import cpu
 from accel.runtime.sampling_params import SamplingParams
 
 
@@ -41,8 +41,8 @@ def row_argmax(x: Tensor) -> Tensor:
     """argmax over the last dim of [N, V]: accel's kernel for fp32 on the CPU (torch's took ~45 us for one
     49,152-logit row, ~0.7% of a batch-1 decode step; the kernel 4.5 us), else torch's. Same result either way."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0 \
-            and cpu_kernels.available():
-        return cpu_kernels.argmax_rows(x)
+            and cpu.available():
+        return cpu.argmax_rows(x)
     return x.argmax(dim=-1)
 
 LogprobsMode = Literal["raw", "processed"]

@@ -4,15 +4,15 @@ Two decisions, both pure:
   * per request: estimate its acceptance rate alpha from its recent verification steps and pick the k in
     [0, k_max] that maximises Leviathan's expected tokens per unit cost (`stats.leviathan_speedup`); k = 0
     when even one draft token would not pay for itself. A request at k = 0 drafts one token every
-    `probe_interval` steps so that a change in its text (e.g. it starts quoting its prompt) is noticed.
+    PROBE_INTERVAL steps so that a change in its text (e.g. it starts quoting its prompt) is noticed.
   * per batch: no speculation at all once `disable_above_batch_size` requests run together; a large batch
     already fills the hardware and verification of draft tokens would only cost throughput.
 
 Estimating alpha: with i.i.d. acceptance, a step that drafted k and accepted a tokens contributes a
 successes and one failure if a < k (a truncated geometric draw), so the maximum-likelihood estimate is
-successes / (successes + failures). Both are exponentially decayed (`decay` per step) to follow recent text,
-and start from a prior worth `prior_weight` steps at `prior_alpha` — or, once the proposer has been verified
-`prior_weight` times in this engine, at the acceptance it has shown so far (`global_estimate`): a draft that
+successes / (successes + failures). Both are exponentially decayed (DECAY per step) to follow recent text,
+and start from a prior worth PRIOR_WEIGHT steps at PRIOR_ALPHA — or, once the proposer has been verified
+PRIOR_WEIGHT times in this engine, at the acceptance it has shown so far (`global_estimate`): a draft that
 has proven weak on this traffic does not get a fresh 0.5 for every new request (measured: at batch 8-15 a
 distilled draft at acceptance 0.18 cost 9% throughput while each new request learned it again).
 """
@@ -26,26 +26,31 @@ from dataclasses import dataclass, field
 from accel.speculative.stats import leviathan_speedup
 
 
+# The policy's fixed internals (not configuration: no recipe, flag or request sets them; tests vary them here).
+DECAY = 0.9
+"""Per-step decay of a request's acceptance evidence (it follows the recent text)."""
+PRIOR_ALPHA, PRIOR_WEIGHT = 0.5, 2.0
+"""A request's acceptance before its own evidence, worth PRIOR_WEIGHT steps (or the engine's measured acceptance
+once it outweighs that)."""
+PROBE_INTERVAL = 8
+"""A request whose length fell to 0 still drafts one token every PROBE_INTERVAL steps (times its backoff)."""
+
+
 @dataclass(frozen=True)
 class AdaptiveConfig:
-    """Knobs of adaptive speculation (the recipe's `speculation` section maps onto them).
+    """What the engine's `SpeculativeConfig` decides about adaptive speculation (`SpeculativeConfig.adaptive_config`).
 
     k_max                  upper bound on draft tokens per step (SpeculativeConfig.num_speculative_tokens).
     cost_ratio             cost of one draft token relative to one target decode step, verification of the
-                           extra token included (measure it: ~0 for n-gram lookup on a GPU, more on a CPU).
+                           extra token included, until the engine's CostMeter has measured it.
     disable_above_batch_size  switch speculation off when this many requests run at once (None: never).
     adaptive               False: always k_max (below the batch cutoff).
     """
 
-    k_max: int = 4
-    cost_ratio: float = 0.1
-    disable_above_batch_size: int | None = 16
+    k_max: int
+    cost_ratio: float
+    disable_above_batch_size: int | None
     adaptive: bool = True
-    decay: float = 0.9
-    prior_alpha: float = 0.5
-    prior_weight: float = 2.0
-    probe_interval: int = 8
-    min_speedup: float = 1.0  # speculate only when the predicted speedup beats this
 
     def __post_init__(self) -> None:
         checks = [
@@ -53,20 +58,15 @@ class AdaptiveConfig:
             ("cost_ratio", self.cost_ratio >= 0, ">= 0"),
             ("disable_above_batch_size", self.disable_above_batch_size is None or self.disable_above_batch_size >= 1,
              "None or an integer >= 1"),
-            ("decay", 0.0 < self.decay <= 1.0, "in (0, 1]"),
-            ("prior_alpha", 0.0 <= self.prior_alpha <= 1.0, "in [0, 1]"),
-            ("prior_weight", self.prior_weight > 0, "> 0"),
-            ("probe_interval", self.probe_interval >= 1, "an integer >= 1"),
-            ("min_speedup", self.min_speedup > 0, "> 0"),
         ]
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"adaptive speculation {name}={getattr(self, name)!r} is invalid; allowed: {allowed}")
 
 
-def best_speculation_length(alpha: float, cost_ratio: float, k_max: int, min_speedup: float = 1.0) -> int:
-    """The k in [0, k_max] with the highest predicted speedup; 0 unless some k beats `min_speedup`."""
-    best_k, best = 0, min_speedup
+def best_speculation_length(alpha: float, cost_ratio: float, k_max: int) -> int:
+    """The k in [0, k_max] with the highest predicted speedup; 0 unless some k beats no speculation (1.0)."""
+    best_k, best = 0, 1.0
     for k in range(1, k_max + 1):
         s = leviathan_speedup(alpha, k, cost_ratio)
         if s > best + 1e-12:
@@ -80,7 +80,7 @@ def speculation_enabled(batch_size: int, disable_above_batch_size: int | None) -
 
 
 MAX_PROBE_BACKOFF = 16
-"""A probe that accepts nothing doubles the wait before the next (up to 16 x probe_interval); one that accepts
+"""A probe that accepts nothing doubles the wait before the next (up to 16 x PROBE_INTERVAL); one that accepts
 halves it. Probing a draft model is not free (it catches up on every token since its last draft, and the target
 verifies an extra row): at batch 8-15 with a draft at acceptance 0.2, fixed 8-step probes cost ~8% throughput."""
 
@@ -100,13 +100,12 @@ class AcceptanceEstimate:
     successes: float
     failures: float
     steps_without_draft: int = 0
-    probe_backoff: int = 1  # probes wait probe_interval * this; doubles when a draft step accepts nothing
+    probe_backoff: int = 1  # probes wait PROBE_INTERVAL * this; doubles when a draft step accepts nothing
     last_full: int = 0  # draft tokens of the last step if all of them were accepted, else 0
 
     @classmethod
-    def prior(cls, config: AdaptiveConfig) -> AcceptanceEstimate:
-        return cls(successes=config.prior_alpha * config.prior_weight,
-                   failures=(1.0 - config.prior_alpha) * config.prior_weight)
+    def prior(cls) -> AcceptanceEstimate:
+        return cls(successes=PRIOR_ALPHA * PRIOR_WEIGHT, failures=(1.0 - PRIOR_ALPHA) * PRIOR_WEIGHT)
 
     @property
     def alpha(self) -> float:
@@ -131,7 +130,7 @@ class AcceptanceEstimate:
 class AdaptiveSpeculation:
     """Per-request speculation lengths for a running batch (state: one `AcceptanceEstimate` per request)."""
 
-    config: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    config: AdaptiveConfig
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
     # all requests' verification evidence, undecayed: the prior of new requests once it outweighs the default
     global_successes: float = 0.0
@@ -139,33 +138,27 @@ class AdaptiveSpeculation:
     # set by the engine from `CostMeter` when the cost ratio is measured, not configured (None: config's)
     measured_cost_ratio: float | None = None
     def has_global_evidence(self) -> bool:
-        return self.global_successes + self.global_failures >= self.config.prior_weight
+        return self.global_successes + self.global_failures >= PRIOR_WEIGHT
 
     def global_alpha(self) -> float:
-        """The proposer's acceptance on this engine's traffic, shrunk towards prior_alpha by prior_weight pseudo-
+        """The proposer's acceptance on this engine's traffic, shrunk towards PRIOR_ALPHA by PRIOR_WEIGHT pseudo-
         steps: four unlucky first drafts must not read as "never accepts" (measured: an EAGLE draft at 0.44
         first-token acceptance was switched off for good after the first request's 4 probes on a degenerate
         reply all missed, when the raw ratio 0/4 became every new request's prior)."""
-        cfg = self.config
         n = self.global_successes + self.global_failures
-        return (self.global_successes + cfg.prior_alpha * cfg.prior_weight) / (n + cfg.prior_weight)
+        return (self.global_successes + PRIOR_ALPHA * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT)
 
     def _prior(self) -> AcceptanceEstimate:
-        cfg = self.config
         if not self.has_global_evidence():
-            return AcceptanceEstimate.prior(cfg)
+            return AcceptanceEstimate.prior()
         alpha = self.global_alpha()
-        return AcceptanceEstimate(successes=alpha * cfg.prior_weight, failures=(1.0 - alpha) * cfg.prior_weight)
+        return AcceptanceEstimate(successes=alpha * PRIOR_WEIGHT, failures=(1.0 - alpha) * PRIOR_WEIGHT)
 
     def lengths(self, request_ids: list[str], batch_size: int) -> list[int]:
         """Draft tokens for each request of one engine step, with `batch_size` requests running. Exploration
         (drafting on the default prior, probing at k = 0) is rationed to EXPLORERS_PER_STEP requests per call."""
         budget = [EXPLORERS_PER_STEP]
         return [self._length(r, batch_size, budget) for r in request_ids]
-
-    def num_speculative_tokens(self, request_id: str, batch_size: int) -> int:
-        """Draft tokens for `request_id` as the only request asking in its step (see `lengths`)."""
-        return self.lengths([request_id], batch_size)[0]
 
     def _length(self, request_id: str, batch_size: int, explore_budget: list[int]) -> int:
         cfg = self.config
@@ -177,12 +170,11 @@ class AdaptiveSpeculation:
         cost = cfg.cost_ratio if self.measured_cost_ratio is None else self.measured_cost_ratio
         if est is None:
             est = self.estimates[request_id] = self._prior()
-            if self.has_global_evidence() and best_speculation_length(est.alpha, cost, cfg.k_max,
-                                                                      cfg.min_speedup) == 0:
+            if self.has_global_evidence() and best_speculation_length(est.alpha, cost, cfg.k_max) == 0:
                 # the proposer has shown on this traffic that it does not pay: the first probe waits longer too
                 # (a draft model's first draft prefills the whole prompt into its own KV)
                 est.probe_backoff = NEW_REQUEST_PROBE_BACKOFF
-        k = best_speculation_length(est.alpha, cost, cfg.k_max, cfg.min_speedup)
+        k = best_speculation_length(est.alpha, cost, cfg.k_max)
         if est.last_full and k > 0:
             # A fully accepted draft predicts a long one: acceptance is bursty (a copied span is accepted to its
             # end), not the i.i.d. draws the formula assumes. Measured with n-gram lookup on input-grounded
@@ -196,7 +188,7 @@ class AdaptiveSpeculation:
             if explore_budget[0] <= 0:
                 return 0
             explore_budget[0] -= 1
-        if k == 0 and cfg.k_max > 0 and est.steps_without_draft + 1 >= cfg.probe_interval * est.probe_backoff \
+        if k == 0 and cfg.k_max > 0 and est.steps_without_draft + 1 >= PROBE_INTERVAL * est.probe_backoff \
                 and self._probe_can_pay(est, cost):
             # probe: keep measuring a request whose drafts stopped paying off. Probes are exploration too, so at
             # most EXPLORERS_PER_STEP per step: requests that started together would otherwise all probe in the same
@@ -215,7 +207,7 @@ class AdaptiveSpeculation:
         forward costs 0.6 of a step is then not probed at all (measured: its probes, each a catch-up prefill of
         the request's context, cost 8% at batch 16 while it never drafted more than them)."""
         best = max(est.alpha, self.global_alpha())
-        return best_speculation_length(min(1.0, 2.0 * best), cost, self.config.k_max, self.config.min_speedup) > 0
+        return best_speculation_length(min(1.0, 2.0 * best), cost, self.config.k_max) > 0
 
     def observe(self, request_id: str, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Feed back one step of `request_id` (num_draft_tokens = 0 for a step it did not speculate)."""
@@ -225,7 +217,7 @@ class AdaptiveSpeculation:
         est = self.estimates.get(request_id)
         if est is None:
             est = self.estimates[request_id] = self._prior()
-        est.update(num_draft_tokens, num_accepted_tokens, self.config.decay)
+        est.update(num_draft_tokens, num_accepted_tokens, DECAY)
         if num_draft_tokens:
             self.global_successes += num_accepted_tokens
             self.global_failures += 1.0 if num_accepted_tokens < num_draft_tokens else 0.0
@@ -240,6 +232,10 @@ class AdaptiveSpeculation:
         self.estimates.pop(request_id, None)
 
 
+FALLBACK_VERIFY = 0.05
+"""`CostMeter`: the verification cost of a row, in steps, until the rows have varied enough to fit it."""
+COST_DECAY = 0.95
+"""`CostMeter`: per-step decay of both terms (a change in batch size is followed)."""
 ROW_COST_WINDOW, ROW_COST_MIN_SAMPLES = 9, 5
 """`CostMeter.second_row_cost`: 1- and 2-row steps kept, and needed before it answers."""
 
@@ -256,12 +252,10 @@ class CostMeter:
     formula's "verifying k + 1 tokens costs one step" hides; n-gram lookup is almost free to propose, and the
     verification term is all of its cost. The verification term is the slope of an exponentially weighted
     least-squares fit of decode-only step seconds on the number of rows (steps that mix in a prefill chunk are
-    left out); until the rows have varied enough to fit a slope, `fallback_verify` stands in for it.
-    Both terms are exponentially averaged (`decay` per observed step) so a change in batch size is followed.
+    left out); until the rows have varied enough to fit a slope, FALLBACK_VERIFY stands in for it.
+    Both terms are exponentially averaged (COST_DECAY per observed step) so a change in batch size is followed.
     """
 
-    fallback_verify: float = 0.05
-    decay: float = 0.95
     propose_ratio: float | None = None
     _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, w x, w x^2, w y, w x y
     # decode-only steps of one request with 1 and 2 rows: their last seconds. The 2nd row is where the linear fit is
@@ -279,8 +273,8 @@ class CostMeter:
             return
         if draft_forwards > 0:
             r = propose_seconds / draft_forwards / step_seconds
-            self.propose_ratio = r if self.propose_ratio is None else self.decay * self.propose_ratio + (
-                1 - self.decay) * r
+            self.propose_ratio = r if self.propose_ratio is None else COST_DECAY * self.propose_ratio + (
+                1 - COST_DECAY) * r
         if decode_only and decode_rows == 1 and rows in (1, 2):
             self._one_request[rows].append(step_seconds)
         if decode_only and decode_rows == 1:
@@ -288,7 +282,7 @@ class CostMeter:
         if decode_only and rows > 0:
             x, y = float(rows), step_seconds
             for i, v in enumerate((1.0, x, x * x, y, x * y)):
-                self._s[i] = self.decay * self._s[i] + v
+                self._s[i] = COST_DECAY * self._s[i] + v
 
     def second_row_cost(self) -> float | None:
         """Extra cost of a request's 2nd row at batch 1, in 1-row steps: the median 2-row step over the median 1-row
@@ -324,12 +318,12 @@ class CostMeter:
         rows = max(1, decode_rows)
         b = self.slope()
         if b is None:
-            r = self.fallback_verify / (1.0 - self.fallback_verify) if self.fallback_verify < 1 else 1e9  # b / a
+            r = FALLBACK_VERIFY / (1.0 - FALLBACK_VERIFY)  # b / a
             return rows * r / (1.0 + rows * r)
         s0, s1, _, sy, sxy = self._s
         a = sy / s0 - b * s1 / s0  # intercept
         base = a + b * rows
-        return rows * b / base if base > 0 else self.fallback_verify
+        return rows * b / base if base > 0 else FALLBACK_VERIFY
 
     def cost_ratio(self, decode_rows: int, fallback_propose: float) -> float:
         """c for a batch of `decode_rows` requests (fallback_propose until a draft forward was timed)."""

@@ -26,13 +26,9 @@ SPEC_METHODS = ("ngram", "draft")
 DISABLE_ABOVE_BATCH_SIZE = {"ngram": 5, "draft": 5}
 
 
-# Adaptive internals, fixed (not configuration):
-# - a request whose adaptive length fell to 0 still drafts every PROBE_INTERVAL steps (backing off while probes
-#   accept nothing), so a change in its text (it starts quoting its prompt) is noticed;
-# - an EAGLE draft's first draft for a request catches up on only its latest positions (eagle.DEFAULT_CONTEXT_WINDOW);
-# - the draft's cost relative to a target step is always measured while the engine runs (`adaptive.CostMeter`),
-#   starting from a prior of 0.01 for n-gram lookup and 0.25 for a draft model.
-PROBE_INTERVAL = 8
+# Adaptive internals are fixed, not configuration (accel.speculative.adaptive: DECAY, PRIOR_ALPHA, PROBE_INTERVAL);
+# the draft's cost relative to a target step is always measured while the engine runs (`adaptive.CostMeter`),
+# starting from a prior of 0.01 for n-gram lookup and 0.25 for a draft model.
 # The prior cost ratio adds what verifying one extra row costs a CPU step (a decode step over 2 rows against 1)
 # until the engine's CostMeter has measured the real ratio.
 VERIFY_ROW_COST_PRIOR = 0.05
@@ -123,8 +119,7 @@ class SpeculativeConfig:
     def adaptive_config(self) -> AdaptiveConfig:
         return AdaptiveConfig(k_max=self.num_speculative_tokens,
                               cost_ratio=self.default_cost_ratio() + VERIFY_ROW_COST_PRIOR,
-                              disable_above_batch_size=self.disable_above_batch_size, adaptive=self.adaptive,
-                              probe_interval=PROBE_INTERVAL)
+                              disable_above_batch_size=self.disable_above_batch_size, adaptive=self.adaptive)
 
     @classmethod
     def from_recipe(cls, speculation, draft_dir: str | None = None) -> SpeculativeConfig | None:

@@ -198,7 +198,7 @@ class EagleProposer(PagedDraftProposer):
             quantize_draft(model, quant_scheme, head=True)
         fuse_projections(model)
         try:  # CPU fp32: the runtime's pre-packed Linears, and the native decode step over the layer and head
-            from accel.quant.kernels import pack_float_linears
+            from accel.kernels.linear import pack_float_linears
         except ImportError:
             pass
         else:

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput, SpecBurst
+from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput, SpecBurst, SpecPolicyState
 from accel.runtime.sequence import Sequence
-from accel.speculative.adaptive import AdaptiveSpeculation, CostMeter, speculation_enabled
+from accel.speculative.adaptive import DECAY, AdaptiveSpeculation, CostMeter, speculation_enabled
 from accel.speculative.config import SpeculativeConfig
 from accel.speculative.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer
 from accel.speculative.stats import SpecDecodeStats
@@ -205,7 +205,7 @@ class SpecDecoder:
         max_new = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
         return SpecBurst(rid, max_steps, max_new, min(max_new, max_steps * (k_max + 1)) + k_max, budget_s,
                          self.proposer.min_n, self.proposer.max_n, True,
-                         [est.successes, est.failures, cfg.decay, cost, cfg.min_speedup, k_max, est.last_full, fixed])
+                         SpecPolicyState(est.successes, est.failures, DECAY, cost, k_max, est.last_full, fixed))
 
     def observe_burst(self, seq: Sequence, steps: list[list[float]]) -> None:
         """`observe` for each verify step of a burst, in order: the counters, the request's acceptance estimate and

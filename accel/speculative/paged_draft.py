@@ -40,7 +40,7 @@ _GREEDY = SamplingParams(temperature=0.0)
 def quantize_draft(model: CausalLM, scheme: str, head: bool = False) -> None:
     """Quantize every decoder Linear of the draft with `scheme` ("int8" | "int4"); lm_head too with `head` (a
     token draft keeps it float: its reduced-vocabulary rows are copied out of it)."""
-    from accel.quant.kernels import apply_plan
+    from accel.kernels.linear import apply_plan
 
     plan = {name: scheme for name, m in model.named_modules()
             if isinstance(m, nn.Linear) and (head or name != "lm_head")}
@@ -94,7 +94,7 @@ class PagedDraftProposer(Proposer):
         fuse_projections(model)
         proposer = cls(model, num_blocks, block_size, load_draft_vocab_ids(path))
         try:  # CPU fp32: the runtime's pre-packed Linears (the reduced head was copied out above)
-            from accel.quant.kernels import pack_float_linears
+            from accel.kernels.linear import pack_float_linears
         except ImportError:
             return proposer
         pack_float_linears(model)
@@ -218,7 +218,7 @@ class PagedDraftProposer(Proposer):
         fp32 kernel (AVX2 GEMV on CPU: ~3x torch's matmul for these 1-16 rows; the head is ~40% of a 2-layer
         draft's bytes per forward)."""
         if self._head_linear is None:
-            from accel.quant.kernels import PackedLinear
+            from accel.kernels.linear import PackedLinear
 
             lin = nn.Linear(self.head.shape[1], self.head.shape[0], bias=False, device=self.head.device)
             lin.weight = nn.Parameter(self.head, requires_grad=False)

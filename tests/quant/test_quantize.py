@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from accel.quant.allocate import Plan
-from accel.quant.quantize import (build_modifiers, load_quantized_for_runtime, oneshot_quantize, recipe_config,
-                                  save_checkpoint)
+from accel.kernels.loader import load_hf_model
+from accel.quant.quantize import build_modifiers, oneshot_quantize, recipe_config, save_checkpoint
 from accel.quant.schemes import fake_quantized, quantizable_linears
 from tests.conftest import make_tiny_llama
 
@@ -94,7 +94,7 @@ X = torch.randint(3, 256, (8, 16), generator=torch.Generator().manual_seed(5))
 
 @torch.no_grad()
 def test_rtn_oneshot_matches_our_fake_quant_and_loads_into_kernels(tmp_path):
-    from accel.quant.kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+    from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
     model = _saved_tiny(tmp_path, tie_word_embeddings=True)
     plan = _mixed_plan(model, lm_head="int8")
@@ -126,7 +126,7 @@ def test_rtn_oneshot_matches_our_fake_quant_and_loads_into_kernels(tmp_path):
     # scales in fp16 (int4: 4 + 20/g bits per weight), zero points packed at 4 bits
     assert dtypes["model.layers.0.self_attn.q_proj.weight_scale"] == "F16" == dtypes["lm_head.weight_scale"]
     assert dtypes["model.layers.0.self_attn.q_proj.weight_zero_point"] == "I32"
-    loaded = load_quantized_for_runtime(ck)
+    loaded = load_hf_model(ck)
     assert isinstance(loaded.model.layers[0].self_attn.q_proj, Int4WeightOnlyLinear)
     assert isinstance(loaded.model.layers[0].self_attn.k_proj, Int8WeightOnlyLinear)
     assert isinstance(loaded.model.layers[0].self_attn.v_proj, torch.nn.Linear)
@@ -156,7 +156,7 @@ def test_gptq_oneshot_checkpoint_matches_fake_quant_model(tmp_path):
     assert (groups[4]["format"], groups[8]["format"]) == ("pack-quantized", "pack-quantized")
     assert groups[4]["targets"] == [n for n, s in plan.schemes.items() if s == "int4"]
     assert "lm_head" in qc["ignore"]
-    loaded = load_quantized_for_runtime(ck)
+    loaded = load_hf_model(ck)
     torch.testing.assert_close(loaded(X).logits, fq, **KERNEL_TOL)
 
 
@@ -172,7 +172,7 @@ def test_awq_oneshot_runs_on_a_machine_without_an_accelerator(tmp_path):
     res = oneshot_quantize(model, plan, CAL, "awq", processor=_tokenizer())
     assert any(not torch.equal(p, norms[n]) for n, p in res.model.named_parameters() if n in norms)  # it smoothed
     assert (res.model(X).logits - ref).abs().max() > 1e-3  # and quantized
-    loaded = load_quantized_for_runtime(save_checkpoint(res.model, plan, tmp_path / "ck"))
+    loaded = load_hf_model(save_checkpoint(res.model, plan, tmp_path / "ck"))
     torch.testing.assert_close(loaded(X).logits, res.model(X).logits, **KERNEL_TOL)
 
 
@@ -193,7 +193,7 @@ def _q4_1_grid(model, group_size=32):
 def test_int4f_float_zero_point_is_lossless_on_q4_1_weights_and_loads_in_runtime_and_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from accel.quant.kernels import Int4WeightOnlyLinear, linear_scheme
+    from accel.kernels.linear import Int4WeightOnlyLinear, linear_scheme
 
     src = tmp_path / "q41"
     tiny = make_tiny_llama(initializer_range=0.1, tie_word_embeddings=True)
@@ -221,7 +221,7 @@ def test_int4f_float_zero_point_is_lossless_on_q4_1_weights_and_loads_in_runtime
     qc = json.loads((ck / "config.json").read_text())["quantization_config"]
     groups = {g["weights"]["num_bits"]: g for g in qc["config_groups"].values()}
     assert groups[4]["format"] == "int-quantized" and groups[4]["weights"]["zp_dtype"] == "torch.float16"
-    loaded = load_quantized_for_runtime(ck)
+    loaded = load_hf_model(ck)
     q = loaded.model.layers[0].self_attn.k_proj
     assert isinstance(q, Int4WeightOnlyLinear) and q.float_zero and linear_scheme(q) == "int4f"
     torch.testing.assert_close(loaded(X).logits, ours, **KERNEL_TOL)
@@ -230,7 +230,7 @@ def test_int4f_float_zero_point_is_lossless_on_q4_1_weights_and_loads_in_runtime
 
 
 def test_int4f_kernel_module_matches_its_dequantized_weight_on_every_cpu_path():
-    from accel.quant.kernels import Int4WeightOnlyLinear, apply_plan, quantize_int4_groupwise
+    from accel.kernels.linear import Int4WeightOnlyLinear, apply_plan, quantize_int4_groupwise
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48, bias=False)
@@ -254,9 +254,9 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from accel.export.load import load_runtime_model
+    from accel.runtime.model import load_model
     from accel.export.loaders import loader_support
-    from accel.quant.kernels import Int8Embedding, Int8WeightOnlyLinear
+    from accel.kernels.linear import Int8Embedding, Int8WeightOnlyLinear
 
     model = _saved_tiny(tmp_path, tie_word_embeddings=True)
     names = quantizable_linears(model)  # no 16-bit Linear: the checkpoint then stores no rounded float matrix
@@ -279,10 +279,10 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
                                                                   "lm_head.weight_scale" for k in dtypes)
     hf = AutoModelForCausalLM.from_pretrained(ck).eval()  # transformers ties the int8 table and decompresses it
     torch.testing.assert_close(hf(X).logits, measured, atol=1e-4, rtol=1e-4)
-    loaded = load_quantized_for_runtime(ck)
+    loaded = load_hf_model(ck)
     assert isinstance(loaded.model.embed_tokens, Int8Embedding) and isinstance(loaded.lm_head, Int8WeightOnlyLinear)
     torch.testing.assert_close(loaded(X).logits, measured, **KERNEL_TOL)
-    runtime = load_runtime_model(ck)
+    runtime = load_model(ck, torch.float32, torch.device("cpu"))
     assert runtime.model.embed_tokens.qweight.data_ptr() == runtime.lm_head.qweight.data_ptr()  # held once
     ids = X[0]
     torch.testing.assert_close(runtime.model.embed_tokens(ids), hf.model.embed_tokens(ids), atol=0, rtol=0)
@@ -334,7 +334,7 @@ def test_layerwise_gptq_gives_each_linears_int4_weight_with_less_output_error_th
 def test_int4_at_two_group_sizes_gets_one_config_group_each_and_loads_at_each(tmp_path):
     """A plan whose units chose different INT4 group sizes: one compressed-tensors config group per size (vLLM loads
     each layer by its group), each layer quantized and loaded into a kernel at its unit's size."""
-    from accel.quant.kernels import Int4WeightOnlyLinear
+    from accel.kernels.linear import Int4WeightOnlyLinear
 
     model = _saved_tiny(tmp_path, fp16_values=True, tie_word_embeddings=True)
     names = quantizable_linears(model)
@@ -349,7 +349,7 @@ def test_int4_at_two_group_sizes_gets_one_config_group_each_and_loads_at_each(tm
     res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
     for n in names:
         assert res.model.get_submodule(n).quantization_scheme.weights.group_size == plan.sizes()[n]
-    loaded = load_quantized_for_runtime(save_checkpoint(res.model, plan, tmp_path / "ck"))
+    loaded = load_hf_model(save_checkpoint(res.model, plan, tmp_path / "ck"))
     for n in names:
         m = loaded.get_submodule(n)
         assert isinstance(m, Int4WeightOnlyLinear) and m.group_size == plan.sizes()[n]
@@ -413,6 +413,6 @@ def test_scale_tuning_lowers_the_kl_to_the_unquantized_model_and_keeps_every_cod
     assert sum(not torch.equal(res.model.get_submodule(n).weight_scale, scales[n]) for n in codes) == len(codes)
     fq = res.model(X).logits
     ck = save_checkpoint(res.model, plan, tmp_path / "ck")
-    torch.testing.assert_close(load_quantized_for_runtime(ck)(X).logits, fq, **KERNEL_TOL)
+    torch.testing.assert_close(load_hf_model(ck)(X).logits, fq, **KERNEL_TOL)
     with pytest.raises(ValueError, match="steps=0 is invalid"):
         tune_scales(res.model, teacher, rows, steps=0)

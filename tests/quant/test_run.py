@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from accel.quant.allocate import Plan, Rules
-from accel.quant.quantize import load_quantized_for_runtime
+from accel.kernels.loader import load_hf_model
 from accel.quant.run import build_plan, token_batches
 from accel.recipe import parse_recipe
 from tests.conftest import make_tiny_llama
@@ -54,7 +54,7 @@ def test_plan_quantize_and_load_on_a_tiny_model(tmp_path, metric):
         build_plan(model, sens, q, ())  # a quality budget is never left unchecked
     ck = save_checkpoint(oneshot_quantize(model, plan, token_batches(_draw(0, 8), 16, 8), "rtn").model, plan,
                          tmp_path / "ck")
-    loaded = load_quantized_for_runtime(ck)
+    loaded = load_hf_model(ck)
     x = torch.randint(3, 256, (1, 16))
     assert loaded(x).logits.shape == (1, 16, 256)
 

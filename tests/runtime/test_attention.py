@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from accel.quant import cpu_kernels
+from accel.kernels import cpu
 from accel.runtime.attention import (AttentionMetadata, DecodeGroup, PagedKVCache, paged_attention,
                                      quantize_int8)
 
@@ -36,7 +36,7 @@ def test_write_gather_and_block_round_trip():
         assert torch.equal(k2, gk) and torch.equal(v2, gv)  # bit-exact move, scales included
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
 @pytest.mark.parametrize("head_dim", [64, 12, 20])  # vectorised, scalar and mixed inner loops
 @pytest.mark.parametrize("threads", [1, 2, 8])  # 4 rows: split by row (1, 2 threads) or by kv head (8)
 @pytest.mark.parametrize("q_scale", [1.0, 8.0])  # large scores: the online softmax rescales across blocks
@@ -77,7 +77,7 @@ def test_paged_decode_kernel_matches_gather_and_sdpa(head_dim, threads, q_scale,
     assert torch.allclose(got[rows], ref[rows], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_verify_rows_split_across_threads_give_each_row_what_it_gets_alone(threads):
     # one request's verify span over a long context (its rows split into groups, its query heads in halves where 3
@@ -110,7 +110,7 @@ def test_verify_rows_split_across_threads_give_each_row_what_it_gets_alone(threa
     assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
 def test_a_large_kv_cache_is_zeros_and_faulted_in_when_allocated():
     # pages left to fault on first use arrive inside decode steps (a 2 MB page allocation may compact memory while
     # the step's other thread waits): the cache must be resident before the first step, as torch.zeros would be

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel.quant import cpu_kernels
+from accel.kernels import cpu
 from accel.quant.schemes import uniform_plan
 from accel.runtime.engine import Engine
 from accel.runtime.sampling_params import SamplingParams
 from accel.speculative.config import SpeculativeConfig
 from tests.runtime.helpers import mixed_prompts
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="accel's CPU kernels are not built here")
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="accel's CPU kernels are not built here")
 
 
 def _run(engine: Engine, prompts, params) -> list[list[int]]:
@@ -127,7 +127,8 @@ def test_decode_steps_in_a_row_give_what_single_steps_give(tiny_llama_dir, schem
     assert outs[1][1][1:] == ("stop", stop_id) and len(outs[1][2][0]) == 13
     assert not calls[1] and calls[5] and max(calls[5]) == 5
     assert engines[5].scheduler.num_steps < engines[1].scheduler.num_steps
-    sampled = [SamplingParams(max_tokens=12, temperature=0.8, seed=1), SamplingParams(max_tokens=12, temperature=0)]
+    sampled = [SamplingParams(max_tokens=12, temperature=0.8, seed=1, ignore_eos=True),
+               SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)]  # the sampled one runs to the end
     calls[5].clear()
     assert ([o.token_ids for o in engines[5].generate(prompts[:2], sampled)]
             == [o.token_ids for o in engines[1].generate(prompts[:2], sampled)])

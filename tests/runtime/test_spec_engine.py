@@ -224,7 +224,7 @@ TARGET_STEP_S = 0.01  # what one target step costs on the injected clock
 def test_measured_cost_ratio_switches_off_a_draft_that_costs_more_than_it_returns(tiny_llama_dir, refs16, delay,
                                                                                   speculates, monkeypatch):
     path, _ = tiny_llama_dir
-    monkeypatch.setattr("accel.speculative.config.PROBE_INTERVAL", 64)  # no probe within these 12 tokens
+    monkeypatch.setattr("accel.speculative.adaptive.PROBE_INTERVAL", 64)  # no probe within these 12 tokens
     prompts, refs = refs16
     clock = FakeClock()
     proposer = SlowProposer(prompts[:1], refs[:1], delay, clock)

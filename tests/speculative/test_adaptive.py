@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from accel.speculative import adaptive
 from accel.speculative.adaptive import (
     AcceptanceEstimate,
     AdaptiveConfig,
@@ -11,6 +12,25 @@ from accel.speculative.adaptive import (
     best_speculation_length,
     speculation_enabled,
 )
+
+
+@pytest.fixture
+def internals(monkeypatch):
+    """Set the policy's fixed internals (adaptive.DECAY, PRIOR_ALPHA, PRIOR_WEIGHT, PROBE_INTERVAL) for one test."""
+    def set_(**values):
+        for name, value in values.items():
+            monkeypatch.setattr(adaptive, name.upper(), value)
+    return set_
+
+
+def make(k_max=4, cost_ratio=0.1, disable_above_batch_size=16, adaptive=True) -> AdaptiveSpeculation:
+    return AdaptiveSpeculation(AdaptiveConfig(k_max=k_max, cost_ratio=cost_ratio,
+                                              disable_above_batch_size=disable_above_batch_size, adaptive=adaptive))
+
+
+def k_of(ctl: AdaptiveSpeculation, request_id: str, batch_size: int) -> int:
+    """The request's draft length as the only one asking in its step."""
+    return ctl.lengths([request_id], batch_size)[0]
 
 
 @pytest.mark.parametrize("alpha, c, k_max, expected", [
@@ -24,11 +44,6 @@ from accel.speculative.adaptive import (
 ])
 def test_best_speculation_length(alpha, c, k_max, expected):
     assert best_speculation_length(alpha, c, k_max) == expected
-
-
-def test_min_speedup_threshold():
-    assert best_speculation_length(0.3, 0.2, 8, min_speedup=1.1) == 0
-    assert best_speculation_length(0.3, 0.2, 8, min_speedup=1.0) == 1
 
 
 @pytest.mark.parametrize("batch, cutoff, expected", [(1, 16, True), (15, 16, True), (16, 16, False),
@@ -53,50 +68,52 @@ def test_decay_follows_recent_steps():
     assert (est.successes, est.failures) == (5.0, 1.0)
 
 
-def test_controller_lowers_k_then_probes():
-    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.2, prior_alpha=0.8, prior_weight=2.0,
-                                             decay=0.5, probe_interval=3))
-    assert ctl.num_speculative_tokens("r", batch_size=1) == 4  # prior alpha 0.8, c 0.2 -> 4
+def test_controller_lowers_k_then_probes(internals):
+    internals(prior_alpha=0.8, decay=0.5, probe_interval=3)
+    ctl = make(k_max=4, cost_ratio=0.2)
+    assert k_of(ctl, "r", 1) == 4  # prior alpha 0.8, c 0.2 -> 4
     for _ in range(4):
         ctl.observe("r", 4, 0)  # everything rejected
     assert ctl.estimates["r"].alpha < 0.15
-    assert ctl.num_speculative_tokens("r", 1) == 0
+    assert k_of(ctl, "r", 1) == 0
     backoff = ctl.estimates["r"].probe_backoff
     assert backoff == 16  # four drafts that accepted nothing: the probe waits 3 x 16 steps
     for _ in range(3 * backoff - 1):
-        assert ctl.num_speculative_tokens("r", 1) == 0
+        assert k_of(ctl, "r", 1) == 0
         ctl.observe("r", 0, 0)
     # four misses are not conclusive: the engine-wide estimate is shrunk to the prior ((0 + 1.6) / (4 + 2)), and
     # twice it pays at c 0.2, so the request may probe; after 20 misses anywhere (1.6 / 22) it may not
     assert ctl.global_alpha() == pytest.approx(1.6 / 6)
     ctl.global_failures += 16.0
-    assert ctl.num_speculative_tokens("r", 1) == 0
+    assert k_of(ctl, "r", 1) == 0
     ctl.global_successes += 2.0  # another request shows some acceptance: (2 + 1.6) / 24, twice pays at c 0.2
-    assert ctl.num_speculative_tokens("r", 1) == 1  # 48th step without drafts: probe with one token
+    assert k_of(ctl, "r", 1) == 1  # 48th step without drafts: probe with one token
     for _ in range(3):
         ctl.observe("r", 1, 1)  # the text turned predictable
-    assert ctl.num_speculative_tokens("r", 1) >= 2
+    assert k_of(ctl, "r", 1) >= 2
 
 
-def test_new_requests_start_from_the_acceptance_the_proposer_has_shown():
-    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.3, prior_alpha=0.5, prior_weight=2.0))
-    assert ctl.num_speculative_tokens("a", 1) == 1  # default prior 0.5 at c 0.3: one token pays
+def test_new_requests_start_from_the_acceptance_the_proposer_has_shown(internals):
+    internals(prior_alpha=0.5)
+    ctl = make(k_max=4, cost_ratio=0.3)
+    assert k_of(ctl, "a", 1) == 1  # default prior 0.5 at c 0.3: one token pays
     ctl.observe("a", 1, 1)  # one step of evidence: still below prior_weight, the default prior stays
     assert ctl._prior().alpha == 0.5
     for _ in range(9):
         ctl.observe("a", 1, 0)  # the proposer keeps failing
     assert ctl.global_successes == 1 and ctl.global_failures == 9
     assert ctl._prior().alpha == pytest.approx((1 + 1) / (10 + 2))  # shrunk to the prior by 2 pseudo-steps
-    assert ctl.num_speculative_tokens("b", 1) == 0  # a new request does not relearn it from 0.5
+    assert k_of(ctl, "b", 1) == 0  # a new request does not relearn it from 0.5
     ctl.observe("b", 0, 0)  # steps without drafts are no evidence
     assert ctl.global_successes + ctl.global_failures == 10
 
 
-def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_to_probe_a_weak_one():
+def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_to_probe_a_weak_one(internals):
     from accel.speculative.adaptive import NEW_REQUEST_PROBE_BACKOFF
 
-    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.3, prior_alpha=0.5, prior_weight=2.0,
-                                             disable_above_batch_size=None))
+    internals(prior_alpha=0.5)
+
+    ctl = make(k_max=4, cost_ratio=0.3, disable_above_batch_size=None)
     # no verified drafts yet: of 8 requests that the default prior would all let draft, only the first does
     ids = [f"r{i}" for i in range(8)]
     assert ctl.lengths(ids, 8) == [1] + [0] * 7
@@ -105,16 +122,16 @@ def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_
         ctl.observe("r0", 1, 1)  # evidence: the proposer is good; everyone drafts
     assert all(k >= 1 for k in ctl.lengths(ids, 8))
     # a weak proposer: requests arriving after the evidence start with a longer wait before their first probe
-    weak = AdaptiveSpeculation(AdaptiveConfig(k_max=4, cost_ratio=0.3, prior_alpha=0.5, prior_weight=2.0,
-                                              probe_interval=2, disable_above_batch_size=None))
+    internals(prior_alpha=0.5, probe_interval=2)
+    weak = make(k_max=4, cost_ratio=0.3, disable_above_batch_size=None)
     for _ in range(4):
         weak.observe("old", 2, 1)
     for _ in range(8):
         weak.observe("old", 1, 0)  # acceptance 4 / 16 = 0.25: k = 0 at c 0.3, but twice that would pay: probes
-    assert weak.num_speculative_tokens("new", 1) == 0
+    assert k_of(weak, "new", 1) == 0
     assert weak.estimates["new"].probe_backoff == NEW_REQUEST_PROBE_BACKOFF
     waited = 0
-    while weak.num_speculative_tokens("new", 1) == 0:
+    while k_of(weak, "new", 1) == 0:
         weak.observe("new", 0, 0)
         waited += 1
     assert waited == 2 * NEW_REQUEST_PROBE_BACKOFF - 1
@@ -124,33 +141,33 @@ def test_one_request_explores_an_unproven_proposer_and_new_requests_wait_longer_
     assert weak.lengths(["p", "q", "s"], 3) == [1, 0, 0]
 
 
-def test_a_fully_accepted_draft_doubles_the_next_length():
-    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=15, cost_ratio=0.2, prior_alpha=0.7, prior_weight=2.0,
-                                             disable_above_batch_size=None))
+def test_a_fully_accepted_draft_doubles_the_next_length(internals):
+    internals(prior_alpha=0.7)
+    ctl = make(k_max=15, cost_ratio=0.2, disable_above_batch_size=None)
     for _ in range(3):
         ctl.observe("warm", 2, 1)  # global evidence, so "r" is not rate-limited as an explorer
-    k0 = ctl.num_speculative_tokens("r", 1)
+    k0 = k_of(ctl, "r", 1)
     assert 1 <= k0 < 15
     ctl.observe("r", k0, k0)  # all accepted: a copied span goes on
-    k1 = ctl.num_speculative_tokens("r", 1)
+    k1 = k_of(ctl, "r", 1)
     assert k1 >= 2 * k0
     ctl.observe("r", k1, k1)
-    k2 = ctl.num_speculative_tokens("r", 1)
+    k2 = k_of(ctl, "r", 1)
     assert k2 == min(15, 2 * k1) and k2 > best_speculation_length(ctl.alpha("r"), 0.2, 15)
     ctl.observe("r", k2, 1)  # a rejection ends the run: back to the formula's length
-    assert ctl.num_speculative_tokens("r", 1) == best_speculation_length(ctl.alpha("r"), 0.2, 15)
+    assert k_of(ctl, "r", 1) == best_speculation_length(ctl.alpha("r"), 0.2, 15)
 
 
-def test_failed_probes_back_off_and_accepted_ones_come_back():
-    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=2, cost_ratio=0.3, prior_alpha=0.0, prior_weight=2.0,
-                                             probe_interval=2))
+def test_failed_probes_back_off_and_accepted_ones_come_back(internals):
+    internals(prior_alpha=0.0, probe_interval=2)
+    ctl = make(k_max=2, cost_ratio=0.3)
     # other requests accepted 1 in 3 (r itself accepts nothing): twice that pays at c 0.3, so r is probed
     ctl.global_successes, ctl.global_failures = 10.0, 20.0
     ctl.estimates["r"] = AcceptanceEstimate(successes=0.0, failures=2.0)
 
     def steps_to_probe():
         n = 0
-        while ctl.num_speculative_tokens("r", 1) == 0:
+        while k_of(ctl, "r", 1) == 0:
             ctl.observe("r", 0, 0)
             n += 1
         return n
@@ -168,31 +185,31 @@ def test_failed_probes_back_off_and_accepted_ones_come_back():
 
 
 def test_controller_batch_cutoff_and_non_adaptive():
-    ctl = AdaptiveSpeculation(AdaptiveConfig(k_max=3, disable_above_batch_size=8, adaptive=False))
-    assert ctl.num_speculative_tokens("a", 7) == 3
-    assert ctl.num_speculative_tokens("a", 8) == 0
+    ctl = make(k_max=3, disable_above_batch_size=8, adaptive=False)
+    assert k_of(ctl, "a", 7) == 3
+    assert k_of(ctl, "a", 8) == 0
     ctl.observe("a", 3, 1)
     ctl.forget("a")
     assert "a" not in ctl.estimates
 
 
-@pytest.mark.parametrize("kwargs, msg", [(dict(k_max=-1), "k_max=-1"), (dict(decay=0.0), "decay=0.0"),
-                                         (dict(disable_above_batch_size=0), "disable_above_batch_size=0"),
-                                         (dict(prior_alpha=2.0), "prior_alpha=2.0")])
+@pytest.mark.parametrize("kwargs, msg", [(dict(k_max=-1), "k_max=-1"), (dict(cost_ratio=-0.1), "cost_ratio=-0.1"),
+                                         (dict(disable_above_batch_size=0), "disable_above_batch_size=0")])
 def test_config_validation(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
-        AdaptiveConfig(**kwargs)
+        AdaptiveConfig(**{**dict(k_max=4, cost_ratio=0.1, disable_above_batch_size=None), **kwargs})
 
 
 def test_observe_rejects_bad_counts():
     with pytest.raises(ValueError, match="num_accepted_tokens=3"):
-        AdaptiveSpeculation().observe("r", 2, 3)
+        make().observe("r", 2, 3)
 
 
 def test_cost_meter_fits_the_per_row_verification_cost_and_averages_the_draft_cost():
     from accel.speculative.adaptive import CostMeter
 
-    m = CostMeter(fallback_verify=0.05, decay=0.9)
+    assert (adaptive.FALLBACK_VERIFY, adaptive.COST_DECAY) == (0.05, 0.95)
+    m = CostMeter()
     assert m.verify_ratio(1) == pytest.approx(0.05) and m.cost_ratio(1, fallback_propose=0.2) == pytest.approx(0.25)
     # decode-only steps at a constant row count cannot give a slope: the fallback stays
     for _ in range(5):

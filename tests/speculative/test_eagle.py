@@ -409,9 +409,9 @@ def test_min_path_confidence_drafts_only_likely_paths_and_keeps_outputs_exact(tm
 @pytest.mark.parametrize("quant", [None, "int8"])
 def test_the_native_draft_step_matches_the_module_path(tmp_path, tiny_model_dir, quant):
     """fc, the layer, norm and head in one native call give the module path's hidden states and head logits."""
-    from accel.quant import cpu_kernels
+    from accel.kernels import cpu
 
-    if not cpu_kernels.available():
+    if not cpu.available():
         pytest.skip("no native CPU kernels here")
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(0, 320, 2)))
     engine = Engine.from_pretrained(tiny_model_dir, speculative=_alone(
@@ -440,7 +440,7 @@ def test_the_native_draft_step_matches_the_module_path(tmp_path, tiny_model_dir,
 
 
 def test_int8_eagle_draft_keeps_outputs_exact(tmp_path, tiny_model_dir):
-    from accel.quant.kernels import Int8WeightOnlyLinear
+    from accel.kernels.linear import Int8WeightOnlyLinear
 
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(320)))
     params = SamplingParams(max_tokens=12, temperature=0)

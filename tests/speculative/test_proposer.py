@@ -225,7 +225,7 @@ def test_spec_decoder_drafts_a_free_proposer_every_step_at_batch_1_and_keeps_gue
 
     dec.adaptive.estimates["a"] = est = dec.adaptive._prior()
     est.successes, est.failures = 0.0, 10.0  # the adaptive rule alone says k = 0 ...
-    assert dec.adaptive.num_speculative_tokens("a", 1) == 0
+    assert dec.adaptive.lengths(["a"], 1)[0] == 0
     weak = decoding("a", [4, 9, 3, 4])
     drafts, _ = dec.propose([weak], lambda s: None)
     assert drafts == {"a": [9]} and dec.last.guesses == [True]  # ... but a free row at batch 1 carries a guess

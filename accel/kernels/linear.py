@@ -18,7 +18,7 @@ Kernels, chosen per device and per number of rows M of the activation (`kernel_f
 scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstring):
 
   "avx2"                    CPU, fp32 activations, M < dequant_min_rows, when accel's own AVX2 kernels compiled
-                            (accel/quant/cpu_kernels.py): int8 2-3x faster than int8pack at M = 1-32, and exact
+                            (accel/kernels/cpu.py): int8 2-3x faster than int8pack at M = 1-32, and exact
                             in fp32 (no bf16 cast of the activations); int4 likewise against int4pack. Where the
                             CPU has AVX512-VNNI, calls of more than 32 rows run its prefill GEMM (1.5-1.6x oneDNN's
                             prepacked fp32 GEMM at 512 rows), so nothing is dequantized at any M. INT8 and INT4
@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from accel.quant import cpu_kernels
+from accel.kernels import cpu
 
 SCHEMES = ("int8", "int4", "int4f", "fp16", "bf16", "fp32")
 INT4_SCHEMES = ("int4", "int4f")  # int4f: float (not integer) zero point per group, see quantize_int4_groupwise
@@ -77,13 +77,24 @@ _DEQUANT_CHUNK_ROWS = 8192
 # ----------------------------------------------------------------------------------------------------------
 
 
+# The one RTN rounding: every part that rounds a weight to INT8 / INT4 (sensitivity's fake quantization, `--quant`
+# on load, the scale tuning's starting point) rounds as compressed-tensors stores it, so what is measured is what
+# is served and what transformers and vLLM load.
+
+def fp16_scale(scale: Tensor) -> Tensor:
+    """Scales rounded to fp16, as a checkpoint stores them (compressed-tensors' `scale_dtype`); an all-zero group
+    gets fp16's eps, as the library gives it."""
+    s = scale.half().float()
+    return torch.where(s == 0, torch.finfo(torch.float16).eps, s)
+
+
 def quantize_int8_per_channel(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-output-channel RTN: w [out, in] float -> (q int8 [out, in] in [-127, 127], scales fp32 [out])."""
+    """Symmetric per-output-channel RTN: w [out, in] -> (q int8 [out, in] in [-128, 127], scales fp32 [out]):
+    scale = absmax / 127.5 rounded to fp16 (compressed-tensors' symmetric min-max observer)."""
     _check_weight(w)
     w = w.float()
-    amax = w.abs().amax(dim=1)  # [out]
-    scales = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))  # all-zero row: any scale, q = 0
-    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    scales = fp16_scale(w.abs().amax(dim=1) / 127.5)  # [out]
+    q = torch.round(w / scales[:, None]).clamp_(-128, 127).to(torch.int8)
     return q, scales
 
 
@@ -93,12 +104,14 @@ def dequantize_int8_per_channel(q: Tensor, scales: Tensor) -> Tensor:
 
 
 def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """Asymmetric group-wise RTN.
+    """Asymmetric group-wise RTN as compressed-tensors stores it: w [out, in] -> (q uint8 [out, in] in [0, 15],
+    scales fp32 [out, in // g], zeros [out, in // g] in [0, 15]), w ~ (q - zero) * scale.
 
-    w [out, in] float -> (q uint8 [out, in] in [0, 15], scales fp32 [out, in // g], zeros uint8 [out, in // g]
-    in [0, 15]). The range of each group is widened to include 0 so the integer zero point represents 0.0 exactly.
-    float_zero: zeros are fp32 in [0, 15], not rounded (w = (q - zero) * scale maps the group's min and max onto
-    q = 0 and 15 exactly: the GGUF Q4_1 / HQQ form, lossless on weights that already lie on such a grid).
+    Each group's range is widened to include 0 (min <= 0 <= max); scale = (max - min) / 15 rounded to fp16; the
+    zero point comes from the unrounded scale and the values from the stored one (the library's order). Codes are
+    the signed [-8, 7] + 8. float_zero ("int4f"): the zero point is an fp16 number, not rounded to an integer, so
+    each group's min and max land on codes 0 and 15 (the GGUF Q4_1 form, lossless on weights on such a grid);
+    zeros are then fp32, else uint8.
     """
     _check_weight(w)
     _check_group_size(w.shape[1], group_size)
@@ -106,13 +119,16 @@ def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False
     wg = w.float().reshape(out_f, in_f // group_size, group_size)  # [out, G, g]
     lo = wg.amin(dim=-1).clamp(max=0.0)  # [out, G]
     hi = wg.amax(dim=-1).clamp(min=0.0)
-    scales = (hi - lo) / 15.0
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # all-zero group: q = zero = 0
-    zeros = (-lo / scales).clamp_(0, 15)  # [out, G]
-    if not float_zero:
-        zeros = torch.round(zeros)
-    q = torch.round(wg / scales[..., None] + zeros[..., None]).clamp_(0, 15)  # [out, G, g]
-    return q.reshape(out_f, in_f).to(torch.uint8), scales, (zeros if float_zero else zeros.to(torch.uint8))
+    exact = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).eps)
+    scales = fp16_scale(exact)
+    if float_zero:
+        zp = torch.clamp(-8 - lo / exact, -8, 7).half().float()  # [out, G]
+        q = torch.clamp(torch.round(wg / scales[..., None] + zp[..., None]), -8, 7)
+    else:
+        zp = torch.clamp(-8 - torch.round(lo / exact), -8, 7)
+        q = torch.clamp(torch.round(wg / scales[..., None]) + zp[..., None], -8, 7)
+    zeros = zp + 8
+    return (q + 8).reshape(out_f, in_f).to(torch.uint8), scales, (zeros if float_zero else zeros.to(torch.uint8))
 
 
 def dequantize_int4_groupwise(q: Tensor, scales: Tensor, zeros: Tensor, group_size: int) -> Tensor:
@@ -245,7 +261,7 @@ class Int8WeightOnlyLinear(nn.Module):
             return "generic"
         if rows >= _dequant_min_rows(self.dequant_min_rows, INT8_DEQUANT_MIN_ROWS, self.in_features, dtype):
             return "gemm"
-        if dtype == torch.float32 and self.in_features % 8 == 0 and cpu_kernels.available():
+        if dtype == torch.float32 and self.in_features % 8 == 0 and cpu.available():
             return "avx2"
         return "int8pack"
 
@@ -258,16 +274,16 @@ class Int8WeightOnlyLinear(nn.Module):
 
     def avx2_operands(self) -> tuple[int, Tensor, Tensor]:
         """(decode_layers kind, weight, scales) of accel's kernel: kind 3 with the weight in the VNNI tile layout
-        (built once) where `cpu_kernels.vnni_int8` holds, else kind 1 with qweight as it is."""
-        if self._vnni is None and self.qweight.device.type == "cpu" and cpu_kernels.vnni_int8(self.in_features,
+        (built once) where `cpu.vnni_int8` holds, else kind 1 with qweight as it is."""
+        if self._vnni is None and self.qweight.device.type == "cpu" and cpu.vnni_int8(self.in_features,
                                                                                                 self.out_features):
-            self._vnni = cpu_kernels.int8_vnni_layout(self.qweight)
+            self._vnni = cpu.int8_vnni_layout(self.qweight)
         return (3, self._vnni, self.scales) if self._vnni is not None else (1, self.qweight, self.scales)
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
             kind, q, scales = self.avx2_operands()
-            return (cpu_kernels.int8_linear_vnni if kind == 3 else cpu_kernels.int8_linear)(x2, q, scales)
+            return (cpu.int8_linear_vnni if kind == 3 else cpu.int8_linear)(x2, q, scales)
         if kernel == "int8pack" and self.in_features % 16 != 0:
             # torch's kernel segfaults on some CPUs when K is not a multiple of 16 and M >= 2 (measured with torch
             # 2.13 on a Xeon with AVX-512 and AMX: K = 8, 24, 40, 56, 72, 100 crash; 16, 32, 48, 64, 96, 576 run)
@@ -406,7 +422,7 @@ class Int4WeightOnlyLinear(nn.Module):
         width = self.in_features if self.group_size % 32 == 0 else 1  # the VNNI GEMM needs whole blocks per group
         if rows >= _dequant_min_rows(self.dequant_min_rows, INT4_DEQUANT_MIN_ROWS, width, dtype):
             return "gemm"
-        if dtype == torch.float32 and self.group_size % 16 == 0 and cpu_kernels.available():
+        if dtype == torch.float32 and self.group_size % 16 == 0 and cpu.available():
             return "avx2"
         # The CPU int4 kernel's packing needs out_features divisible by 16; other shapes use the GEMM path.
         return "int4pack" if self.out_features % 16 == 0 else "gemm"
@@ -420,7 +436,7 @@ class Int4WeightOnlyLinear(nn.Module):
 
     def avx2_operands(self) -> tuple[int, Tensor, Tensor]:
         """(decode_layers kind, packed weight, scale_min) in the layout of accel's kernel (built once): w = q * scale
-        + min. Kind 4, the VNNI tile layout (`cpu_kernels.int4_vnni_layout`), where `cpu_kernels.vnni_int4` holds:
+        + min. Kind 4, the VNNI tile layout (`cpu.int4_vnni_layout`), where `cpu.vnni_int4` holds:
         a row's result is then the same at any row count; else kind 2, `int4_repack` with scale_min [out, G, 2].
 
         scale_min is fp16 where that holds every value to fp32 rounding noise (a GGUF grid's fp16 d and m, as the
@@ -434,19 +450,19 @@ class Int4WeightOnlyLinear(nn.Module):
             span = sm[..., :1].abs() * 15 + sm[..., 1:].abs()  # the group's weight range
             on_fp16_grid = bool(((half.float() - sm).abs() <= span * FP16_GRID_TOLERANCE).all())
             sm = half if on_fp16_grid else sm
-            if self.qweight.device.type == "cpu" and cpu_kernels.vnni_int4(self.in_features, self.out_features,
+            if self.qweight.device.type == "cpu" and cpu.vnni_int4(self.in_features, self.out_features,
                                                                              self.group_size):
                 self._avx2_kind = 4
-                self._avx2_packed, self._avx2_scale_min = cpu_kernels.int4_vnni_layout(q, sm)
+                self._avx2_packed, self._avx2_scale_min = cpu.int4_vnni_layout(q, sm)
             else:
                 self._avx2_kind = 2
-                self._avx2_packed, self._avx2_scale_min = cpu_kernels.int4_repack(q), sm
+                self._avx2_packed, self._avx2_scale_min = cpu.int4_repack(q), sm
         return self._avx2_kind, self._avx2_packed, self._avx2_scale_min
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
             kind, packed, scale_min = self.avx2_operands()
-            linear = cpu_kernels.int4_linear_vnni if kind == 4 else cpu_kernels.int4_linear
+            linear = cpu.int4_linear_vnni if kind == 4 else cpu.int4_linear
             return linear(x2, packed, scale_min, self.group_size)
         if kernel == "int4pack":
             if self._cpu_packed is None:
@@ -459,10 +475,10 @@ class Int4WeightOnlyLinear(nn.Module):
         return F.linear(x2, self._dequant_rows(0, self.out_features).to(x2.dtype))
 
     def _dequant_rows(self, start: int, end: int) -> Tensor:
-        if self.qweight.device.type == "cpu" and self.group_size % 16 == 0 and cpu_kernels.available():
+        if self.qweight.device.type == "cpu" and self.group_size % 16 == 0 and cpu.available():
             kind, packed, scale_min = self.avx2_operands()
             if kind == 2:
-                return cpu_kernels.int4_dequant(packed, scale_min, self.group_size, start, end)
+                return cpu.int4_dequant(packed, scale_min, self.group_size, start, end)
         return dequantize_int4_groupwise(unpack_int4(self.qweight[start:end]), self.scales[start:end],
                                          self.zeros[start:end], self.group_size)
 
@@ -483,7 +499,7 @@ class Int4WeightOnlyLinear(nn.Module):
 class PackedLinear(nn.Module):
     """An fp32 nn.Linear whose weight is laid out once for the CPU kernels (inference only).
 
-    AVX-512: fp32 panels (`cpu_kernels.f32_panels`) for every row count; they run prefill sizes level with or above
+    AVX-512: fp32 panels (`cpu.f32_panels`) for every row count; they run prefill sizes level with or above
     oneDNN and stream decode and verify rows faster than the plain layout. AVX2: the plain weight for accel's
     kernel up to AVX2_MAX_ROWS rows (~1.4-1.7x oneDNN's speed where decode is memory-bound), oneDNN on the same
     weight above. Without accel's kernels: oneDNN's reordered weight (on a 2-core AVX2 EPYC torch's default MKL
@@ -498,10 +514,10 @@ class PackedLinear(nn.Module):
         if w.dtype != torch.float32 or w.device.type != "cpu":
             raise ValueError(f"PackedLinear takes an fp32 CPU weight; got {w.dtype} on {w.device}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.panels = cpu_kernels.has_avx512()
-        self.avx2 = not self.panels and cpu_kernels.available() and self.in_features % 8 == 0
+        self.panels = cpu.has_avx512()
+        self.avx2 = not self.panels and cpu.available() and self.in_features % 8 == 0
         if self.panels:
-            self.packed = cpu_kernels.f32_panels(w)
+            self.packed = cpu.f32_panels(w)
         elif self.avx2:
             self.packed = w.contiguous()
         else:
@@ -515,8 +531,8 @@ class PackedLinear(nn.Module):
         if x2.dtype != torch.float32:
             x2 = x2.float()
         if self.panels or (self.avx2 and x2.shape[0] <= self.AVX2_MAX_ROWS):
-            y = (cpu_kernels.f32_panel_linear(x2, self.packed, self.out_features) if self.panels
-                 else cpu_kernels.f32_linear(x2, self.packed))
+            y = (cpu.f32_panel_linear(x2, self.packed, self.out_features) if self.panels
+                 else cpu.f32_linear(x2, self.packed))
             if self.bias is not None:
                 y = y + self.bias
         else:
@@ -556,7 +572,7 @@ def _dequant_min_rows(explicit: int | None, default: int, in_features: int, dtyp
     never where the native VNNI prefill GEMM runs, else `default`."""
     if explicit is not None:
         return explicit
-    return math.inf if dtype == torch.float32 and cpu_kernels.vnni_prefill(in_features) else default
+    return math.inf if dtype == torch.float32 and cpu.vnni_prefill(in_features) else default
 
 
 def _chunked_dequant_matmul(x2: Tensor, out_features: int, dequant_rows) -> Tensor:

@@ -1,4 +1,4 @@
-"""Hand-written CPU kernels (csrc/cpu_kernels.cpp), compiled on first use: fp32 / INT8 / INT4 linears, RMSNorm with
+"""Hand-written CPU kernels (csrc/*.cpp, one build), compiled on first use: fp32 / INT8 / INT4 linears, RMSNorm with
 the residual add fused, SwiGLU, RoPE, KV writes, paged decode attention, and the decoder's whole decode step in
 one call (`decode_layers`).
 
@@ -29,7 +29,15 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("threads", "gemm_int8", "gemm_f32", "gemm_vnni", "gemm_int4", "attention", "norms_rope", "decode_step",
+           "spec_steps", "machine", "bindings")
+"""csrc/ split by job, compiled as one translation unit in this order (each file uses the ones before it): one
+build, one extension, its name keyed by the hash of the whole source."""
+
+
+def source() -> str:
+    return "".join((CSRC / f"{name}.cpp").read_text() for name in SOURCES)
 
 
 DISABLE_ENV = "ACCEL_DISABLE_CPU_KERNELS"
@@ -44,11 +52,11 @@ def _module():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        source = SOURCE.read_text()
+        code = source()
         # the name carries the source's hash: processes built from different sources never share a build folder
-        name = "accel_cpu_kernels_" + hashlib.sha256(source.encode()).hexdigest()[:12]
+        name = "accel_cpu_kernels_" + hashlib.sha256(code.encode()).hexdigest()[:12]
         _remove_stale_lock(name)
-        return load_inline(name=name, cpp_sources=[source], functions=None,
+        return load_inline(name=name, cpp_sources=[code], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels
@@ -281,15 +289,25 @@ def decode_steps(ids: list[int], positions: list[int], tensors, block_table: lis
                                   num_kv_heads, head_dim, eps, scale)
 
 
+def spec_policy(state) -> object:
+    """The C++ `SpecPolicy` (the batch-1 draft-length rule) with the fields of `state` (a SpecPolicyState)."""
+    import dataclasses
+
+    policy = _module().SpecPolicy()
+    for f in dataclasses.fields(state):
+        setattr(policy, f.name, getattr(state, f.name))
+    return policy
+
+
 def spec_steps(history: list[int], tensors, block_table: list[int], max_steps: int, max_new: int, budget_s: float,
-               stop_ids: list[int], min_n: int, max_n: int, guess: bool, policy: list[float], num_heads: int,
+               stop_ids: list[int], min_n: int, max_n: int, guess: bool, policy, num_heads: int,
                num_kv_heads: int, head_dim: int, eps: float, scale: float) -> tuple[list[int], list[list[float]]]:
     """Greedy n-gram speculation of one request, up to `max_steps` verify steps in one call: (tokens, per step
     [length asked, drafted, accepted, guess, propose seconds, step seconds]). `history` is prompt + output, its last
-    token not yet in the cache; `policy` the draft-length state (see the C++ `SpecPolicy`). Tables and head set.
-    Call only when `available()`."""
+    token not yet in the cache; `policy` the draft-length state (a SpecPolicyState). Tables and head set. Call only
+    when `available()`."""
     return _module().spec_steps(history, tensors, block_table, max_steps, max_new, budget_s, stop_ids, min_n, max_n,
-                                guess, policy, num_heads, num_kv_heads, head_dim, eps, scale)
+                                guess, spec_policy(policy), num_heads, num_kv_heads, head_dim, eps, scale)
 
 
 HUGE_PAGE_MIN_BYTES = 1 << 20  # smaller tensors span a handful of pages: nothing to gain

@@ -1,0 +1,597 @@
+// gemm_vnni.cpp: INT4 helpers; the VNNI prefill GEMMs and the INT8 / INT4 tile layouts.
+// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+
+// ---- INT4 (group-wise, w = q * scale + min with q in [0, 15]) --------------------------------------------
+// Kernel layout (`int4_repack`): per row, every 16 consecutive inputs c0..c15 are 8 bytes, byte i holding c_i in
+// its low nibble and c_{i+8} in its high one, so one 8-byte load widens to both halves with a mask and a shift.
+// The float `min` form covers integer zero points (min = -zero * scale) and GGUF Q4_1 (scale d, min m) alike.
+// Scales and mins are interleaved per group, sm[n, g] = (scale, min), in fp32 or, where that is exact (a GGUF
+// grid's fp16 d and m), fp16 (uint16 bits): at group 32 the fp32 pair is half as many bytes again as the weights.
+static inline float f32_of(float v) { return v; }
+static inline float f32_of(uint16_t h) { return _cvtsh_ss(h); }
+
+// ---- prefill GEMM (AVX512-VNNI) ------------------------------------------------------------------------------
+// At prefill sizes (M >= VNNI_MIN_ROWS) a Linear is compute-bound. The row kernels above form one dot product per
+// (activation row, weight row) and pay a convert and an FMA per block of 32 for each: about fp32 GEMM speed. Here
+// the register tile is an outer product: a tile of 32 weight rows is widened to int16 once per call into
+// `vpdpwssd` order (per input pair, 16 rows' pairs in one vector), and each 4-row block of activations broadcasts
+// its int16 pairs against it, so 16 multiply-adds share one convert + FMA per block. Same numerics as the row
+// kernels (16-bit activations per block of 32, exact int32 block sums, one FMA of the block's scale per block).
+// vpdpwssd multiplies 32 int16 pairs per instruction against fp32 FMA's 16 lanes: SmolLM2's 30 layers of Linears at
+// 512 rows took 310 ms (INT8) and 340 ms (INT4 g64) against 500 ms for oneDNN's prepacked fp32 GEMM, 2 Zen4 cores;
+// 6 activation rows per register tile (4: 341 / 370 ms; 8 spills registers: 368 / 407 ms).
+// the activations' sums per INT4 group, [M, K / gs] (the min term of every INT4 kernel)
+static std::vector<float> group_sums(const float* xp, int64_t M, int64_t K, int64_t gs) {
+  const int64_t G = K / gs;
+  std::vector<float> xsum(M * G);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float acc = 0.f;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) acc += xp[m * K + k];
+      xsum[m * G + g] = acc;
+    }
+  return xsum;
+}
+
+constexpr int64_t VT = 32;  // weight rows per packed tile: two vectors of 16
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
+// r[i] holds row i's 16 int32 pairs; afterwards r[j] holds pair j of the 16 rows
+static inline void transpose16_epi32(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int q = 0; q < 4; ++q) {  // u[4q + c], 128-bit lane L: rows 4q..4q+3 of pair 4L + c
+    u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+// Weight rows [n0, n0 + VT) (rows >= N zero) into wp [K / 2][VT] int32 (one int16 pair each); `block(n, b)` gives row
+// n's 32 values of block b as int16.
+template <typename B>
+static void pack_tile(int64_t n0, int64_t N, int64_t K, int32_t* wp, const B& block) {
+  __m512i r[16];
+  for (int64_t v = 0; v < VT / 16; ++v)
+    for (int64_t b = 0; b < K / 32; ++b) {
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t n = n0 + v * 16 + i;
+        r[i] = n < N ? block(n, b) : _mm512_setzero_si512();
+      }
+      transpose16_epi32(r);
+      for (int64_t j = 0; j < 16; ++j) _mm512_storeu_si512(wp + (b * 16 + j) * VT + v * 16, r[j]);
+    }
+}
+
+// acc[m][v] (fp32, 16 rows each) += sum over blocks of dot_b(xq[m], tile) * bscale(m, b, v), MB activation rows
+template <int MB, typename F>
+static inline void vnni_rows(const int16_t* xq, int64_t K, const int32_t* wp, __m512 acc[][VT / 16], const F& bscale) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m512i s[MB][2];
+    for (int m = 0; m < MB; ++m) s[m][0] = s[m][1] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < 16; ++j) {
+      const int64_t kp = b * 16 + j;
+      const __m512i w0 = _mm512_loadu_si512(wp + kp * VT), w1 = _mm512_loadu_si512(wp + kp * VT + 16);
+      for (int m = 0; m < MB; ++m) {
+        int32_t pair;  // the activation pair (xq[2kp], xq[2kp + 1]) as one int32 lane value
+        std::memcpy(&pair, xq + m * K + 2 * kp, sizeof(pair));
+        const __m512i x = _mm512_set1_epi32(pair);
+        s[m][0] = _mm512_dpwssd_epi32(s[m][0], w0, x);
+        s[m][1] = _mm512_dpwssd_epi32(s[m][1], w1, x);
+      }
+    }
+    for (int m = 0; m < MB; ++m)
+      for (int v = 0; v < 2; ++v) acc[m][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][v]), bscale(m, b, v), acc[m][v]);
+  }
+}
+
+// run(std::integral_constant<int, MB>, m0) over the activation rows in blocks of 6 (the register tile), then the rest
+template <typename F>
+static inline void vnni_row_blocks(int64_t M, const F& run) {
+  int64_t m0 = 0;
+  for (; m0 + 6 <= M; m0 += 6) run(std::integral_constant<int, 6>{}, m0);
+  switch (M - m0) {
+    case 5: run(std::integral_constant<int, 5>{}, m0); break;
+    case 4: run(std::integral_constant<int, 4>{}, m0); break;
+    case 3: run(std::integral_constant<int, 3>{}, m0); break;
+    case 2: run(std::integral_constant<int, 2>{}, m0); break;
+    case 1: run(std::integral_constant<int, 1>{}, m0); break;
+  }
+}
+
+// y[m, n0 + 16 v + l] for the tile's rows below N
+static inline void store_tile(float* y, int64_t N, int64_t n0, int m, int v, __m512 a) {
+  const int64_t n = n0 + v * 16, left = N - n;
+  if (left <= 0) return;
+  _mm512_mask_storeu_ps(y + m * N + n, left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1), a);
+}
+
+// y [M, N] = x @ (q * scale[n])^T with x already in 16-bit blocks (permute = false); pack(n0, wp) fills the VT-row
+// tile at n0 in `pack_tile`'s layout
+template <typename P>
+static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const float* scale, float* y, int64_t N,
+                         const P& pack) {
+  parallel_chunks((N + VT - 1) / VT, [&](int64_t c) {
+    thread_local std::vector<int32_t> buf;
+    buf.resize(K / 2 * VT);
+    const int64_t n0 = c * VT;
+    pack(n0, buf.data());
+    __m512 rs[2];
+    for (int v = 0; v < 2; ++v) {
+      const int64_t n = n0 + v * 16, left = std::min<int64_t>(16, N - n);
+      rs[v] = left > 0 ? _mm512_maskz_loadu_ps(__mmask16((1u << left) - 1), scale + n) : _mm512_setzero_ps();
+    }
+    auto run = [&](auto mb_tag, int64_t m0) {
+      constexpr int MB = decltype(mb_tag)::value;
+      __m512 acc[MB][2];
+      for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+      const float* xs = xr.scale.data() + m0 * xr.KB;
+      vnni_rows<MB>(xr.q.data() + m0 * K, K, buf.data(), acc,
+                    [&](int m, int64_t b, int) { return _mm512_set1_ps(xs[m * xr.KB + b]); });
+      for (int m = 0; m < MB; ++m)
+        for (int v = 0; v < 2; ++v) store_tile(y + m0 * N, N, n0, m, v, _mm512_mul_ps(acc[m][v], rs[v]));
+    };
+    vnni_row_blocks(M, run);
+  });
+}
+
+// q in the row layout [N, K]
+static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
+                              float* y, int64_t N) {
+  vnni_gemm_i8(xr, M, K, scale, y, N, [&](int64_t n0, int32_t* wp) {
+    pack_tile(n0, N, K, wp, [&](int64_t n, int64_t b) {
+      return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + n * K + b * 32)));
+    });
+  });
+}
+
+// ---- INT8 in the VNNI tile layout --------------------------------------------------------------------------
+// `int8_vnni_layout`: per tile of 16 output rows and per input pair (k, k + 1), the 16 rows' two int8 values are 32
+// consecutive bytes, [N / 16][K / 2][16][2]. One 32-byte load widened to int16 is then a vpdpwssd operand for 16
+// rows at once against the pair broadcast from the activations: ~4 instructions per 32 weight bytes at one row
+// (the row kernels: ~11, each row its own dot product and a convert + FMA per block), and a weight vector shared by
+// every activation row of the register tile. Numerics are the prefill GEMM's (each block's exact int32 sum, one
+// FMA of the block's activation scale per block in block order, times scale[n]) at every row count, so a row's
+// result does not depend on how many rows share the call: speculation's verify steps and prefill compute exactly
+// what a one-row decode step does. Needs N % 16 == 0 and K % 32 == 0 (`cpu_kernels.vnni_int8`).
+// SmolLM2-135M's Linears and lm_head, 2 Zen4 cores, against the row kernel: 1.00-1.02x at one row, 1.06-1.10x at
+// 2, 1.39-1.49x at 16, 1.67x at 32; n-gram speculation on an INT8 target (bench_spec.py, input-grounded, k 15) went
+// from 1.56x to 1.80x, a 16-row verify step from 5.0 to 3.1 decode steps.
+// One or two activation rows read one tile at a time (a single linear stream through the chunk, as the row kernel
+// reads): two tiles in turn measured 0.82-0.86x the row kernel at one row. In the whole engine at one row (paired
+// runs), 256-bit halves (`vnni_tile1_i8`): 1.10x the row kernel's decode rate.
+
+// MB activation rows against NT consecutive 16-row tiles at `tile` (a weight vector per tile serves the MB rows, a
+// broadcast activation pair the NT tiles); `ahead`: the next NT tiles, prefetched 512 bytes per tile and block into
+// L2, where the stream keeps going during the arithmetic (the model's Linears, cold, one Zen 4 thread, against into
+// L1: 0.70x the time at 3-4 rows, 0.83x at 8, 0.90x at 16; INT4's tiles, compute-bound, gained nothing)
+template <int MB, int NT>
+static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB, int64_t K, const int8_t* tile,
+                                 const float* scale, float* y, int64_t N, const char* ahead) {
+  constexpr int SPLIT = MB * NT >= 4 ? 1 : MB * NT >= 2 ? 2 : 4;  // independent vpdpwssd chains against its latency
+  const int64_t TB = 16 * K;  // bytes per tile
+  __m512 acc[MB][NT];
+  for (int m = 0; m < MB; ++m)
+    for (int u = 0; u < NT; ++u) acc[m][u] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    if (ahead)
+      for (int u = 0; u < NT; ++u)
+        for (int64_t j = 0; j < 512; j += 64) _mm_prefetch(ahead + u * TB + b * 512 + j, _MM_HINT_T1);
+    __m512i s[MB][NT][SPLIT];
+    for (int m = 0; m < MB; ++m)
+      for (int u = 0; u < NT; ++u)
+        for (int h = 0; h < SPLIT; ++h) s[m][u][h] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < 16; j += SPLIT) {
+#pragma GCC unroll 4
+      for (int h = 0; h < SPLIT; ++h) {  // h constant after unrolling: the chains stay in registers
+        const int64_t kp = b * 16 + j + h;
+        __m512i w[NT];
+#pragma GCC unroll 2
+        for (int u = 0; u < NT; ++u)
+          w[u] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + u * TB + kp * 32)));
+#pragma GCC unroll 8
+        for (int m = 0; m < MB; ++m) {
+          int32_t pair;
+          std::memcpy(&pair, xq + m * K + 2 * kp, sizeof(pair));
+          const __m512i x = _mm512_set1_epi32(pair);
+#pragma GCC unroll 2
+          for (int u = 0; u < NT; ++u) s[m][u][h] = _mm512_dpwssd_epi32(s[m][u][h], w[u], x);
+        }
+      }
+    }
+    for (int m = 0; m < MB; ++m)
+      for (int u = 0; u < NT; ++u) {
+        __m512i tot = s[m][u][0];
+        for (int h = 1; h < SPLIT; ++h) tot = _mm512_add_epi32(tot, s[m][u][h]);
+        acc[m][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(xs[m * KB + b]), acc[m][u]);
+      }
+  }
+  for (int u = 0; u < NT; ++u) {
+    const __m512 sc = _mm512_loadu_ps(scale + u * 16);
+    for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + m * N + u * 16, _mm512_mul_ps(acc[m][u], sc));
+  }
+}
+
+// One activation row against one tile in 256-bit halves (rows 0-7 and 8-15): per input pair, two 16-byte loads widened
+// to int16 and two `vpdpwssd` of 8 rows each. The same per-row operations as `vnni_tiles_i8` (identical results);
+// at one row the 512-bit widening cost the decode step ~6% (SmolLM2 INT8, whole engine, paired runs).
+static inline void vnni_tile1_i8(const int16_t* xq, const float* xs, int64_t KB, const int8_t* tile,
+                                 const float* scale, float* y, const char* ahead) {
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t b = 0; b < KB; ++b) {
+    if (ahead)
+      for (int64_t j = 0; j < 512; j += 64) _mm_prefetch(ahead + b * 512 + j, _MM_HINT_T0);
+    __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}, {_mm256_setzero_si256(), _mm256_setzero_si256()}};
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < 16; ++j) {
+      const int64_t kp = b * 16 + j;
+      int32_t pair;
+      std::memcpy(&pair, xq + 2 * kp, sizeof(pair));
+      const __m256i x = _mm256_set1_epi32(pair);
+      const int8_t* w = tile + kp * 32;
+      for (int h = 0; h < 2; ++h)
+        s[h][j & 1] = _mm256_dpwssd_epi32(s[h][j & 1], _mm256_cvtepi8_epi16(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * h))), x);
+    }
+    const __m256 xb = _mm256_set1_ps(xs[b]);
+    for (int h = 0; h < 2; ++h)
+      acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s[h][0], s[h][1])), xb, acc[h]);
+  }
+  for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(acc[h], _mm256_loadu_ps(scale + 8 * h)));
+}
+
+template <int NT>
+static void vnni_pass_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* tile, const float* scale, float* y,
+                         int64_t N, const char* ahead) {
+  const int64_t KB = K / 32;
+  for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
+    mb = std::min<int64_t>(6, M - m0);
+    const int16_t* xq = xr.q.data() + m0 * K;
+    const float* xs = xr.scale.data() + m0 * KB;
+    float* ym = y + m0 * N;
+    const char* pf = m0 == 0 ? ahead : nullptr;
+    switch (mb) {
+#define ACCEL_PASS_CASE(R) case R: vnni_tiles_i8<R, NT>(xq, xs, KB, K, tile, scale, ym, N, pf); break;
+      ACCEL_PASS_CASE(6) ACCEL_PASS_CASE(5) ACCEL_PASS_CASE(4) ACCEL_PASS_CASE(3) ACCEL_PASS_CASE(2)
+      default: vnni_tiles_i8<1, NT>(xq, xs, KB, K, tile, scale, ym, N, pf);
+#undef ACCEL_PASS_CASE
+    }
+  }
+}
+
+static void vnni_gemm_i8_tiles(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* qv, const float* scale,
+                               float* y, int64_t N) {
+  if (M >= VNNI_MIN_ROWS)  // prefill: the GEMM's 32-row x 6-row register tile, packed by widening only
+    return vnni_gemm_i8(xr, M, K, scale, y, N, [&](int64_t n0, int32_t* wp) {
+      for (int64_t v = 0; v < VT / 16; ++v) {
+        const int64_t t = n0 / 16 + v;
+        for (int64_t kp = 0; kp < K / 2; ++kp)
+          _mm512_storeu_si512(wp + kp * VT + v * 16, t * 16 < N ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(qv + (t * (K / 2) + kp) * 32))) : _mm512_setzero_si512());
+      }
+    });
+  const int64_t tiles = N / 16;
+  const TileChunks ch = tile_chunks(M, tiles, 16 * K);
+  parallel_chunks(ch.n, [&](int64_t c) {
+    const int64_t t1 = ch.end(c);
+    for (int64_t t = ch.begin(c); t < t1;) {
+      const int8_t* tile = qv + t * 16 * K;
+      if (M > 2 && t + 2 <= t1) {  // one or two rows: one tile at a time, a single linear stream through the chunk
+        const char* ahead = t + 4 <= t1 ? reinterpret_cast<const char*>(tile + 32 * K) : nullptr;
+        vnni_pass_i8<2>(xr, M, K, tile, scale + t * 16, y + t * 16, N, ahead);
+        t += 2;
+      } else {
+        const char* ahead = stream_ahead(tile);
+        if (M == 1)
+          vnni_tile1_i8(xr.q.data(), xr.scale.data(), K / 32, tile, scale + t * 16, y + t * 16, ahead);
+        else
+          vnni_pass_i8<1>(xr, M, K, tile, scale + t * 16, y + t * 16, N, ahead);
+        t += 1;
+      }
+    }
+  });
+}
+
+// y [M, N] = sum_k x[m, k] (q[n, k] * scale[n, g] + min[n, g]), x in 16-bit blocks (permute = false), xsum [M, G]
+// the activations' sums per group (for the min term); pack(n0, wp) fills the VT-row tile at n0 in `pack_tile`'s
+// layout, scales(n0, sc, mn) its rows' group scales and mins ([G][VT] each)
+template <typename P, typename SM>
+static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs, float* y,
+                         int64_t N, const P& pack, const SM& scales) {
+  const int64_t G = K / gs, bpg = gs / 32;
+  parallel_chunks((N + VT - 1) / VT, [&](int64_t c) {
+    thread_local std::vector<int32_t> buf;
+    thread_local std::vector<float> sc, mn;  // [G][VT] group scales and mins of the tile's rows
+    buf.resize(K / 2 * VT);
+    sc.assign(G * VT, 0.f);
+    mn.assign(G * VT, 0.f);
+    const int64_t n0 = c * VT;
+    pack(n0, buf.data());
+    scales(n0, sc.data(), mn.data());
+    auto run = [&](auto mb_tag, int64_t m0) {
+      constexpr int MB = decltype(mb_tag)::value;
+      __m512 acc[MB][2];
+      for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+      const float* xs = xr.scale.data() + m0 * xr.KB;
+      vnni_rows<MB>(xr.q.data() + m0 * K, K, buf.data(), acc, [&](int m, int64_t b, int v) {
+        return _mm512_mul_ps(_mm512_set1_ps(xs[m * xr.KB + b]), _mm512_loadu_ps(sc.data() + b / bpg * VT + v * 16));
+      });
+      for (int64_t g = 0; g < G; ++g)
+        for (int v = 0; v < 2; ++v) {
+          const __m512 mv = _mm512_loadu_ps(mn.data() + g * VT + v * 16);
+          for (int m = 0; m < MB; ++m)
+            acc[m][v] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[(m0 + m) * G + g]), acc[m][v]);
+        }
+      for (int m = 0; m < MB; ++m)
+        for (int v = 0; v < 2; ++v) store_tile(y + m0 * N, N, n0, m, v, acc[m][v]);
+    };
+    vnni_row_blocks(M, run);
+  });
+}
+
+// q in the INT4 row kernel layout (`int4_repack`), sm [N, G, 2] (scale, min) pairs
+template <typename S>
+static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,
+                              const uint8_t* q, const S* sm, float* y, int64_t N) {
+  const int64_t G = K / gs;
+  vnni_gemm_i4(xr, xsum, M, K, gs, y, N, [&](int64_t n0, int32_t* wp) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    pack_tile(n0, N, K, wp, [&](int64_t n, int64_t b) {
+      // 16 bytes: low nibbles c0..7, c16..23 and high ones c8..15, c24..31 of the block (see int4_repack)
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + n * (K / 2) + b * 16));
+      const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+      const __m256i ordered = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+      return _mm512_cvtepu8_epi16(ordered);
+    });
+  }, [&](int64_t n0, float* sc, float* mn) {
+    for (int64_t i = 0; i < VT && n0 + i < N; ++i)
+      for (int64_t g = 0; g < G; ++g) {
+        sc[g * VT + i] = f32_of(sm[((n0 + i) * G + g) * 2]);
+        mn[g * VT + i] = f32_of(sm[((n0 + i) * G + g) * 2 + 1]);
+      }
+  });
+}
+
+// ---- INT4 in the VNNI tile layout --------------------------------------------------------------------------
+// `int4_vnni_layout`: per tile of 16 output rows and per two input pairs (k..k + 3), 32 bytes: byte j holds value j
+// of pair (k, k + 1) in its low nibble and of pair (k + 2, k + 3) in its high one, values in row order (row 0's
+// two, row 1's two, ...). A mask, a shift and two widenings give two `vpdpwssd` operands of 16 rows each (~3
+// instructions per 16 weight bytes; the row kernel spends ~17 per 32 weights). Group scales and mins are stored
+// per tile and group as 16 scales then 16 mins ([N / 16][G][2][16], fp32 or fp16). Numerics are the INT4 prefill
+// GEMM's at every row count, so a row's result does not depend on the call's row count. Needs N % 16 == 0,
+// K % 32 == 0 and whole blocks of 32 per group (`cpu_kernels.vnni_int4`). SmolLM2-135M's Linears and lm_head, 2
+// Zen4 cores, against the row kernel: int4f g32 (fp16 scales) 1.45x at one row, 2.2x at 2, 2.3x at 16, 2.8x at 32;
+// int4 g64 1.25x at one row, 1.7x at 2, 2.1x at 16.
+static inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16_f32(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int MB, int NT, typename S>
+static inline void vnni_tiles_i4(const int16_t* xq, const float* xs, const float* xsum, int64_t KB, int64_t K,
+                                 int64_t G, int64_t bpg, const uint8_t* tile, const S* tsm, float* y, int64_t N,
+                                 const char* ahead) {
+  constexpr int SPLIT = MB * NT >= 4 ? 1 : 2;  // the two pairs of a chunk on their own chains against the latency
+  const int64_t TB = 8 * K, SMS = G * 32;  // bytes of weights, and scale / min values, per tile
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m512 acc[MB][NT];
+  for (int m = 0; m < MB; ++m)
+    for (int u = 0; u < NT; ++u) acc[m][u] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    if (ahead)
+      for (int u = 0; u < NT; ++u)
+        for (int64_t j = 0; j < 256; j += 64) _mm_prefetch(ahead + u * TB + b * 256 + j, _MM_HINT_T0);
+    __m512i s[MB][NT][SPLIT];
+    for (int m = 0; m < MB; ++m)
+      for (int u = 0; u < NT; ++u)
+        for (int h = 0; h < SPLIT; ++h) s[m][u][h] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < 8; ++j) {  // chunk j: pairs kp, kp + 1
+      const int64_t kp = b * 16 + 2 * j;
+      __m512i wa[NT], wb[NT];
+#pragma GCC unroll 2
+      for (int u = 0; u < NT; ++u) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + u * TB + (b * 8 + j) * 32));
+        wa[u] = _mm512_cvtepu8_epi16(_mm256_and_si256(v, low));
+        wb[u] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        int32_t pa, pb;
+        std::memcpy(&pa, xq + m * K + 2 * kp, sizeof(pa));
+        std::memcpy(&pb, xq + m * K + 2 * kp + 2, sizeof(pb));
+        const __m512i xa = _mm512_set1_epi32(pa), xb = _mm512_set1_epi32(pb);
+#pragma GCC unroll 2
+        for (int u = 0; u < NT; ++u) {
+          s[m][u][0] = _mm512_dpwssd_epi32(s[m][u][0], wa[u], xa);
+          s[m][u][SPLIT - 1] = _mm512_dpwssd_epi32(s[m][u][SPLIT - 1], wb[u], xb);
+        }
+      }
+    }
+    const int64_t g = b / bpg;
+    for (int u = 0; u < NT; ++u) {
+      const __m512 sc = load16_f32(tsm + u * SMS + g * 32);
+      for (int m = 0; m < MB; ++m) {
+        const __m512i tot = SPLIT == 2 ? _mm512_add_epi32(s[m][u][0], s[m][u][SPLIT - 1]) : s[m][u][0];
+        acc[m][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(_mm512_set1_ps(xs[m * KB + b]), sc),
+                                    acc[m][u]);
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g)
+    for (int u = 0; u < NT; ++u) {
+      const __m512 mv = load16_f32(tsm + u * SMS + g * 32 + 16);
+      for (int m = 0; m < MB; ++m) acc[m][u] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[m * G + g]), acc[m][u]);
+    }
+  for (int u = 0; u < NT; ++u)
+    for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + m * N + u * 16, acc[m][u]);
+}
+
+template <int NT, typename S>
+static void vnni_pass_i4(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t G, int64_t bpg,
+                         const uint8_t* tile, const S* tsm, float* y, int64_t N, const char* ahead) {
+  const int64_t KB = K / 32;
+  for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
+    mb = std::min<int64_t>(6, M - m0);
+    const int16_t* xq = xr.q.data() + m0 * K;
+    const float* xs = xr.scale.data() + m0 * KB;
+    const float* xsm = xsum + m0 * G;
+    float* ym = y + m0 * N;
+    const char* pf = m0 == 0 ? ahead : nullptr;
+    switch (mb) {
+#define ACCEL_PASS_CASE(R) case R: vnni_tiles_i4<R, NT, S>(xq, xs, xsm, KB, K, G, bpg, tile, tsm, ym, N, pf); break;
+      ACCEL_PASS_CASE(6) ACCEL_PASS_CASE(5) ACCEL_PASS_CASE(4) ACCEL_PASS_CASE(3) ACCEL_PASS_CASE(2)
+      default: vnni_tiles_i4<1, NT, S>(xq, xs, xsm, KB, K, G, bpg, tile, tsm, ym, N, pf);
+#undef ACCEL_PASS_CASE
+    }
+  }
+}
+
+template <typename S>
+static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,
+                               const uint8_t* qv, const S* smv, float* y, int64_t N) {
+  const int64_t G = K / gs, bpg = gs / 32, tiles = N / 16;
+  if (M >= VNNI_MIN_ROWS)  // prefill: the GEMM's register tile, packed from the tiles by unpacking only
+    return vnni_gemm_i4(xr, xsum, M, K, gs, y, N, [&](int64_t n0, int32_t* wp) {
+      const __m256i low = _mm256_set1_epi8(0x0F);
+      for (int64_t v = 0; v < VT / 16; ++v) {
+        const int64_t t = n0 / 16 + v;
+        for (int64_t c = 0; c < K / 4; ++c) {
+          __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+          if (t < tiles) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + (t * (K / 4) + c) * 32));
+            a = _mm512_cvtepu8_epi16(_mm256_and_si256(w, low));
+            b = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low));
+          }
+          _mm512_storeu_si512(wp + (2 * c) * VT + v * 16, a);
+          _mm512_storeu_si512(wp + (2 * c + 1) * VT + v * 16, b);
+        }
+      }
+    }, [&](int64_t n0, float* sc, float* mn) {
+      for (int64_t v = 0; v < VT / 16; ++v) {
+        const int64_t t = n0 / 16 + v;
+        if (t >= tiles) continue;
+        for (int64_t g = 0; g < G; ++g) {
+          _mm512_storeu_ps(sc + g * VT + v * 16, load16_f32(smv + (t * G + g) * 32));
+          _mm512_storeu_ps(mn + g * VT + v * 16, load16_f32(smv + (t * G + g) * 32 + 16));
+        }
+      }
+    });
+  const TileChunks ch = tile_chunks(M, tiles, 8 * K);
+  parallel_chunks(ch.n, [&](int64_t c) {
+    const int64_t t1 = ch.end(c);
+    for (int64_t t = ch.begin(c); t < t1;) {
+      const uint8_t* tile = qv + t * 8 * K;
+      const S* tsm = smv + t * G * 32;
+      if (M > 2 && t + 2 <= t1) {  // one or two rows: one tile at a time, a single linear stream through the chunk
+        const char* ahead = t + 4 <= t1 ? reinterpret_cast<const char*>(tile + 16 * K) : nullptr;
+        vnni_pass_i4<2, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N, ahead);
+        t += 2;
+      } else {
+        const char* ahead = stream_ahead(tile);
+        vnni_pass_i4<1, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N, ahead);
+        t += 1;
+      }
+    }
+  });
+}
+#pragma GCC pop_options
+
+// y [M, N] = (x [M, K] @ q^T) * scale[N], q in the VNNI tile layout (only where HAS_VNNI)
+static void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp,
+                           int64_t N) {
+  TORCH_CHECK(HAS_VNNI, "the INT8 VNNI tile layout needs AVX512-VNNI");
+  TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "the INT8 VNNI tile layout needs N % 16 == 0 and K % 32 == 0");
+  vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false), M, K, qv, sp, yp, N);
+}
+
+// y [M, N] = sum_k x[m, k] (q[n, k] * scale[n, g] + min[n, g]), q and the scales in the INT4 VNNI tile layout
+template <typename S>
+static void int4_gemm_vnni(const float* xp, int64_t M, int64_t K, const uint8_t* qv, const S* smv, int64_t gs,
+                           float* yp, int64_t N) {
+  TORCH_CHECK(HAS_VNNI, "the INT4 VNNI tile layout needs AVX512-VNNI");
+  TORCH_CHECK(N % 16 == 0 && K % 32 == 0 && gs % 32 == 0 && K % gs == 0,
+              "the INT4 VNNI tile layout needs N % 16 == 0, K % 32 == 0 and groups of whole 32-blocks");
+  const std::vector<float> xsum = group_sums(xp, M, K, gs);
+  vnni_gemm_i4_tiles(quantize_blocks_i16(xp, M, K, false), xsum.data(), M, K, gs, qv, smv, yp, N);
+}
+
+static void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv,
+                             int64_t gs, float* y, int64_t N) {
+  if (smv.scalar_type() == at::kHalf)
+    int4_gemm_vnni(x, M, K, qv, reinterpret_cast<const uint16_t*>(smv.data_ptr<at::Half>()), gs, y, N);
+  else
+    int4_gemm_vnni(x, M, K, qv, smv.data_ptr<float>(), gs, y, N);
+}
+
+torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2 && qv.dim() == 2 && qv.size(1) * 2 == x.size(1), "shapes: x [M, K], q [N, K / 2]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && qv.scalar_type() == at::kByte &&
+              (smv.scalar_type() == at::kFloat || smv.scalar_type() == at::kHalf),
+              "dtypes: x fp32, q uint8, scale_min fp32 or fp16");
+  const int64_t M = x.size(0), K = x.size(1), N = qv.size(0);
+  TORCH_CHECK(group_size > 0 && K % group_size == 0 && smv.numel() == N * (K / group_size) * 2,
+              "scale_min must be [N / 16, K / group_size, 2, 16]");
+  x = x.contiguous(); qv = qv.contiguous(); smv = smv.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  int4_gemm_vnni_t(x.data_ptr<float>(), M, K, qv.data_ptr<uint8_t>(), smv, group_size, y.data_ptr<float>(), N);
+  return y;
+}
+
+torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale) {
+  TORCH_CHECK(x.dim() == 2 && qv.dim() == 2 && x.size(1) == qv.size(1), "shapes: x [M, K], q [N, K] (tile layout)");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && qv.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
+              "dtypes: x fp32, q int8, scale fp32");
+  x = x.contiguous(); qv = qv.contiguous(); scale = scale.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = qv.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  int8_gemm_vnni(x.data_ptr<float>(), M, K, qv.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N);
+  return y;
+}
+
+
+template <int MB, typename S>
+static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64_t gs, const uint8_t* q,
+                  const S* sm, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const __m256i lowmask = _mm256_set1_epi32(0xF);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = q + n * (K / 2);
+    __m256 tot[MB];
+    float mterm[MB];
+    for (int m = 0; m < MB; ++m) { tot[m] = _mm256_setzero_ps(); mterm[m] = 0.f; }
+    for (int64_t g = 0; g < G; ++g) {
+      __m256 a[MB];
+      for (int m = 0; m < MB; ++m) a[m] = _mm256_setzero_ps();
+      for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2)));
+        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, lowmask));
+        __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+        for (int m = 0; m < MB; ++m) {
+          a[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + m * K + k), a[m]);
+          a[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + k + 8), a[m]);
+        }
+      }
+      const __m256 s = _mm256_set1_ps(f32_of(sm[2 * (n * G + g)]));
+      const float mn = f32_of(sm[2 * (n * G + g) + 1]);
+      for (int m = 0; m < MB; ++m) {
+        tot[m] = _mm256_fmadd_ps(s, a[m], tot[m]);
+        mterm[m] += mn * xsum[m * G + g];
+      }
+    }
+    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + mterm[m];
+  }
+}
