@@ -242,14 +242,14 @@ def main():
     from accel.calibration import load_samples, random_draw, stratified_draw
     from accel.eval.adapters import eos_id_of
     from accel.eval.data import load_texts
-    from accel.eval.protocol import EvalProtocol
+    from accel.eval.text_protocol import EvalProtocol
     from accel.eval.runner import build_windows, evaluate_text, summarize_text
     from accel.fsutil import atomic_write_text
     from accel.models import resolve_model
     from accel.quant.allocate import Budget, Rules, allocate
     from accel.quant.domain_weighting import damage_weighted_batches
     from accel.quant.quantize import oneshot_quantize, save_checkpoint
-    from accel.quant.run import token_batches
+    from accel.quant.plan import token_batches
     from accel.quant.schemes import in_features_of, param_counts, quantizable_linears
     from accel.quant.sensitivity import measure_sensitivity
     from accel.recipe import CalibrationConfig

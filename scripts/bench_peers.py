@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accel.bench.machine import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
+from accel.bench.probes import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
 from accel.bench.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ tokens/s and the speedup against off (whole requests, prefill included), the sam
 the measured draft/target cost ratio, the speedup Leviathan's formula predicts from those, whether greedy
 outputs are token-identical to off, and the read bandwidth and fp32 compute probed before the repeat ("memory",
 "compute", medians over repeats): a verify step's extra rows cost more of a step where memory is fast and
-compute slow (`accel.bench.machine`).
+compute slow (`accel.bench.probes`).
 
 Cost ratio c: seconds per draft forward (time in the proposer / draft forwards, batch 1) over seconds per
 target decode step of the run without speculation (same batch size). n-gram lookup: time in the proposer per
@@ -141,7 +141,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from accel.bench.machine import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
+    from accel.bench.probes import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
     from accel.draft_training.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.models import resolve_model
     from accel.runtime.engine import Engine, EngineConfig

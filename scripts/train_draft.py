@@ -41,7 +41,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from accel.draft_training.distill import train_draft
-    from accel.draft_training.offline import evaluate_proposer, target_continuations
+    from accel.draft_training.acceptance_replay import evaluate_proposer, target_continuations
     from accel.draft_training.prompts import chat_prompts, load_samples
     from accel.models import resolve_model
     from accel.speculative.proposer import DraftModelProposer, NgramProposer

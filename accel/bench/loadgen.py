@@ -26,7 +26,7 @@ import numpy as np
 from accel.bench.backends import Backend, BenchError, InProcessBackend, OpenAIBackend, clock
 from accel.bench.latency import (SLO, BenchResult, RequestRecord, SweepResult, find_knee, summarize)
 from accel.bench.workload import BenchRequest, Workload, build_requests
-from accel.report.machine import machine_info
+from accel.report.environment import machine_info
 
 ARRIVALS = ("poisson", "gamma")
 KNEE_RULE = "last load level before one that gains < 10% output throughput while P99 TTFT grows"

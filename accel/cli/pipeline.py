@@ -92,7 +92,7 @@ def export_verify(
     """Check every file against accel.json, say which loaders accept which layers, load it; exit 1 on a problem."""
     from accel.export import verify_export
     from accel.export.checkpoint import TARGETS
-    from accel.export.loaders import VllmCheckUnavailable
+    from accel.export.compatibility import VllmCheckUnavailable
 
     if target is not None and target not in TARGETS:
         fail(f"--target {target!r} is invalid; allowed: {', '.join(TARGETS)}")

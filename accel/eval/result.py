@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from accel.eval.metrics import TextMetrics
-from accel.eval.protocol import EvalProtocol
+from accel.eval.text_protocol import EvalProtocol
 
 SCHEMA_VERSION = 1
 

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from accel.eval.adapters import EvalModel, GenerateFn, LogitsFn, load_eval_model
 from accel.eval.data import TaskExample, load_tasks, load_texts
 from accel.eval.metrics import PositionStats, TextMetrics, concat_stats, position_stats, summarize
-from accel.eval.protocol import DEFAULT_WINDOW, EvalProtocol, Window, make_windows, tokenize_domain
+from accel.eval.text_protocol import DEFAULT_WINDOW, EvalProtocol, Window, make_windows, tokenize_domain
 from accel.eval.result import EvalResult, TaskMetrics, TaskRecord, TaskScores
 from accel.eval.scoring import accuracy_stderr, score_reply
 from accel.runlog import terminal
@@ -188,7 +188,7 @@ def run_eval(
 ) -> EvalResult:
     """Evaluate a model (path, registry name, HF model or EvalModel), optionally against a baseline.
 
-    Text metrics follow the protocol in `accel.eval.protocol`; `tasks=True` runs every task file, a list runs
+    Text metrics follow the protocol in `accel.eval.text_protocol`; `tasks=True` runs every task file, a list runs
     the named ones, False none. The model's tokenizer is used for the text of both models (they must share the
     vocabulary). Without a baseline only perplexity and the model's task accuracy are reported.
     `max_windows_per_domain` / `max_examples_per_task` = None use all the data; the defaults keep the run

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accel.export.loaders import loader_support, manifest_loaders, vllm_speculative_config
+from accel.export.compatibility import loader_support, manifest_loaders, vllm_speculative_config
 from accel.fsutil import atomic_dir, sha256_file
 
 MANIFEST_NAME = "accel.json"
@@ -148,7 +148,7 @@ def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | N
     if target is not None:
         res.problems += [f"{target} cannot load {layer}: {why}" for layer, why in support[target].refused.items()]
     if target == "vllm":
-        from accel.export.loaders import describe_vllm_report, run_vllm_check
+        from accel.export.compatibility import describe_vllm_report, run_vllm_check
 
         rep = res.details["vllm_check"] = run_vllm_check(root)
         if not rep.get("ok"):

@@ -8,7 +8,7 @@ variant the recipe lists, as one JSON document (the report's input shape plus a 
   "+spec" variants through an engine that speculates with the recipe's proposer.
 - speculation: greedy acceptance of the recipe's proposer (n-gram or draft model) replayed offline on the
   serving target's greedy continuations of held-out prompts (exactly the counters greedy verification would
-  produce; see `accel.draft_training.offline`), with Leviathan's predicted speedup.
+  produce; see `accel.draft_training.acceptance_replay`), with Leviathan's predicted speedup.
 
 Variants: "baseline" (always, first: the reference for ratios), "quantized", "quantized+spec", "baseline+spec".
 A "+spec" variant carries its target's quality (greedy speculation is lossless) and the measured acceptance.
@@ -152,7 +152,7 @@ def peer_speed(recipe, peer, requests: dict[str, list], progress: bool) -> dict:
 
 def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path | None, root: Path) -> dict | None:
     """Offline greedy acceptance of the recipe's proposer against `target` (an HF model), or None."""
-    from accel.draft_training.offline import evaluate_proposer, target_continuations
+    from accel.draft_training.acceptance_replay import evaluate_proposer, target_continuations
     from accel.draft_training.prompts import build_prompts, input_grounded_prompts, load_samples
     from accel.speculative.proposer import DraftModelProposer, NgramProposer
 

@@ -117,7 +117,7 @@ def stage_calibrate(ctx: StageContext) -> dict:
 
 def stage_sensitivity(ctx: StageContext) -> dict:
     from accel.quant.heatmap import plot_heatmap
-    from accel.quant.run import int4_candidates, token_batches
+    from accel.quant.plan import int4_candidates, token_batches
     from accel.quant.sensitivity import measure_sensitivity, with_group_sizes
 
     q = ctx.recipe.quantization
@@ -158,7 +158,7 @@ def gptq_int4_weights(ctx: StageContext, model, candidates, group_size: int, bat
 
 def stage_plan(ctx: StageContext) -> dict:
     """Budgeted allocation over units from the sensitivity, then the held-out check that promotes units."""
-    from accel.quant.run import build_plan
+    from accel.quant.plan import build_plan
     from accel.quant.sensitivity import SensitivityResult
 
     _set_threads(ctx.recipe)
@@ -175,7 +175,7 @@ def stage_plan(ctx: StageContext) -> dict:
 def stage_quantize(ctx: StageContext) -> dict:
     from accel.quant.allocate import Plan
     from accel.quant.quantize import oneshot_quantize, save_checkpoint
-    from accel.quant.run import calibration_batches
+    from accel.quant.plan import calibration_batches
 
     q = ctx.recipe.quantization
     _set_threads(ctx.recipe)
@@ -256,7 +256,7 @@ def stage_gates(ctx: StageContext) -> dict:
     rep = evaluate_gates(ctx.recipe, json.loads(ctx.upstream_path("eval.json").read_text()))
     target = ctx.recipe.export.target
     if ctx.recipe.quantization.enabled:
-        from accel.export.loaders import loader_support
+        from accel.export.compatibility import loader_support
 
         config = json.loads((ctx.upstream_path("checkpoint_quantized") / "config.json").read_text())
         refused = loader_support(config)[target].refused

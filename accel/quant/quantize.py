@@ -5,7 +5,7 @@ The quantization algorithms are llm-compressor's (a well-kept library); accel on
 library's recipe (one config group per scheme, with the exact module names as targets, and an ignore list for
 16-bit layers) and converts the library's checkpoint format into its own kernels.
 
-Formats written (what vLLM and transformers read; see accel/export/loaders.py):
+Formats written (what vLLM and transformers read; see accel/export/compatibility.py):
 - int8 = "pack-quantized" 8-bit, channel-wise symmetric: int32 `weight_packed` [out, in/4] (four values + 128 per
   word, lowest byte first), `weight_scale` [out, 1], `weight_shape`. vLLM loads weight-only INT8 as W8A16 from this
   format only ("int-quantized" means weights *and* activations to its parser).

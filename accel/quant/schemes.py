@@ -40,7 +40,7 @@ from accel.kernels.loader import TABLE
 SCHEMES = ("int4", "int8", "int4f", "fp16")
 """From cheapest to most expensive as stored: allocation demotes towards the left, fallback promotes towards the
 right. int4f sits above int8 because it is only a candidate where it is exact (a float-min grid, see
-accel.quant.run.int4_candidates): a lossless fallback at half fp16's bytes."""
+accel.quant.plan.int4_candidates): a lossless fallback at half fp16's bytes."""
 
 # The Linears of a decoder block that weight-only quantization targets (Llama family naming).
 _BLOCK_LINEAR = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)$")

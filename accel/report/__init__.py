@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.report.doc import render_html, render_markdown
-from accel.report.machine import machine_info, package_versions
+from accel.report.environment import machine_info, package_versions
 from accel.report.schema import ReportInputError, RunReport, Variant, report_from_bench
 from accel.report.sections import build_document
 

@@ -25,7 +25,7 @@ from accel.runtime.sampling_params import SamplingParams
 from accel.runtime.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from accel.runtime.sequence import FinishReason, RequestMetrics, Sequence
 from accel.speculative.config import SpeculativeConfig
-from accel.speculative.engine_spec import SpecDecoder, build_proposer
+from accel.speculative.decoder import SpecDecoder, build_proposer
 from accel.speculative.stats import SpecDecodeStats
 
 __all__ = ["EngineConfig", "Engine", "RequestOutput", "EngineStats", "QueueFullError", "stream_generate"]

@@ -1,7 +1,7 @@
 """accel.server: an OpenAI-compatible HTTP server over the accel runtime.
 
 protocol.py      pydantic request / response models (OpenAI + vLLM extensions), the OpenAI error body
-serving.py       request -> (prompt token ids, SamplingParams) checks and response helpers (pure)
+convert.py       request -> (prompt token ids, SamplingParams) checks and response helpers (pure)
 async_engine.py  AsyncEngine: steps the engine on the event loop; per-request streams, admission, graceful shutdown
 metrics.py       Prometheus metrics with vLLM's names
 app.py           build_app(): the FastAPI routes and error handlers

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from accel.runtime.scheduler import QueueFullError
-from accel.server import serving
+from accel.server import convert
 from accel.server.async_engine import AdmissionError, AsyncEngine, RequestFailed, RequestStream
 from accel.server.metrics import ServerMetrics
 from accel.server.protocol import (
@@ -120,8 +120,8 @@ async def _sse_with_errors(events: AsyncIterator[str]) -> AsyncIterator[str]:
         async for e in events:
             yield e
     except RequestFailed as e:
-        yield serving.sse(APIError(e.status, e.message, e.type).body())
-    yield serving.SSE_DONE
+        yield convert.sse(APIError(e.status, e.message, e.type).body())
+    yield convert.SSE_DONE
 
 
 class OpenAIHandlers:
@@ -135,7 +135,7 @@ class OpenAIHandlers:
         # prompt would stall every stream and /health meanwhile (the Rust tokenizer releases the GIL). One worker,
         # because a tokenizer object must not be used from two threads at once.
         self._tokenizer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="accel-tokenize")
-        self._max_prompt_chars = serving.max_prompt_chars(async_engine.tokenizer, async_engine.max_model_len)
+        self._max_prompt_chars = convert.max_prompt_chars(async_engine.tokenizer, async_engine.max_model_len)
 
     def close(self) -> None:
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
@@ -178,11 +178,11 @@ class OpenAIHandlers:
 
     # ---- /v1/completions -----------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request):
-        serving.check_model(req.model, self.names)
-        ids = await self._on_tokenizer_thread(serving.completion_prompt_ids, req, self.engine.tokenizer,
+        convert.check_model(req.model, self.names)
+        ids = await self._on_tokenizer_thread(convert.completion_prompt_ids, req, self.engine.tokenizer,
                                               self._max_prompt_chars)
-        params = serving.sampling_params(
-            req, serving.resolve_max_tokens(req.max_tokens, len(ids), self.engine.max_model_len))
+        params = convert.sampling_params(
+            req, convert.resolve_max_tokens(req.max_tokens, len(ids), self.engine.max_model_len))
         echo = ""
         if req.echo and self.engine.tokenizer is not None:
             echo = await self._on_tokenizer_thread(self.engine.tokenizer.decode, ids)
@@ -199,7 +199,7 @@ class OpenAIHandlers:
                                     stop_reason=out.stop_reason if done else None)
 
         if req.stream:
-            texts = [serving.sse_text_template(lambda text, i=i: chunk([choice(i, text)])) for i in range(req.n)]
+            texts = [convert.sse_text_template(lambda text, i=i: chunk([choice(i, text)])) for i in range(req.n)]
 
             async def events():
                 last: dict[int, object] = {}
@@ -208,28 +208,28 @@ class OpenAIHandlers:
                 async for i, out in merged(streams):
                     last[i] = out
                     if out.finished:
-                        yield serving.sse(chunk([choice(i, out.text_delta, out)]))
+                        yield convert.sse(chunk([choice(i, out.text_delta, out)]))
                     elif out.text_delta:
                         yield texts[i](out.text_delta)
                 if _include_usage(req) and len(last) == req.n:
-                    yield serving.sse(chunk([], usage=serving.usage(list(last.values()))))
+                    yield convert.sse(chunk([], usage=convert.usage(list(last.values()))))
 
             return StreamingResponse(_sse_with_errors(events()), media_type="text/event-stream")
 
         outs = await collect(streams, request)
         if outs is None:
             return Response(status_code=CLIENT_CLOSED)
-        return chunk([choice(i, echo + o.text, o) for i, o in enumerate(outs)], usage=serving.usage(outs))
+        return chunk([choice(i, echo + o.text, o) for i, o in enumerate(outs)], usage=convert.usage(outs))
 
     # ---- /v1/chat/completions ------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request):
-        serving.check_model(req.model, self.names)
-        ids = await self._on_tokenizer_thread(serving.chat_prompt_ids, req, self.engine.tokenizer,
+        convert.check_model(req.model, self.names)
+        ids = await self._on_tokenizer_thread(convert.chat_prompt_ids, req, self.engine.tokenizer,
                                               self._max_prompt_chars)
         requested, param = ((req.max_completion_tokens, "max_completion_tokens")
                             if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
-        params = serving.sampling_params(
-            req, serving.resolve_max_tokens(requested, len(ids), self.engine.max_model_len, param))
+        params = convert.sampling_params(
+            req, convert.resolve_max_tokens(requested, len(ids), self.engine.max_model_len, param))
         rid = random_id("chatcmpl")
         streams = await self.admit_n(ids, params, rid, req.priority, req.n)
         created = int(time.time())
@@ -240,21 +240,21 @@ class OpenAIHandlers:
                 choices = [] if i is None else [ChatStreamChoice(index=i, delta=delta, finish_reason=finish_reason)]
                 return ChatCompletionChunk(id=rid, created=created, model=req.model, choices=choices, usage=usage)
 
-            texts = [serving.sse_text_template(lambda text, i=i: chunk(i, DeltaMessage(content=text)))
+            texts = [convert.sse_text_template(lambda text, i=i: chunk(i, DeltaMessage(content=text)))
                      for i in range(req.n)]
 
             async def events():
                 last: dict[int, object] = {}
                 for i in range(req.n):
-                    yield serving.sse(chunk(i, DeltaMessage(role="assistant", content="")))
+                    yield convert.sse(chunk(i, DeltaMessage(role="assistant", content="")))
                 async for i, out in merged(streams):
                     last[i] = out
                     if out.text_delta:
                         yield texts[i](out.text_delta)
                     if out.finished:
-                        yield serving.sse(chunk(i, DeltaMessage(), out.finish_reason))
+                        yield convert.sse(chunk(i, DeltaMessage(), out.finish_reason))
                 if _include_usage(req) and len(last) == req.n:
-                    yield serving.sse(chunk(None, usage=serving.usage(list(last.values()))))
+                    yield convert.sse(chunk(None, usage=convert.usage(list(last.values()))))
 
             return StreamingResponse(_sse_with_errors(events()), media_type="text/event-stream")
 
@@ -262,7 +262,7 @@ class OpenAIHandlers:
         if outs is None:
             return Response(status_code=CLIENT_CLOSED)
         return ChatCompletionResponse(
-            id=rid, created=created, model=req.model, usage=serving.usage(outs),
+            id=rid, created=created, model=req.model, usage=convert.usage(outs),
             choices=[ChatChoice(index=i, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
                                 stop_reason=o.stop_reason) for i, o in enumerate(outs)])
 

@@ -54,7 +54,7 @@ def test_transformers_and_accel_runtime_give_the_same_greedy_tokens(export):
 
 def test_vllm_loads_the_real_export_with_identical_values(export):
     from accel.export.checkpoint import verify_export
-    from accel.export.loaders import vllm_python
+    from accel.export.compatibility import vllm_python
 
     if not vllm_python().is_file():
         pytest.skip(f"no vLLM side venv at {vllm_python()} (bash scripts/peers/setup_vllm_check.sh)")

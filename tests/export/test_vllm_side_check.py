@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from accel.export.loaders import loader_support, run_vllm_check, vllm_python
+from accel.export.compatibility import loader_support, run_vllm_check, vllm_python
 
 pytestmark = pytest.mark.skipif(not vllm_python().is_file(),
                                 reason=f"no vLLM side venv at {vllm_python()} (bash scripts/peers/setup_vllm_check.sh)")

@@ -291,7 +291,7 @@ def test_the_sensitivity_of_a_gptq_recipe_measures_gptqs_int4(tmp_path, method, 
         return
     assert set(given) == {"int4"} and set(given["int4"]) == {m for ms in sens.unit_map().values() for m in ms}
     # the damage measured is that of GPTQ's weights: the same measurement with them given reproduces it
-    from accel.quant.run import token_batches
+    from accel.quant.plan import token_batches
     from accel.quant.sensitivity import measure_sensitivity
 
     q = ctx.recipe.quantization

@@ -255,7 +255,7 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
     from transformers import AutoModelForCausalLM
 
     from accel.runtime.model import load_model
-    from accel.export.loaders import loader_support
+    from accel.export.compatibility import loader_support
     from accel.kernels.linear import Int8Embedding, Int8WeightOnlyLinear
 
     model = _saved_tiny(tmp_path, tie_word_embeddings=True)
@@ -292,7 +292,7 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
 
 
 def test_the_table_is_tied_only_for_a_tied_int8_lm_head_outside_vllm():
-    from accel.quant.run import stores_tied_table
+    from accel.quant.plan import stores_tied_table
 
     tied, untied = make_tiny_llama(tie_word_embeddings=True), make_tiny_llama(tie_word_embeddings=False)
     assert stores_tied_table(tied, "int8", "transformers") and stores_tied_table(tied, "int8", None)

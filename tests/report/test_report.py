@@ -8,7 +8,7 @@ import pytest
 
 from accel.bench.latency import RequestRecord, SweepResult, summarize
 from accel.report import ReportInputError, RunReport, build_report, machine_info, report_from_bench
-from accel.report.machine import cpu_model, memory_gb
+from accel.report.environment import cpu_model, memory_gb
 from accel.report.plots import pareto_front
 from tests.report import browser
 from tests.report.fixtures import run_result

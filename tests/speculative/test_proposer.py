@@ -195,7 +195,7 @@ def test_spec_decoder_drafts_from_the_running_requests_it_is_handed_and_writes_n
     from accel.runtime.sampling_params import SamplingParams
     from accel.runtime.sequence import Sequence
     from accel.speculative.config import SpeculativeConfig
-    from accel.speculative.engine_spec import SpecDecoder
+    from accel.speculative.decoder import SpecDecoder
 
     cfg = SpeculativeConfig(method="ngram", adaptive=False, num_speculative_tokens=3, ngram_min_n=1, ngram_max_n=2,
                             disable_above_batch_size=None, max_step_rows=None)
@@ -212,7 +212,7 @@ def test_spec_decoder_drafts_a_free_proposer_every_step_at_batch_1_and_keeps_gue
     from accel.runtime.sampling_params import SamplingParams
     from accel.runtime.sequence import Sequence
     from accel.speculative.config import SpeculativeConfig
-    from accel.speculative.engine_spec import SpecDecoder
+    from accel.speculative.decoder import SpecDecoder
 
     cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=4, disable_above_batch_size=None,
                             max_step_rows=None)
@@ -242,7 +242,7 @@ def test_spec_decoder_drafts_a_free_proposer_every_step_at_batch_1_and_keeps_gue
 
 def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept():
     from accel.speculative.config import SpeculativeConfig
-    from accel.speculative.engine_spec import SpecDecoder
+    from accel.speculative.decoder import SpecDecoder
 
     dec = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
     assert dec._free_row(1) and not dec._free_row(2)  # nothing measured yet: a guess is tried
@@ -275,7 +275,7 @@ def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept(
 
 def test_slow_first_two_row_steps_do_not_stop_guesses_for_good():
     from accel.speculative.config import SpeculativeConfig
-    from accel.speculative.engine_spec import GUESS_REFRESH_STEPS, SpecDecoder
+    from accel.speculative.decoder import GUESS_REFRESH_STEPS, SpecDecoder
 
     dec = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
     for _ in range(5):

@@ -4,7 +4,7 @@
 // ---- machine probe ------------------------------------------------------------------------------------------
 // Two threads pass a counter back and forth through one cache line `rounds` times: ns per one-way pass (0 with one
 // thread). Where a VM's vCPUs share a CCD this is ~30 ns, on two CCDs ~165: then each core has its own link to
-// memory (about twice the read bandwidth) and every exchange between threads costs more (accel.bench.machine).
+// memory (about twice the read bandwidth) and every exchange between threads costs more (accel.bench.probes).
 double core_to_core_ns(int64_t rounds) {
   TORCH_CHECK(rounds >= 1, "rounds must be >= 1, got ", rounds);
   alignas(64) std::atomic<int64_t> flag{0};

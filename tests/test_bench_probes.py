@@ -1,9 +1,9 @@
-"""accel.bench.machine: the bandwidth and compute probes benchmarks record beside each repeat."""
+"""accel.bench.probes: the bandwidth and compute probes benchmarks record beside each repeat."""
 
 import pytest
 import torch
 
-from accel.bench.machine import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
+from accel.bench.probes import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
 
 
 def test_probes_are_positive_rates_and_leave_the_thread_count_alone():

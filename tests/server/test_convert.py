@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from accel.server import serving
+from accel.server import convert
 from accel.server.protocol import ChatCompletionChunk, ChatStreamChoice, CompletionChoice, CompletionResponse, \
     DeltaMessage
 
@@ -23,13 +23,13 @@ def completion(text: str):
 @pytest.mark.parametrize("text", [" the", "", 'q"uote \\ back\nslash\ttab \x01 \x7f', "é 中文 🙂", "accel-sse-text"])
 @pytest.mark.parametrize("build", [chat("m"), completion])
 def test_spliced_events_read_back_as_pydantic_renders_them(build, text):
-    event = serving.sse_text_template(build)(text)
+    event = convert.sse_text_template(build)(text)
     assert event.startswith("data: ") and event.endswith("\n\n")
-    assert json.loads(event[6:]) == json.loads(serving.sse(build(text))[6:])
+    assert json.loads(event[6:]) == json.loads(convert.sse(build(text))[6:])
 
 
 def test_a_model_name_that_spells_the_marker_falls_back_to_rendering_every_chunk():
-    build = chat(serving._MARK)
-    event = serving.sse_text_template(build)("x")
-    assert event == serving.sse(build("x"))
-    assert json.loads(event[6:])["model"] == serving._MARK
+    build = chat(convert._MARK)
+    event = convert.sse_text_template(build)("x")
+    assert event == convert.sse(build("x"))
+    assert json.loads(event[6:])["model"] == convert._MARK

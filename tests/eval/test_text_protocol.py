@@ -1,6 +1,6 @@
 import pytest
 
-from accel.eval.protocol import EvalProtocol, concat_documents, make_windows, tokenize_domain
+from accel.eval.text_protocol import EvalProtocol, concat_documents, make_windows, tokenize_domain
 
 
 def spans(windows):

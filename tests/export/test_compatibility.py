@@ -7,7 +7,7 @@ import json
 import pytest
 
 from accel.export.checkpoint import verify_export, write_export
-from accel.export.loaders import VllmCheckUnavailable, loader_support
+from accel.export.compatibility import VllmCheckUnavailable, loader_support
 
 
 def _group(bits, fmt, targets, **w):
@@ -87,7 +87,7 @@ def test_cli_verify_prints_each_loader_and_fails_a_refused_target(tmp_path, tiny
 
 
 def test_the_vllm_speculative_config_of_each_pairing(tmp_path):
-    from accel.export.loaders import vllm_speculative_config
+    from accel.export.compatibility import vllm_speculative_config
 
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "ngram": {"min_n": 2, "max_n": 4}}
     assert vllm_speculative_config(ngram, None) == {"method": "ngram", "num_speculative_tokens": 4,

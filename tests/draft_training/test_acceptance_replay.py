@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from accel.draft_training.offline import Continuation, simulate_greedy_acceptance
+from accel.draft_training.acceptance_replay import Continuation, simulate_greedy_acceptance
 from accel.speculative.proposer import NgramProposer, ProposalRequest, Proposals, Proposer
 
 

@@ -10,7 +10,7 @@ import torch
 
 from accel.quant.allocate import Plan, Rules
 from accel.kernels.loader import load_hf_model
-from accel.quant.run import build_plan, token_batches
+from accel.quant.plan import build_plan, token_batches
 from accel.recipe import parse_recipe
 from tests.conftest import make_tiny_llama
 from tests.quant.test_quantize import _tokenizer
@@ -63,7 +63,7 @@ def test_token_batches_cap_keeps_rows_from_every_stratum_not_a_prefix():
     # a stratified draw lists samples stratum by stratum; capping the packed rows must not keep only the first strata
     from types import SimpleNamespace
 
-    from accel.quant.run import rows, token_batches
+    from accel.quant.plan import rows, token_batches
 
     samples = [SimpleNamespace(token_ids=[100 * d + i for i in range(40)], domain=f"d{d}") for d in range(6)]
     got = torch.cat(token_batches(samples, 20, max_rows=6, batch_size=4))  # 12 rows of 20, 2 per domain -> keep 6
@@ -78,7 +78,7 @@ def test_token_batches_cap_keeps_rows_from_every_stratum_not_a_prefix():
 
 def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_they_cannot(monkeypatch):
     from accel.quant import allocate
-    from accel.quant.run import calibration_batches
+    from accel.quant.plan import calibration_batches
 
     monkeypatch.setattr(allocate, "joint_quality",
                         lambda m, s, g, batches: SimpleNamespace(mean_kl=0.3 if batches[0].min() >= 100 else 0.1))
@@ -105,7 +105,7 @@ def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_the
 
 
 def test_int4f_joins_as_a_lossless_fallback_where_the_weights_sit_on_a_float_min_grid_unless_vllm_must_load_them():
-    from accel.quant.run import int4_candidates
+    from accel.quant.plan import int4_candidates
     from tests.quant.test_quantize import _q4_1_grid
 
     grid = make_tiny_llama(initializer_range=0.1)
