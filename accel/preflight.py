@@ -32,6 +32,8 @@ def preflight(recipe: Recipe, project_root: Path | None = None) -> list[str]:
     problems += _check_calibration(recipe, project_root)
     if recipe.quantization.enabled and model_dir is not None:
         problems += _check_linear_shapes(recipe, model_dir)
+    if recipe.quantization.enabled:
+        problems += _check_budget(recipe)
     s = recipe.speculation
     if s.method == "draft" and s.draft_model:
         _, p = _check_model(s.draft_model, "speculation.draft_model")
@@ -47,6 +49,26 @@ def preflight(recipe: Recipe, project_root: Path | None = None) -> list[str]:
                 problems.append(f"{field}: 'cuda' was asked for but torch sees no CUDA device here; allowed on "
                                 "this machine: auto, cpu")
     return problems
+
+
+def _check_budget(recipe: Recipe) -> list[str]:
+    """A budget needs something to choose and held-out text to be checked on; both are known before any work."""
+    from accel.calibration.sampler import held_out_count
+
+    q, cal = recipe.quantization, recipe.calibration
+    written = "budget" in q.model_fields_set
+    if len(q.candidates) == 1 and len(q.int4_group_sizes) == 1:
+        if written:
+            return [f"quantization.budget: set, but quantization.candidates has one scheme ({q.candidates[0]}) at "
+                    "one group size: every unit gets it and there is nothing to allocate; allowed: two or more "
+                    "candidates, or no budget"]
+        return []
+    quality = q.budget.max_mean_kl is not None or q.budget.max_ppl_increase_pct is not None
+    if quality and held_out_count(cal) == 0:
+        return [f"quantization.budget: the quality budget ({q.budget}) is checked on held-out calibration text, "
+                f"but calibration.num_samples={cal.num_samples} with holdout_fraction={cal.holdout_fraction} holds "
+                "none out; allowed: a holdout_fraction or num_samples that holds out at least one unit"]
+    return []
 
 
 def _check_gguf_peers(recipe: Recipe) -> list[str]:

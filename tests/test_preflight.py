@@ -52,6 +52,9 @@ def _cases(tmp_path):
          ["quantization.budget.target_avg_bits", "8.2", "unreachable", "cheapest plan averages"]),
         ({"speculation": {"method": "draft", "draft_model": str(tmp_path / "no-draft")}},
          ["speculation.draft_model", "no-draft", "not found"]),
+        ({"quantization": {"candidates": ["int4"], "int4_group_size": 32, "budget": {"max_mean_kl": 0.01}}},
+         ["quantization.budget", "one scheme (int4)", "nothing to allocate"]),
+        ({"calibration": {"num_samples": 4}}, ["quantization.budget", "num_samples=4", "holds none out"]),
         ({"speculation": {"method": "distilled", "distill": {"init_from": str(tmp_path / "not_eagle")}}},
          ["speculation.distill.init_from", "not_eagle", "accel_draft.json and model.safetensors"]),
     ]
@@ -99,3 +102,35 @@ def test_a_real_eagle_draft_folder_passes(model_dir, tmp_path):
     (d / "model.safetensors").write_bytes(b"")
     r = _recipe(model_dir, tmp_path, speculation={"method": "distilled", "distill": {"init_from": str(d)}})
     assert preflight(parse_recipe(r)) == []
+
+
+def test_one_candidate_needs_no_budget_and_measures_nothing(model_dir, tmp_path):
+    """The eleven-line recipe of one candidate: no problem before the run, and the sensitivity stage measures
+    nothing (every unit gets the candidate), so no default budget can fail it after minutes of work."""
+    from tests.conftest import make_tiny_llama
+
+    recipe = parse_recipe(_recipe(model_dir, tmp_path, quantization={"candidates": ["int4"], "method": "rtn",
+                                                                     "int4_group_size": 32},
+                                  calibration={"num_samples": 16}))
+    assert preflight(recipe) == []
+
+    from accel.quant.plan import allocates
+    from accel.quant.sensitivity import unmeasured
+
+    assert not allocates(recipe.quantization)  # so the sensitivity stage writes `unmeasured` (no forward)
+    sens = unmeasured(make_tiny_llama(), "int4", 32, "kl")
+    assert sens.num_tokens == 0 and {tuple(d) for d in sens.damage.values()} == {("int4",)}
+
+
+def test_a_budget_without_held_out_rows_fails_at_the_calibration_draw_not_after_sensitivity():
+    from accel.quant.plan import holdout_problem
+    from accel.recipe import QuantizationConfig
+
+    class Unit:
+        token_ids = list(range(10))
+        domain = "chat"
+
+    q = QuantizationConfig()
+    assert "needs held-out calibration text" in holdout_problem([Unit(), Unit()], q)  # 20 tokens < one 256 row
+    assert holdout_problem([Unit(), Unit()], QuantizationConfig(candidates=["int8"])) is None  # nothing to check
+    assert holdout_problem([], QuantizationConfig(budget={"target_avg_bits": 6.0})) is None  # a size budget

@@ -261,5 +261,11 @@ def _round_half_up(x: float) -> int:
     return int(math.floor(x + 0.5))
 
 
+def held_out_count(cfg) -> int:
+    """The holdout units a draw of cfg.num_samples aims for (fewer only where the source runs out): what
+    accel.preflight checks a quality budget against before any work."""
+    return _round_half_up(cfg.num_samples * cfg.holdout_fraction)
+
+
 def _preview(ids: list[str], n: int = 8) -> str:
     return ", ".join(ids[:n]) + (f", ... ({len(ids)} in all)" if len(ids) > n else "")

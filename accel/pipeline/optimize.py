@@ -110,6 +110,13 @@ def stage_calibrate(ctx: StageContext) -> dict:
     from accel.calibration import write_draw
 
     draw = calibration_draw(ctx)
+    q = ctx.recipe.quantization
+    if q.enabled:
+        from accel.quant.plan import holdout_problem
+
+        problem = holdout_problem(draw.holdout, q)
+        if problem:  # found seconds in, not after the sensitivity stage's minutes
+            raise ValueError(problem)
     write_draw(draw, ctx.out_dir)
     return {"num_train": len(draw.train), "num_holdout": len(draw.holdout),
             "train_tokens": sum(u.num_tokens for u in draw.train)}
@@ -120,10 +127,18 @@ def stage_sensitivity(ctx: StageContext) -> dict:
     from accel.quant.plan import int4_candidates, token_batches
     from accel.quant.sensitivity import measure_sensitivity, with_group_sizes
 
+    from accel.quant.plan import allocates
+    from accel.quant.sensitivity import unmeasured
+
     q = ctx.recipe.quantization
     _set_threads(ctx.recipe)
-    batches = token_batches(calibration_draw(ctx).train, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
     model = fresh_model(ctx)
+    if not allocates(q):  # one candidate at one group size: every unit gets it, nothing to measure
+        sens = unmeasured(model, q.candidates[0], q.int4_group_sizes[0], q.sensitivity.metric)
+        sens.to_json(ctx.out_dir / "sensitivity.json")
+        plot_heatmap(sens, ctx.out_dir / "sensitivity.png")
+        return {"metric": sens.metric, "num_units": len(sens.damage), "num_tokens": 0, "skipped": True}
+    batches = token_batches(calibration_draw(ctx).train, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
     target = ctx.recipe.export.target if ctx.recipe.export.enabled else None
     results, summary = [], {}
     for g in q.int4_group_sizes:  # one measurement per group size the allocator may choose

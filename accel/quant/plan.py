@@ -96,6 +96,27 @@ def stores_tied_table(model: nn.Module, lm_head: str, export_target: str | None)
     return bool(getattr(model.config, "tie_word_embeddings", False)) and lm_head == "int8" and export_target != "vllm"
 
 
+def allocates(q) -> bool:
+    """Whether a recipe's quantization section leaves the plan anything to choose (more than one candidate or
+    INT4 group size); with one, every unit gets it, sensitivity is not measured and no budget applies."""
+    return len(q.candidates) > 1 or len(q.int4_group_sizes) > 1
+
+
+def holdout_problem(holdout: Sequence, q) -> str | None:
+    """Why the held-out draw cannot check the recipe's quality budget (None when it can, or no quality budget is
+    set): the check needs at least one row of sensitivity.max_seq_len tokens."""
+    if Budget.from_config(q.budget).kl_limit() is None or not allocates(q):
+        return None
+    try:
+        if token_batches(holdout, q.sensitivity.max_seq_len, q.sensitivity.num_samples):
+            return None
+    except ValueError:
+        pass
+    return (f"the quality budget ({q.budget}) needs held-out calibration text to be checked on: the holdout has "
+            f"{len(holdout)} unit(s), less than one row of sensitivity.max_seq_len={q.sensitivity.max_seq_len} "
+            "tokens; raise calibration.holdout_fraction or num_samples, or lower sensitivity.max_seq_len")
+
+
 def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence = (), progress: bool = False,
                export_target: str | None = None) -> Plan:
     """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units (INT4 at
@@ -108,16 +129,11 @@ def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence =
     budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
     plan = allocate(sens, budget, pc, rules, inf)
     plan.tied_table = stores_tied_table(model, plan.lm_head, export_target)
-    if budget.kl_limit() is None:
+    if budget.kl_limit() is None or len(sens.candidates) == 1:  # one candidate: nothing to promote to
         return plan
-    try:
-        hold = token_batches(holdout, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
-    except ValueError:
-        hold = []
-    if not hold:  # a quality budget is checked on held-out text, never assumed
-        raise ValueError(f"the quality budget ({q.budget}) needs held-out calibration text to be checked on: the "
-                         f"holdout has {len(holdout)} unit(s), less than one row of sensitivity.max_seq_len="
-                         f"{q.sensitivity.max_seq_len} tokens; raise calibration.holdout_fraction or num_samples, "
-                         "or lower sensitivity.max_seq_len")
+    problem = holdout_problem(holdout, q)
+    if problem:  # a quality budget is checked on held-out text, never assumed
+        raise ValueError(problem)
+    hold = token_batches(holdout, q.sensitivity.max_seq_len, q.sensitivity.num_samples)
     return check_and_fallback(model, plan, hold, budget, sens, pc, inf, step=max(1, len(units) // 30),
                               fixed=overridden_units(units, q.overrides), progress=progress)

@@ -159,6 +159,15 @@ def _suffix_logits(model: nn.Module, cache: _LayerCache, start: int) -> torch.Te
     return logits.reshape(-1, logits.shape[-1])
 
 
+def unmeasured(model, candidate: str, group_size: int, metric: str) -> SensitivityResult:
+    """The units of `model` with no damage measured: a plan of one candidate has nothing to choose, so the
+    pipeline's sensitivity stage writes this instead of spending minutes measuring."""
+    units = quant_units(quantizable_linears(model))
+    return SensitivityResult(metric=metric, group_size=group_size, candidates=[candidate],
+                             damage={u: {candidate: 0.0} for u in units}, num_tokens=0, units=units,
+                             extra={"skipped": "one candidate: nothing to allocate"})
+
+
 def measure_sensitivity(
     model: nn.Module,
     batches: Sequence[torch.Tensor],
