@@ -210,7 +210,18 @@ def _check_group_size(in_features: int, group_size: int) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-class Int8WeightOnlyLinear(nn.Module):
+class _WeightOnlyLinear(nn.Module):
+    """What the INT8 and INT4 Linears share: the forward over whichever kernel `kernel_for` picks."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device, x.dtype))  # [M, out], x.dtype
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int8WeightOnlyLinear(_WeightOnlyLinear):
     """Linear with int8 per-channel weights; activations stay float. forward(x [..., in]) -> [..., out], x.dtype.
 
     Persistent buffers (canonical layout): qweight int8 [out, in], scales fp32 [out], bias (optional, float). Where
@@ -264,13 +275,6 @@ class Int8WeightOnlyLinear(nn.Module):
         if dtype == torch.float32 and self.in_features % 8 == 0 and cpu.available():
             return "avx2"
         return "int8pack"
-
-    def forward(self, x: Tensor) -> Tensor:
-        x2 = x.reshape(-1, self.in_features)  # [M, in]
-        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device, x.dtype))  # [M, out], x.dtype
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
 
     def avx2_operands(self) -> tuple[int, Tensor, Tensor]:
         """(decode_layers kind, weight, scales) of accel's kernel: kind 3 with the weight in the VNNI tile layout
@@ -341,7 +345,7 @@ class Int8Embedding(nn.Module):
         return dequantize_int8_per_channel(self.qweight, self.scales).to(self.dtype)
 
 
-class Int4WeightOnlyLinear(nn.Module):
+class Int4WeightOnlyLinear(_WeightOnlyLinear):
     """Linear with int4 group-wise asymmetric weights; forward(x [..., in]) -> [..., out] in x.dtype.
 
     Persistent buffers (canonical layout): qweight uint8 [out, in // 2] (`pack_int4`), scales fp32 [out, G],
@@ -426,13 +430,6 @@ class Int4WeightOnlyLinear(nn.Module):
             return "avx2"
         # The CPU int4 kernel's packing needs out_features divisible by 16; other shapes use the GEMM path.
         return "int4pack" if self.out_features % 16 == 0 else "gemm"
-
-    def forward(self, x: Tensor) -> Tensor:
-        x2 = x.reshape(-1, self.in_features)  # [M, in]
-        y = self._matmul(x2, self.kernel_for(x2.shape[0], x.device, x.dtype))  # [M, out], x.dtype
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
 
     def avx2_operands(self) -> tuple[int, Tensor, Tensor]:
         """(decode_layers kind, packed weight, scale_min) in the layout of accel's kernel (built once): w = q * scale
