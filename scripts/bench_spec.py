@@ -145,7 +145,7 @@ def main() -> None:
     from accel.draft_training.prompts import chat_prompts, input_grounded_prompts, load_samples
     from accel.models import resolve_model
     from accel.runtime.engine import Engine, EngineConfig
-    from accel.runtime.model import fuse_projections, load_model
+    from accel.runtime.models import fuse_projections, load_model
     from accel.runtime.sampling_params import SamplingParams
     from accel.speculative.stats import leviathan_speedup
 

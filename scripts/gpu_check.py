@@ -72,7 +72,7 @@ from accel.draft_training.eagle_train import EagleTrainer  # noqa: E402
 from accel.kernels import cpu  # noqa: E402
 from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, apply_plan  # noqa: E402
 from accel.runtime.engine import Engine, EngineConfig  # noqa: E402
-from accel.runtime.model import fuse_projections, load_model  # noqa: E402
+from accel.runtime.models import fuse_projections, load_model  # noqa: E402
 from accel.runtime.sampling_params import SamplingParams  # noqa: E402
 from accel.speculative.config import SpeculativeConfig  # noqa: E402
 from accel.speculative.eagle import save_eagle_draft  # noqa: E402

@@ -1,6 +1,6 @@
 """An export (or any HF folder) into accel's runtime, after checking its files: `load_engine`.
 
-The weights themselves go through `accel.runtime.model.load_model`, which hands an export's quantized Linears to
+The weights themselves go through `accel.runtime.models.load_model`, which hands an export's quantized Linears to
 `accel.kernels.loader` (the one way from a checkpoint to kernel modules).
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 
 
 class ModelLoadError(ValueError):

@@ -34,7 +34,7 @@ from torch import nn
 
 from accel.kernels.linear import (dequantize_int4_groupwise, dequantize_int8_per_channel, quantize_int4_groupwise,
                                   quantize_int8_per_channel)
-from accel.kernels.loader import TABLE
+from accel.kernels.loader import TABLE  # noqa: F401  (the quant modules import it from here)
 """The embedding table (Llama family naming); tied to the lm_head in small models."""
 
 SCHEMES = ("int4", "int8", "int4f", "fp16")

@@ -1,13 +1,15 @@
 """accel.runtime: the embedded serving runtime (paged KV cache, continuous batching, prefix caching).
 
-Modules (bookkeeping is plain Python; only attention / model / model_runner / sampler touch torch):
+Modules (bookkeeping is plain Python; only attention / models / model_runner / sampler touch torch):
+  config            RuntimeConfig: every runtime setting, declared once
   sequence          Sequence, SequenceStatus, FinishReason, RequestMetrics
   block_pool        BlockPool: free queue, ref counts, chained-hash prefix cache, LRU eviction
   kv_cache_manager  KVCacheManager: get_computed_blocks, allocate_slots (all-or-nothing), free
   scheduler         Scheduler, SchedulerConfig, QueueFullError
   outputs           SchedulerOutput, ScheduledRequest, ModelRunnerOutput
   attention         paged attention over a flat token batch, PagedKVCache (optionally int8)
-  model             CausalLM: compact Llama / Mistral / Qwen2 / SmolLM with HF module names
+  models/           one file per family over shared layers (llama: Llama / Mistral / Qwen2 / SmolLM), the native
+                    decode step, load_model
   model_runner      ModelRunner: flat tensors from a SchedulerOutput, forward, sampling
   detokenizer       IncrementalDetokenizer: text deltas and stop strings
   engine            Engine, EngineConfig, RequestOutput, EngineStats, stream_generate

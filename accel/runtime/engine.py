@@ -17,7 +17,7 @@ import torch
 
 from accel.runtime.detokenizer import IncrementalDetokenizer
 from accel.runtime.kv_cache_manager import KVCacheManager
-from accel.runtime.model import CausalLM, fuse_projections, load_model
+from accel.runtime.models import CausalLM, fuse_projections, load_model
 from accel.runtime.config import RuntimeConfig
 from accel.runtime.model_runner import ModelRunner, RunnerConfig, kv_bytes_per_block
 from accel.runtime.outputs import SpecBurst

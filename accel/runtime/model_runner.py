@@ -15,7 +15,7 @@ from torch import Tensor
 
 from accel.runtime.config import KV_CACHE_DTYPES
 from accel.runtime.attention import AttentionMetadata, DecodeGroup, PagedKVCache, PrefillSpan
-from accel.runtime.model import CausalLM, longs
+from accel.runtime.models import CausalLM, longs
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, SpecBurst
 from accel.runtime.sampler import Sampler, plain_greedy, row_argmax
 from accel.runtime.sequence import Sequence

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from accel.runtime.model import CausalLM, NativeDecode, fuse_projections
+from accel.runtime.models import CausalLM, NativeDecode, fuse_projections
 from accel.runtime.outputs import ScheduledRequest
 from accel.runtime.sequence import Sequence
 from accel.speculative.paged_draft import _GREEDY, PagedDraftProposer

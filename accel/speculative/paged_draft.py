@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from accel.runtime.kv_cache_manager import KVCacheManager
-from accel.runtime.model import CausalLM, fuse_projections, load_model
+from accel.runtime.models import CausalLM, fuse_projections, load_model
 from accel.runtime.model_runner import ModelRunner, RunnerConfig
 from accel.runtime.outputs import ScheduledRequest
 from accel.runtime.sampler import Sampler, is_greedy, plain_greedy

@@ -552,7 +552,7 @@ def test_silu_mul_matches_torch(rows, inter):
 @pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
 @pytest.mark.parametrize("head_dim", [64, 12])  # vectorised half (32) and scalar half (6)
 def test_rope_in_place_matches_rotate_half_and_leaves_other_columns(head_dim):
-    from accel.runtime.model import signed_sin
+    from accel.runtime.models import signed_sin
 
     g = torch.Generator().manual_seed(head_dim)
     t, heads, kv = 5, 3, 1

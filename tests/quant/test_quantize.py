@@ -254,7 +254,7 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from accel.runtime.model import load_model
+    from accel.runtime.models import load_model
     from accel.export.compatibility import loader_support
     from accel.kernels.linear import Int8Embedding, Int8WeightOnlyLinear
 

@@ -7,7 +7,7 @@ import torch
 
 from accel.runtime.detokenizer import IncrementalDetokenizer
 from accel.runtime.engine import Engine, EngineConfig, QueueFullError, stream_generate
-from accel.runtime.model import CausalLM
+from accel.runtime.models import CausalLM
 from accel.runtime.sampling_params import SamplingParams
 from tests.runtime.helpers import tiny_config
 

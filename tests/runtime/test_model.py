@@ -8,7 +8,7 @@ import transformers
 from tests.runtime.helpers import hf_greedy, mixed_prompts, tiny_config
 
 from accel.runtime.engine import Engine, EngineConfig
-from accel.runtime.model import load_model
+from accel.runtime.models import load_model
 from accel.runtime.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -175,7 +175,7 @@ def test_unfused_projections_give_the_same_tokens(tiny_llama_dir, prompts_and_re
 
 
 def test_fusion_skips_swapped_linears(tiny_llama_dir):
-    from accel.runtime.model import fuse_projections
+    from accel.runtime.models import fuse_projections
 
     class Custom(torch.nn.Linear):
         pass

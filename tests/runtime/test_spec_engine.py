@@ -15,7 +15,7 @@ import torch
 
 from accel.runtime.block_pool import hash_full_blocks
 from accel.runtime.engine import Engine, EngineConfig
-from accel.runtime.model import load_model
+from accel.runtime.models import load_model
 from accel.runtime.sampler import Sampler
 from accel.runtime.sampling_params import SamplingParams
 from accel.speculative.adaptive import AdaptiveSpeculation

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from accel.recipe import SpeculationConfig
-from accel.runtime.model import load_model
+from accel.runtime.models import load_model
 from accel.speculative.config import SpeculativeConfig
 from accel.speculative.paged_draft import PagedDraftProposer
 from accel.speculative.proposer import ProposalRequest

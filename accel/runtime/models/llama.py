@@ -1,0 +1,130 @@
+"""The Llama family (Llama, Mistral, Qwen2, SmolLM): pre-norm decoder layers of attention and a SwiGLU MLP over
+the shared layers, tied or untied head. A family file is this: its layer, its backbone and its `CausalLM` with
+`forward` over a flat batch and `compute_logits` on the rows that sample.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from accel.kernels import cpu
+from accel.runtime.attention import AttentionMetadata, PagedKVCache
+from accel.runtime.models.layers import MLP, Attention, RMSNorm, rope_cos_sin, signed_sin
+from accel.runtime.models.native import NativeDecode
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h: Tensor, residual: Tensor | None, cos: Tensor, sin: Tensor, cache: PagedKVCache,
+                meta: AttentionMetadata) -> tuple[Tensor, Tensor]:
+        """(h, residual) -> (h', residual'): the layer's input is h + residual (residual None at layer 0, where h
+        is the embedding). `residual` is updated in place, so the stream lives in one buffer."""
+        if residual is None:
+            residual = h.clone()
+            x = self.input_layernorm(h)
+        else:
+            x = self.input_layernorm(h, residual)
+        x = self.self_attn(x, cos, sin, cache, meta)
+        x = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class Backbone(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Llama-family decoder: `forward` over a flat batch, `compute_logits` on the rows that sample."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise NotImplementedError(f"model_type={config.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # Mistral/Qwen2 style sliding-window attention: not implemented, refuse rather than silently differ
+        window = getattr(config, "sliding_window", None)
+        use_window = getattr(config, "use_sliding_window", True)
+        if window is not None and use_window and window < config.max_position_embeddings:
+            raise NotImplementedError(f"sliding_window={window} < max_position_embeddings is not supported")
+        self.cos: Tensor | None = None
+        self.sin: Tensor | None = None
+        self.sin_signed: Tensor | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    def init_rope(self, device: torch.device, dtype: torch.dtype) -> None:
+        cos, sin = rope_cos_sin(self.config, self.config.max_position_embeddings, device)
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+        self.sin_signed = signed_sin(self.sin)
+
+    def prepare_cpu_decode(self) -> bool:
+        """For the CPU: build the kernels' weight layouts now, move the weights into 2 MB pages, and run decode
+        steps through one native call when every layer fits it (NativeDecode). True if the native call is on."""
+        from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+
+        self.native_decode = None
+        if next(self.parameters()).device.type != "cpu" or not cpu.available():
+            return False
+        for m in self.modules():
+            if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0 or isinstance(m, Int8WeightOnlyLinear):
+                m.avx2_operands()  # built lazily otherwise, after the move
+        cpu.move_to_huge_pages(self)
+        self.native_decode = NativeDecode.for_model(self)
+        return self.native_decode is not None
+
+    def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
+                kv_caches: list[PagedKVCache]) -> Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
+        native = getattr(self, "native_decode", None)
+        if native is not None and native.takes(meta, input_ids.shape[0]):
+            return native(*native.inputs(self, input_ids, positions), meta, kv_caches)[0]
+        x, cos, sin = self._embed(input_ids, positions)
+        residual = None
+        for layer, cache in zip(self.model.layers, kv_caches):
+            x, residual = layer(x, residual, cos, sin, cache, meta)
+        return self.model.norm(x, residual)
+
+    def _embed(self, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """-> token embeddings [T, hidden], RoPE cos and signed sin [T, 1, D]."""
+        cos = self.cos.index_select(0, positions).unsqueeze(1)
+        return self.model.embed_tokens(input_ids), cos, self.sin_signed.index_select(0, positions).unsqueeze(1)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [N, hidden] -> logits [N, vocab] float32."""
+        return self.lm_head(hidden).float()
+
+    def forward_logits(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
+                       kv_caches: list[PagedKVCache], logit_rows: list[int]
+                       ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """forward and compute_logits of the rows `logit_rows` (indices into the T rows) -> (hidden [T, hidden],
+        logits [len(logit_rows), vocab] float32, each logit row's argmax or None). The native decode step computes
+        all three in one call."""
+        native = getattr(self, "native_decode", None)
+        if native is not None and native.has_head and native.takes(meta, input_ids.shape[0]):
+            return native(*native.inputs(self, input_ids, positions), meta, kv_caches, logit_rows)
+        hidden = self(input_ids, positions, meta, kv_caches)
+        if not logit_rows:
+            return hidden, hidden.new_empty(0, self.config.vocab_size, dtype=torch.float32), None
+        return hidden, self.compute_logits(hidden[torch.tensor(logit_rows, device=hidden.device)]), None

@@ -1,0 +1,85 @@
+"""A model folder to a runtime model: build the family's module tree, load its weights (`accel.kernels.loader`),
+then fuse the unquantized q/k/v and gate/up projections for the fused kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from accel.runtime.models.llama import CausalLM
+
+
+def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:
+    """Replace plain nn.Linear siblings `names` by one nn.Linear `fused_name` (outputs concatenated in order).
+
+    Only when all are exactly nn.Linear with the same dtype/device (i.e. not swapped for quantized kernels):
+    one GEMM instead of several reads the input once and launches fewer ops, which matters at batch 1.
+    """
+    mods = [getattr(parent, n) for n in names]
+    if any(type(m) is not nn.Linear for m in mods):
+        return _fuse_quantized(parent, names, fused_name, mods)
+    if len({(m.weight.dtype, m.weight.device) for m in mods}) != 1:
+        return False
+    w = torch.cat([m.weight for m in mods])
+    has_bias = [m.bias is not None for m in mods]
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=any(has_bias), device=w.device, dtype=w.dtype)
+    fused.weight.data.copy_(w)
+    if any(has_bias):
+        fused.bias.data.copy_(torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, device=w.device,
+                                         dtype=w.dtype) for m in mods]))
+    for n in names:
+        delattr(parent, n)
+    setattr(parent, fused_name, fused.requires_grad_(False))
+    return True
+
+
+def _fuse_quantized(parent: nn.Module, names: tuple[str, ...], fused_name: str, mods: list[nn.Module]) -> bool:
+    """Siblings quantized with one scheme (and group size) become one quantized Linear (`concat_quantized`)."""
+    from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, concat_quantized
+
+    kinds = {(type(m), getattr(m, "group_size", None)) for m in mods}
+    if len(kinds) != 1 or not isinstance(mods[0], (Int8WeightOnlyLinear, Int4WeightOnlyLinear)):
+        return False
+    fused = concat_quantized(mods)
+    for n in names:
+        delattr(parent, n)
+    setattr(parent, fused_name, fused)
+    return True
+
+
+def fuse_projections(model: CausalLM) -> list[str]:
+    """Fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj` where they share one scheme (fp, int8, or int4
+    with one group size); mixed-precision siblings stay separate.
+
+    Run after a quantization plan was applied (plans name the HF modules); returns the fused module names.
+    """
+    fused = []
+    for i, layer in enumerate(model.model.layers):
+        if _fuse(layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj"):
+            fused.append(f"model.layers.{i}.self_attn.qkv_proj")
+        if _fuse(layer.mlp, ("gate_proj", "up_proj"), "gate_up_proj"):
+            fused.append(f"model.layers.{i}.mlp.gate_up_proj")
+    return fused
+
+
+def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    """Build the model from `path`/config.json and load its weights (HF names): plain tensors as stored, an
+    export's quantized Linears as kernel modules (`accel.kernels.loader`, the one way from disk to kernels)."""
+    from transformers import AutoConfig
+
+    from accel.kernels.loader import load_weights
+
+    path = Path(path)
+    config = AutoConfig.from_pretrained(path)
+    if hasattr(config, "quantization_config"):  # the plan is in the weights
+        del config.quantization_config
+    with torch.device("meta"):
+        model = CausalLM(config)
+    model = model.to_empty(device=device).to(dtype)
+    if model.tie_word_embeddings:  # to_empty breaks the tie; restore it
+        model.lm_head.weight = model.model.embed_tokens.weight
+    load_weights(model, path, dtype, device, model.tie_word_embeddings)
+    model.init_rope(device, dtype)
+    return model.eval().requires_grad_(False)
