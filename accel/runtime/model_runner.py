@@ -1,6 +1,8 @@
-"""Turns a SchedulerOutput into flat tensors, runs the model over the paged KV cache, samples.
+"""Turns a SchedulerOutput into flat tensors, runs the model over the paged KV cache, chooses the tokens.
 
-Owns the KV tensors and one torch.Generator per seeded request.
+Owns the KV tensors, the feature cache and one torch.Generator per seeded request. Its jobs live beside it:
+`token_choice` (sampling, draft verification), `native_steps` (bursts of steps in one native call),
+`host_swap` (preempted requests' K/V in host memory).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from accel.runtime.config import KV_CACHE_DTYPES
 from accel.runtime.attention import AttentionMetadata, DecodeGroup, PagedKVCache, PrefillSpan
 from accel.runtime.models import CausalLM, longs
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, SpecBurst
-from accel.runtime.sampler import Sampler, plain_greedy, row_argmax
+from accel.runtime.host_swap import HostSwap
+from accel.runtime.native_steps import decode_steps, native_inputs, spec_steps
+from accel.runtime.sampler import Sampler, plain_greedy
+from accel.runtime.token_choice import sample, verify
 from accel.runtime.sequence import Sequence
 
 log = logging.getLogger("accel.engine")
@@ -67,11 +72,10 @@ class ModelRunner:
 
         self._paged_decode_kernel = (self.device.type == "cpu" and kv_dtype == torch.float32
                                      and cpu.available())
-        self._swapped: dict[str, list[list[Tensor]]] = {}  # request id -> per layer saved block tensors
+        self.host = HostSwap()  # preempted requests' K/V (and features) in host memory
         # the final hidden state of every computed position, one row per KV slot (an EAGLE draft reads the
         # verified ones by block table); None until a proposer asks for it (enable_feature_cache)
         self.feature_cache: Tensor | None = None
-        self._swapped_features: dict[str, Tensor] = {}
         # called with (scheduled requests, hidden [T, H]) after every forward (teacher data for draft training)
         self.hidden_hook = None
 
@@ -123,26 +127,12 @@ class ModelRunner:
     def release(self, request_id: str) -> None:
         """Forget a finished request's generator and any K/V it had swapped out."""
         self._generators.pop(request_id, None)
-        self._swapped.pop(request_id, None)
-        self._swapped_features.pop(request_id, None)
+        self.host.release(request_id)
 
     def swap(self, swap_out: dict[str, list[int]], swap_in: dict[str, list[int]]) -> None:
-        """Copy preempted requests' blocks to host memory, and resumed ones back (out first: blocks get reused)."""
-        host = torch.device("cpu")
-        feats = None if self.feature_cache is None else self.feature_cache.view(self.config.num_blocks,
-                                                                                   self.config.block_size, -1)
-        for rid, blocks in swap_out.items():
-            ids = torch.tensor(blocks, dtype=torch.long, device=self.device)
-            self._swapped[rid] = [cache.read_blocks(ids, host) for cache in self.kv_caches]
-            if feats is not None:
-                self._swapped_features[rid] = feats[ids].to(host)
-        for rid, blocks in swap_in.items():
-            ids = torch.tensor(blocks, dtype=torch.long, device=self.device)
-            for cache, saved in zip(self.kv_caches, self._swapped.pop(rid)):
-                cache.write_blocks(ids, saved)
-            saved_feats = self._swapped_features.pop(rid, None)
-            if feats is not None and saved_feats is not None:
-                feats[ids] = saved_feats.to(self.device)
+        """Copy preempted requests' blocks to host memory, and resumed ones back (`HostSwap`)."""
+        self.host.swap(swap_out, swap_in, self.kv_caches, self.feature_cache, self.config.num_blocks,
+                       self.config.block_size, self.device)
 
     # ---- one step --------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -155,10 +145,12 @@ class ModelRunner:
             self.swap(sched.swap_out, sched.swap_in)
         if sched.num_steps > 1:  # lookahead slots: only where `max_decode_steps` allowed a burst
             native = self._native_decode(features=True)
-            return self._spec_steps(native, sched, burst) if burst is not None else self._decode_steps(native, sched)
+            if burst is not None:
+                return spec_steps(native, sched, burst, self.kv_caches, self.feature_cache)
+            return decode_steps(native, sched, self.kv_caches, self.config.block_size, self.feature_cache)
         native = self._native_step(sched.scheduled)
         if native is not None:
-            step_inputs, sample_rows = self.native_inputs(sched.scheduled)
+            step_inputs, sample_rows = native_inputs(sched.scheduled, self.config.block_size)
         else:
             input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
         spec_rows = [(i, row) for i, row in sample_rows if sched.scheduled[i].spec_token_ids]
@@ -233,126 +225,13 @@ class ModelRunner:
             num_steps = min(num_steps, p.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens)
         return max(1, num_steps)
 
-    def _decode_steps(self, native, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """`sched.num_steps` greedy decode steps in one native call (each request one row); they end early after a
-        step in which a request drew one of its stop tokens (eos unless ignored, stop_token_ids)."""
-        bs = self.config.block_size
-        ids, positions, stops = [], [], []
-        for r in sched.scheduled:
-            seq = r.seq
-            ids.append(seq.token_slice(seq.num_computed_tokens, seq.num_computed_tokens + 1)[0])
-            positions.append(seq.num_computed_tokens)
-            stop = list(seq.params.stop_token_ids)
-            if seq.eos_token_id is not None and not seq.params.ignore_eos:
-                stop.append(seq.eos_token_id)
-            stops.append(stop)
-        # never past a request's own blocks (a padded table entry would point into another request's block)
-        num_steps = min([sched.num_steps] + [len(r.seq.block_table) * bs - p
-                                             for r, p in zip(sched.scheduled, positions)])
-        nb = -(-(max(positions) + num_steps) // bs)
-        flat: list[int] = []
-        for r in sched.scheduled:
-            bt = r.seq.block_table[:nb]
-            flat.extend(bt + [0] * (nb - len(bt)))
-        tokens = native.steps(self.kv_caches, ids, positions, flat, nb, num_steps, stops, self.feature_cache)
-        n = len(sched.scheduled)
-        return ModelRunnerOutput([r.seq.request_id for r in sched.scheduled], tokens, [None] * n, [None] * n)
-
-    def _spec_steps(self, native, sched: SchedulerOutput, burst: SpecBurst) -> ModelRunnerOutput:
-        """`burst`'s verify steps of its one request in one native call, within the blocks the request holds (the
-        scheduler took lookahead slots for `sched.num_steps` positions) and its max_tokens and the model length."""
-        (r,) = sched.scheduled
-        seq = r.seq
-        assert seq.request_id == burst.request_id and seq.num_computed_tokens == seq.num_tokens - 1
-        assert self.feature_cache is None, "n-gram lookup reads no features"
-        stop = list(seq.params.stop_token_ids)
-        if seq.eos_token_id is not None and not seq.params.ignore_eos:
-            stop.append(seq.eos_token_id)
-        tokens, steps = native.spec_steps(self.kv_caches, seq.token_ids, seq.block_table, burst.max_steps,
-                                          burst.max_new, burst.budget_s, stop, burst.min_n, burst.max_n, burst.guess,
-                                          burst.policy)
-        return ModelRunnerOutput([seq.request_id], [tokens], [None], [None], spec_steps=steps)
-
     def _sample(self, logits: Tensor, seqs: list[Sequence], argmax: Tensor | None = None
                 ) -> list[tuple[list[int], list | None, list | None]]:
-        """One token per row of logits [N, V]: (token ids, logprobs, top logprobs) per request. argmax: the rows'
-        argmax where the forward computed it (the native step): a plain greedy batch then skips the sampler."""
-        masked = self._mask_early_stop(logits, seqs)
-        if argmax is not None and not masked and all(plain_greedy(s.params) and s.params.logprobs is None
-                                                      for s in seqs):
-            return [([t], None, None) for t in argmax.tolist()]
-        out = self.sampler(logits, [s.params for s in seqs], [self._generator(s) for s in seqs],
-                           [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
-        tokens = out.token_ids.tolist()
-        lps = out.logprobs.tolist() if out.logprobs is not None else None
-        rows = []
-        for j, seq in enumerate(seqs):
-            if lps is not None and seq.params.logprobs is not None:
-                rows.append(([tokens[j]], [lps[j]], [out.top_logprobs[j]] if out.top_logprobs is not None else None))
-            else:
-                rows.append(([tokens[j]], None, None))
-        return rows
+        return sample(self.sampler, logits, seqs, self._generator, argmax)
 
     def _verify(self, logits: Tensor, spec: list[tuple[ScheduledRequest, int]],
                 draft_probs: dict[str, Tensor | None], argmax: Tensor | None = None) -> list[list[int]]:
-        """Verify the draft tokens of requests scheduled with them; returns accepted drafts + 1 token each.
-
-        A request with n drafts computed n + 1 query rows ending at its sampling row; `logits` holds those rows of
-        every request in `spec`, in order ([sum(n + 1), V]):
-
-            row:     last-n      last-n+1  ...  last
-            input:   x_{t-1}     d_0       ...  d_{n-1}
-            target:  p_0         p_1       ...  p_n      (p_j: next-token distribution after d_<j)
-
-        Greedy requests keep the drafts while they equal the target's argmax (prefix match: the output is
-        token-identical to decoding without drafts); sampled ones go through Leviathan/Chen rejection
-        sampling with the request's own processing (penalties, temperature, top-k/p, min-p) applied to p.
-        """
-        from accel.runtime.rejection import greedy_accept, rejection_sample
-
-        # one entry per row: the sequence, and the output tokens that position has seen (drafts included)
-        seqs = [r.seq for r, _ in spec for _ in range(len(r.spec_token_ids) + 1)]
-        outputs = [r.seq.output_token_ids + r.spec_token_ids[:j] for r, _ in spec
-                   for j in range(len(r.spec_token_ids) + 1)]
-        masked = self._mask_early_stop(logits, seqs, [len(o) for o in outputs])
-        all_plain_greedy = all(plain_greedy(r.seq.params) for r, _ in spec)
-        if all_plain_greedy:
-            argmax, probs = (row_argmax(logits) if argmax is None or masked else argmax), None  # [R]
-        else:
-            probs = self.sampler.probs(logits, [s.params for s in seqs], [s.prompt_token_ids for s in seqs],
-                                       outputs)  # [R, V]; greedy rows one-hot
-            argmax = row_argmax(probs)
-        # every greedy request's target tokens in one host copy (one device sync per step, not per request)
-        targets = argmax.tolist() if any(r.seq.params.greedy for r, _ in spec) else None
-        out, start = [], 0
-        for r, _ in spec:
-            n = len(r.spec_token_ids)
-            if r.seq.params.greedy:
-                out.append(greedy_accept(r.spec_token_ids, targets[start:start + n + 1]))
-            else:
-                d = torch.tensor([r.spec_token_ids], dtype=torch.long, device=self.device)  # [1, n]
-                q = draft_probs.get(r.seq.request_id)
-                q = None if q is None else q[:n].to(self.device)[None]  # [1, n, V]
-                res = rejection_sample(d, [n], q, probs[start:start + n + 1][None], [self._generator(r.seq)])
-                out.append(res.output_token_ids[0])
-            start += n + 1
-        return out
-
-    @staticmethod
-    def _mask_early_stop(logits: Tensor, seqs: list[Sequence], num_outputs: list[int] | None = None) -> bool:
-        """min_tokens: eos and stop token ids cannot be sampled before min_tokens outputs (as vLLM). True if a row
-        was masked."""
-        masked = False
-        for row, seq in enumerate(seqs):
-            p = seq.params
-            if (seq.num_output_tokens if num_outputs is None else num_outputs[row]) < p.min_tokens:
-                banned = list(p.stop_token_ids)
-                if seq.eos_token_id is not None and not p.ignore_eos:
-                    banned.append(seq.eos_token_id)
-                if banned:
-                    logits[row, banned] = float("-inf")
-                    masked = True
-        return masked
+        return verify(self.sampler, logits, spec, draft_probs, self._generator, argmax)
 
     def generator_for(self, seq: Sequence) -> torch.Generator | None:
         """The request's generator (seeded requests), shared with the proposer so draws stay per request."""
@@ -382,38 +261,6 @@ class ModelRunner:
                 return None
             rows += r.num_tokens
         return native if rows <= native.MAX_ROWS else None
-
-    def native_inputs(self, scheduled: list[ScheduledRequest]) -> tuple[tuple, list[tuple[int, int]]]:
-        """What `prepare_inputs` builds for a step on the paged decode kernel alone, as lists for
-        `NativeDecode.step`: (ids, positions, slots, block table [T, nb] flat, nb, context lengths, rows, spans),
-        and the sampling rows. Every row is a decode row over its own causal context; a request's rows are one span."""
-        bs = self.config.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        ctx_lens: list[int] = []
-        tables: list[list[int]] = []
-        spans = [0]
-        sample_rows: list[tuple[int, int]] = []
-        for i, r in enumerate(scheduled):
-            seq, n = r.seq, r.num_tokens
-            start = seq.num_computed_tokens
-            end = start + n
-            ids.extend(seq.token_slice(start, end))
-            bt = seq.block_table
-            positions.extend(range(start, end))
-            slots.extend(bt[p // bs] * bs + p % bs for p in range(start, end))
-            ctx_lens.extend(range(start + 1, end + 1))
-            tables.append(bt)
-            spans.append(len(ids))
-            if r.samples:
-                sample_rows.append((i, len(ids) - 1))
-        nb = -(-max(ctx_lens) // bs)
-        flat: list[int] = []
-        for r, bt in zip(scheduled, tables):
-            row = bt[:nb] + [0] * (nb - min(len(bt), nb))
-            flat.extend(row * r.num_tokens)
-        return (ids, positions, slots, flat, nb, ctx_lens, list(range(len(ids))), spans), sample_rows
 
     def prepare_inputs(self, scheduled: list[ScheduledRequest]
                        ) -> tuple[Tensor, Tensor, AttentionMetadata, list[tuple[int, int]]]:

@@ -228,4 +228,4 @@ def test_swap_preemption_resumes_without_recompute(tiny_llama_dir, prompts_and_r
     else:  # int8 KV: near the fp32 oracle (a lost scale would give ~0%; exact round trip: test_attention)
         agree = sum(a == b for o, r in zip(outs, refs) for a, b in zip(o.token_ids, r))
         assert agree >= 0.7 * 16 * 8
-    assert engine.kv.num_held_blocks() == 0 and engine.runner._swapped == {}
+    assert engine.kv.num_held_blocks() == 0 and engine.runner.host.kv == {}
