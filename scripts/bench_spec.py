@@ -358,11 +358,9 @@ class _Timed:
 
 
 def _reset_stats(engine) -> None:
-    from accel.speculative.stats import SpecDecodeStats
+    from accel.speculative.stats import SpecTally
 
-    engine.spec.total = SpecDecodeStats()
-    engine.spec.per_domain = {}
-    engine.spec.per_source = {}
+    engine.spec.tally = SpecTally()
 
 
 def median_row(rows: list[dict]) -> dict:

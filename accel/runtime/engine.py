@@ -371,9 +371,9 @@ class Engine:
                            kv_cache_usage=self.kv.usage, num_kv_blocks=self.kv.pool.num_blocks,
                            prefix_cache_hit_rate=self.kv.prefix_cache_hit_rate,
                            num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps,
-                           spec_decode=None if self.spec is None else self.spec.total,
-                           spec_decode_per_domain={} if self.spec is None else dict(self.spec.per_domain),
-                           spec_decode_per_source={} if self.spec is None else dict(self.spec.per_source))
+                           spec_decode=None if self.spec is None else self.spec.tally.total,
+                           spec_decode_per_domain={} if self.spec is None else dict(self.spec.tally.per_domain),
+                           spec_decode_per_source={} if self.spec is None else dict(self.spec.tally.per_source))
 
 
 def _eos_id(config, tokenizer) -> int | None:

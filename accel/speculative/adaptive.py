@@ -74,6 +74,22 @@ def best_speculation_length(alpha: float, cost_ratio: float, k_max: int) -> int:
     return best_k
 
 
+def fit_draft_budget(reqs: list, seqs: list, budget: int, alpha_of) -> tuple[list, list]:
+    """Spend a step's draft budget (tokens) on the requests with the best acceptance estimate (`alpha_of(request
+    id)`) first, each `ProposalRequest.k` cut to what is left; requests left with 0 draft nothing this step.
+    Returns the kept requests and their sequences, in their scheduled order."""
+    order = sorted(range(len(reqs)), key=lambda i: -alpha_of(reqs[i].request_id))
+    keep = []
+    for i in order:
+        k = min(reqs[i].k, budget)
+        if k > 0:
+            reqs[i].k = k
+            keep.append(i)
+            budget -= k
+    keep.sort()
+    return [reqs[i] for i in keep], [seqs[i] for i in keep]
+
+
 def speculation_enabled(batch_size: int, disable_above_batch_size: int | None) -> bool:
     """False once `batch_size` running requests reach the cutoff (None: always enabled)."""
     return disable_above_batch_size is None or batch_size < disable_above_batch_size

@@ -30,10 +30,11 @@ from torch import Tensor
 
 from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput, SpecBurst, SpecPolicyState
 from accel.runtime.sequence import Sequence
-from accel.speculative.adaptive import DECAY, AdaptiveSpeculation, CostMeter, speculation_enabled
+from accel.speculative.adaptive import DECAY, AdaptiveSpeculation, CostMeter, fit_draft_budget, speculation_enabled
 from accel.speculative.config import SpeculativeConfig
-from accel.speculative.proposer import NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer
-from accel.speculative.stats import SpecDecodeStats
+from accel.speculative.proposer import (NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer,
+                                        propose_contained)
+from accel.speculative.stats import SpecTally
 
 log = logging.getLogger("accel.engine")
 
@@ -92,10 +93,7 @@ class SpecDecoder:
         self.adaptive = AdaptiveSpeculation(config.adaptive_config())
         self.cost = CostMeter()  # the draft's cost, measured on this engine
         self._propose_s, self._draft_forwards = 0.0, 0
-        self.total = SpecDecodeStats()
-        self.guesses = SpecDecodeStats()  # one-token guesses alone (`Proposals.guesses`)
-        self.per_domain: dict[str, SpecDecodeStats] = {}
-        self.per_source: dict[str, SpecDecodeStats] = {}  # proposals that carry `sources` (NgramFirstProposer)
+        self.tally = SpecTally()  # acceptance: all, guesses alone, per domain, per proposer (NgramFirstProposer)
         self._source: dict[str, str] = {}  # request id -> which proposer drafted it this step
         self._domain: dict[str, str | None] = {}
         self._drafted: set[str] = set()  # requests asked for drafts this step (k >= 0 decided)
@@ -143,11 +141,13 @@ class SpecDecoder:
         if not reqs:
             return {}, {}
         if budget is not None:
-            reqs, seqs = self._fit_budget(reqs, seqs, budget)
+            reqs, seqs = fit_draft_budget(reqs, seqs, budget, self.adaptive.alpha)
             if not reqs:
                 return {}, {}
         t0 = self.clock()
-        props = self.last = self._contained_propose(reqs)
+        props, undraftable = propose_contained(self.proposer, reqs)
+        self.last = props
+        self._undraftable.update(undraftable)
         self._propose_s = self.clock() - t0
         # the cost per unit of k: a draft model runs up to max(k) batched forwards, fewer when confidence gates end
         # the chains early (`Proposals.num_forwards`). The adaptive rule charges k x c for a draft of length k, and with
@@ -221,11 +221,7 @@ class SpecDecoder:
             if n == 0:
                 continue
             seq.spec.observe(n, a)
-            self.total.observe(n, a)
-            if guessed:
-                self.guesses.observe(n, a)
-            if domain is not None:
-                self.per_domain.setdefault(domain, SpecDecodeStats()).observe(n, a)
+            self.tally.record(n, a, bool(guessed), domain)
 
     def _free_row(self, batch: int) -> bool:
         """Whether a free proposer drafts this step whatever the adaptive length, guessing one token where nothing
@@ -239,53 +235,9 @@ class SpecDecoder:
         extra = None if self.cost is None else self.cost.second_row_cost()
         if extra is None or self.cost.steps_since_two_rows >= GUESS_REFRESH_STEPS:
             return True
-        g = self.guesses
+        g = self.tally.guesses
         return GUESS_PAYBACK * extra < (g.num_accepted_tokens + GUESS_PRIOR_ACCEPTANCE * GUESS_PRIOR_WEIGHT) / (
             g.num_draft_tokens + GUESS_PRIOR_WEIGHT)
-
-    def _contained_propose(self, reqs: list[ProposalRequest]) -> Proposals:
-        """The proposer's drafts; when it raises, each request is proposed for alone and the ones that still fail
-        are decoded without drafts from then on (drafts only ever save time: the output is the same)."""
-        try:
-            return self.proposer.propose(reqs)
-        except Exception:  # noqa: BLE001
-            log.exception("the proposer failed; proposing for each request alone")
-        token_ids: list[list[int]] = []
-        probs: list[Tensor | None] = []
-        sources: list[str | None] = []
-        guesses: list[bool] = []
-        for r in reqs:
-            try:
-                one = self.proposer.propose([r])
-                token_ids.append(list(one.token_ids[0]))
-                probs.append(None if one.probs is None else one.probs[0])
-                sources.append((one.sources or [None])[0])
-                guesses.append((one.guesses or [False])[0])
-            except Exception:  # noqa: BLE001
-                log.exception("the proposer failed for request %s; it decodes without drafts", r.request_id)
-                self._undraftable.add(r.request_id)
-                self.proposer.finish(r.request_id)
-                token_ids.append([])
-                probs.append(None)
-                sources.append(None)
-                guesses.append(False)
-        return Proposals(token_ids, probs if any(q is not None for q in probs) else None, sources=sources,
-                         guesses=guesses if any(guesses) else None)
-
-    def _fit_budget(self, reqs: list[ProposalRequest], seqs: list, budget: int
-                    ) -> tuple[list[ProposalRequest], list]:
-        """Spend the step's draft budget on the requests with the best acceptance estimate first, each cut to
-        what is left (requests left with 0 draft nothing this step)."""
-        order = sorted(range(len(reqs)), key=lambda i: -self.adaptive.alpha(reqs[i].request_id))
-        keep = []
-        for i in order:
-            k = min(reqs[i].k, budget)
-            if k > 0:
-                reqs[i].k = k
-                keep.append(i)
-                budget -= k
-        keep.sort()  # proposal order as scheduled
-        return [reqs[i] for i in keep], [seqs[i] for i in keep]
 
     def observe(self, sched: SchedulerOutput, out: ModelRunnerOutput, step_seconds: float) -> None:
         """Count every verification of this step and feed the adaptive lengths and the cost meter
@@ -308,12 +260,4 @@ class SpecDecoder:
             self.adaptive.observe(rid, 0, 0) if rid in self._guessed else self.adaptive.observe(rid, n, accepted)
             if n == 0:
                 continue
-            self.total.observe(n, accepted)
-            if rid in self._guessed:
-                self.guesses.observe(n, accepted)
-            domain = self._domain.get(rid)
-            if domain is not None:
-                self.per_domain.setdefault(domain, SpecDecodeStats()).observe(n, accepted)
-            source = self._source.get(rid)
-            if source is not None:
-                self.per_source.setdefault(source, SpecDecodeStats()).observe(n, accepted)
+            self.tally.record(n, accepted, rid in self._guessed, self._domain.get(rid), self._source.get(rid))

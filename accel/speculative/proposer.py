@@ -16,6 +16,7 @@ cost of a small draft, proportionally cheaper; the folder itself stays a standar
 from __future__ import annotations
 
 import json
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from torch import Tensor
 from accel.runtime.sampler import is_greedy, plain_greedy
 from accel.speculative.ngram import NgramIndex
 from accel.speculative.tokenizer_check import check_tokenizers_match
+
+log = logging.getLogger("accel.engine")
 
 DRAFT_META_FILE = "accel_draft.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -297,3 +300,35 @@ def _draw(q: Tensor, generator: torch.Generator | None) -> int:
     """One index from q [V] by the exponential race (as the runtime sampler does)."""
     e = torch.empty_like(q).exponential_(generator=generator).clamp_min_(1e-20)
     return int((q / e).argmax())
+
+
+def propose_contained(proposer: Proposer, reqs: list[ProposalRequest]) -> tuple[Proposals, list[str]]:
+    """The proposer's drafts, and the requests it cannot draft for. When it raises, each request is proposed for
+    alone; those that still fail get no draft (and are returned, to decode without drafts from then on: drafts only
+    ever save time, the output is the same)."""
+    try:
+        return proposer.propose(reqs), []
+    except Exception:  # noqa: BLE001
+        log.exception("the proposer failed; proposing for each request alone")
+    token_ids: list[list[int]] = []
+    probs: list = []
+    sources: list[str | None] = []
+    guesses: list[bool] = []
+    failed: list[str] = []
+    for r in reqs:
+        try:
+            one = proposer.propose([r])
+            token_ids.append(list(one.token_ids[0]))
+            probs.append(None if one.probs is None else one.probs[0])
+            sources.append((one.sources or [None])[0])
+            guesses.append((one.guesses or [False])[0])
+        except Exception:  # noqa: BLE001
+            log.exception("the proposer failed for request %s; it decodes without drafts", r.request_id)
+            failed.append(r.request_id)
+            proposer.finish(r.request_id)
+            token_ids.append([])
+            probs.append(None)
+            sources.append(None)
+            guesses.append(False)
+    return Proposals(token_ids, probs if any(q is not None for q in probs) else None, sources=sources,
+                     guesses=guesses if any(guesses) else None), failed

@@ -125,3 +125,24 @@ def leviathan_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
     if cost_ratio < 0:
         raise ValueError(f"cost_ratio={cost_ratio} is invalid; allowed: >= 0")
     return expected_tokens_per_step(alpha, gamma) / (gamma * cost_ratio + 1.0)
+
+
+@dataclass
+class SpecTally:
+    """An engine's four acceptance tables: all verifications, one-token guesses alone, per domain label, per
+    proposer (where one step mixes two). `record` is the one place a verified draft is counted."""
+
+    total: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    guesses: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    per_domain: dict[str, SpecDecodeStats] = field(default_factory=dict)
+    per_source: dict[str, SpecDecodeStats] = field(default_factory=dict)
+
+    def record(self, num_draft: int, num_accepted: int, guessed: bool, domain: str | None,
+               source: str | None = None) -> None:
+        self.total.observe(num_draft, num_accepted)
+        if guessed:
+            self.guesses.observe(num_draft, num_accepted)
+        if domain is not None:
+            self.per_domain.setdefault(domain, SpecDecodeStats()).observe(num_draft, num_accepted)
+        if source is not None:
+            self.per_source.setdefault(source, SpecDecodeStats()).observe(num_draft, num_accepted)

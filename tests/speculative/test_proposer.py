@@ -232,7 +232,7 @@ def test_spec_decoder_drafts_a_free_proposer_every_step_at_batch_1_and_keeps_gue
     sched = SchedulerOutput([ScheduledRequest(weak, 2, [9])], 2)
     dec.observe(sched, ModelRunnerOutput(["a"], [[9, 5]]), 0.01)
     assert (est.successes, est.failures, est.steps_without_draft) == (0.0, 10.0, 1)  # not evidence
-    assert dec.total.num_draft_tokens == 1 and dec.total.num_accepted_tokens == 1  # still counted as verified
+    assert dec.tally.total.num_draft_tokens == 1 and dec.tally.total.num_accepted_tokens == 1  # still counted as verified
     strong = decoding("a", [1, 2, 3, 1, 2])
     assert dec.propose([strong], lambda s: None)[0] == {"a": [3]}  # a real match: one draft token
     # at batch 2 the extra row is not free: no floor, no guesses
@@ -252,9 +252,9 @@ def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept(
     assert abs(dec.cost.second_row_cost() - 0.6) < 1e-9 and not dec._free_row(1)
     for _ in range(100):  # an fp32 target: the 2nd row is free, and guesses pay once they are right 18% of the time
         dec.cost.observe(0.0, 0, 0.010, rows=2, decode_rows=1, decode_only=True)
-    dec.guesses.observe(100, 18)
+    dec.tally.guesses.observe(100, 18)
     assert dec._free_row(1)
-    dec.guesses.observe(20000, 0)  # guesses that (almost) never hit do not pay even a 5% row
+    dec.tally.guesses.observe(20000, 0)  # guesses that (almost) never hit do not pay even a 5% row
     for _ in range(5):
         dec.cost.observe(0.0, 0, 0.0105, rows=2, decode_rows=1, decode_only=True)
     assert not dec._free_row(1)
@@ -263,13 +263,13 @@ def test_guesses_stop_where_the_measured_second_row_costs_more_than_they_accept(
     for _ in range(5):
         int8.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
         int8.cost.observe(0.0, 0, 0.012, rows=2, decode_rows=1, decode_only=True)
-    int8.guesses.observe(100, 25)
+    int8.tally.guesses.observe(100, 25)
     assert not int8._free_row(1)  # a 0.2 row for guesses right 25% of the time: a guess must return 1.5x its cost
     fast = SpecDecoder(SpeculativeConfig(method="ngram"), NgramProposer(2, 3), max_model_len=64)
     for _ in range(5):  # fp32 under a fast memory stream: the 2nd row costs 0.12 of a step
         fast.cost.observe(0.0, 0, 0.010, rows=1, decode_rows=1, decode_only=True)
         fast.cost.observe(0.0, 0, 0.0112, rows=2, decode_rows=1, decode_only=True)
-    fast.guesses.observe(100, 23)
+    fast.tally.guesses.observe(100, 23)
     assert fast._free_row(1)  # (23 + 2) / 110 = 0.227 > 1.5 x 0.12 (not 2 x 0.12)
 
 
