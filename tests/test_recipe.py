@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_three_line_recipe_gets_defaults():
     r = parse_recipe({"name": "demo", "model": {"path": "smollm2-135m"}})
     assert r.name == "demo"
-    assert r.quantization.budget.max_mean_kl == 0.02  # default budget
+    assert r.quantization.budget.max_mean_kl == 0.005  # default budget: within Q8_0's KLD
     assert r.runtime.block_size == 16
     assert r.run_dir() == Path("runs/demo")
 

@@ -133,3 +133,21 @@ def test_every_setting_has_a_description(config):
     from accel.cli.options import config_fields
 
     assert all(description for _, _, _, description in config_fields(config))
+
+
+def test_three_lines_are_the_default_recipe():
+    """The schema's defaults are the default recipe's measured choices: a recipe of a name and a model runs what
+    recipes/default.yaml runs (its gates aside), so README's three lines are the fast, measured path."""
+    from pathlib import Path
+
+    from accel.recipe import load_recipe
+
+    default = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "default.yaml")
+    three = parse_recipe({"name": "default", "model": {"path": "smollm2-135m"}})
+    for section in ("calibration", "speculation", "runtime", "eval", "export"):
+        assert getattr(default, section) == getattr(three, section), section
+    # the default recipe narrows the candidates to INT8 / 16-bit for its model; nothing else differs
+    assert default.quantization.model_copy(update={"candidates": three.quantization.candidates}) == three.quantization
+    q = three.quantization
+    assert (q.method, q.sensitivity.metric, q.budget.max_mean_kl, three.speculation.method, three.eval.tasks) == (
+        "gptq", "proxy", 0.005, "ngram", False)

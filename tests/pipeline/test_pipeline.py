@@ -18,8 +18,9 @@ def tiny_recipe(model_dir, out_dir, **sections) -> dict:
     data = {
         "name": "tiny", "output_dir": str(out_dir), "model": {"path": str(model_dir)},
         "calibration": {"num_samples": 16, "max_seq_len": 64, "length_buckets": [64]},
-        "quantization": {"method": "rtn", "int4_group_size": 32, "budget": {"max_mean_kl": 0.05},
-                         "sensitivity": {"num_samples": 4, "max_seq_len": 64}},
+        "quantization": {"method": "rtn", "candidates": ["int4", "int8", "fp16"], "int4_group_size": 32,
+                         "budget": {"max_mean_kl": 0.05},
+                         "sensitivity": {"metric": "kl", "num_samples": 4, "max_seq_len": 64}},
         "speculation": {"method": "ngram"},
         "runtime": {"num_kv_blocks": 64},
         "eval": {"domains": ["prose", "code"], "window": 64, "max_windows_per_domain": 1, "tasks": False,
