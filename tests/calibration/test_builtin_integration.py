@@ -16,7 +16,7 @@ def test_default_recipe_draw_covers_every_stratum(real_model_path, tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(real_model_path)
-    cfg = CalibrationConfig()  # 128 samples, buckets [64, 256, 1024], proportional, pack below 32 tokens
+    cfg = CalibrationConfig(num_samples=128)  # 128 samples, buckets [64, 256, 1024], proportional, pack below 32 tokens
     draw = stratified_draw(load_samples(cfg), tok, cfg)
     assert len(draw.train) == 128
     assert len(draw.strata) == 24 and all(r.drawn >= 1 for r in draw.strata.values())

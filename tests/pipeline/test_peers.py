@@ -86,7 +86,7 @@ def test_llama_scale_scores_the_quantized_variant_and_each_gguf_peer_on_one_text
                          _mixed_plan(model), tmp_path / "ck")
     monkeypatch.setattr(chunked, "held_out_text", lambda text_dir, domains=None: "held-out text " * 200)
     (tmp_path / "q8.gguf").write_bytes(b"GGUF" * 12_500)  # 0.05 MB
-    recipe = parse_recipe({"name": "p", "model": {"path": str(base_dir)}, "eval": {
+    recipe = parse_recipe({"name": "p", "model": {"path": str(base_dir)}, "speculation": {"method": "none"}, "eval": {
         "speed": False, "gguf_base": str(tmp_path / "f32.gguf"),
         "llama_perplexity": str(_fake_binary(tmp_path, tmp_path / "calls.txt")),
         "peers": [{"name": "llama.cpp-Q8_0", "gguf": str(tmp_path / "q8.gguf")}]}})

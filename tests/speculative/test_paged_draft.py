@@ -62,7 +62,7 @@ def test_draft_that_does_not_fit_proposes_nothing(draft):
 
 
 def test_spec_config_from_recipe_and_validation():
-    assert SpeculativeConfig.from_recipe(SpeculationConfig()) is None
+    assert SpeculativeConfig.from_recipe(SpeculationConfig(method="none")) is None
     ng = SpeculativeConfig.from_recipe(SpeculationConfig(method="ngram", num_speculative_tokens=5,
                                                   ngram_min_n=1, ngram_max_n=3, disable_above_batch_size=8))
     assert (ng.method, ng.num_speculative_tokens, ng.ngram_min_n, ng.ngram_max_n, ng.disable_above_batch_size) == (
