@@ -103,15 +103,18 @@ def dequantize_int8_per_channel(q: Tensor, scales: Tensor) -> Tensor:
     return q.float() * scales.float().reshape(-1)[:, None]
 
 
-def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False,
+                            float_dtype: torch.dtype = torch.float16) -> tuple[Tensor, Tensor, Tensor]:
     """Asymmetric group-wise RTN as compressed-tensors stores it: w [out, in] -> (q uint8 [out, in] in [0, 15],
     scales fp32 [out, in // g], zeros [out, in // g] in [0, 15]), w ~ (q - zero) * scale.
 
     Each group's range is widened to include 0 (min <= 0 <= max); scale = (max - min) / 15 rounded to fp16; the
     zero point comes from the unrounded scale and the values from the stored one (the library's order). Codes are
-    the signed [-8, 7] + 8. float_zero ("int4f"): the zero point is an fp16 number, not rounded to an integer, so
-    each group's min and max land on codes 0 and 15 (the GGUF Q4_1 form, lossless on weights on such a grid);
-    zeros are then fp32, else uint8.
+    the signed [-8, 7] + 8; zeros are uint8. float_zero ("int4f"): the zero point is a float, not rounded to an
+    integer, so each group's min and max land on codes 0 and 15 (the GGUF Q4_1 form); zeros are then fp32, and
+    scale and zero are held at `float_dtype`: fp16 where an export stores them (compressed-tensors' scale and zp
+    dtypes), fp32 where the runtime quantizes on load (`--quant int4f`), which keeps a Q4_1 grid exact and its
+    scale / min pairs on the fp16 grid the kernel streams at half the bytes.
     """
     _check_weight(w)
     _check_group_size(w.shape[1], group_size)
@@ -120,11 +123,16 @@ def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False
     lo = wg.amin(dim=-1).clamp(max=0.0)  # [out, G]
     hi = wg.amax(dim=-1).clamp(min=0.0)
     exact = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).eps)
-    scales = fp16_scale(exact)
+    if float_zero and float_dtype == torch.float32:  # computed on the codes' own [0, 15] range: no fp32 shift by 8
+        zeros = torch.clamp(-lo / exact, 0, 15)  # [out, G]
+        q = torch.clamp(torch.round(wg / exact[..., None] + zeros[..., None]), 0, 15)
+        return q.reshape(out_f, in_f).to(torch.uint8), exact, zeros
     if float_zero:
+        scales = fp16_scale(exact)
         zp = torch.clamp(-8 - lo / exact, -8, 7).half().float()  # [out, G]
         q = torch.clamp(torch.round(wg / scales[..., None] + zp[..., None]), -8, 7)
     else:
+        scales = fp16_scale(exact)
         zp = torch.clamp(-8 - torch.round(lo / exact), -8, 7)
         q = torch.clamp(torch.round(wg / scales[..., None]) + zp[..., None], -8, 7)
     zeros = zp + 8
@@ -379,7 +387,8 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 64, float_zero: bool = False, **kwargs) -> Self:
         """Quantize an nn.Linear (RTN). The linear's own weight tensor is left untouched (tied weights stay)."""
-        q, s, z = quantize_int4_groupwise(linear.weight.detach(), group_size, float_zero)
+        # quantized on load (`--quant`, a plan applied in the runtime): int4f keeps its scale and zero in fp32
+        q, s, z = quantize_int4_groupwise(linear.weight.detach(), group_size, float_zero, torch.float32)
         b = linear.bias.detach() if linear.bias is not None else None
         return cls.from_quantized(q, s, z, group_size, b, **kwargs).to(linear.weight.device)
 

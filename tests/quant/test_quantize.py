@@ -234,7 +234,7 @@ def test_int4f_kernel_module_matches_its_dequantized_weight_on_every_cpu_path():
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48, bias=False)
-    q, s, z = quantize_int4_groupwise(lin.weight, 32, float_zero=True)
+    q, s, z = quantize_int4_groupwise(lin.weight, 32, float_zero=True, float_dtype=torch.float32)  # as on load
     assert z.dtype == torch.float32 and not torch.equal(z, z.round())
     ref_w = (q.float().reshape(48, 2, 32) - z[..., None]) * s[..., None]
     m = Int4WeightOnlyLinear.from_linear(lin, group_size=32, float_zero=True)
