@@ -35,10 +35,17 @@ def logits_fn(engine: str, folder: Path):
 
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         return lambda ids: model(ids[None]).logits[0]
-    from accel.eval.adapters import AccelLogits
+    from accel.runtime.engine import Engine
+    from accel.runtime.sampling_params import SamplingParams
 
-    scorer = AccelLogits(folder)
-    return lambda ids: scorer(ids[None])[0]
+    def run(ids):  # the whole chunk as one prefill step; every row's logits
+        engine = Engine.from_pretrained(folder, max_num_batched_tokens=len(ids), max_model_len=len(ids) + 1)
+        engine.add_request(ids.tolist(), SamplingParams(max_tokens=1, temperature=0), request_id="chunk")
+        sched = engine.scheduler.schedule()
+        inputs, positions, meta, _ = engine.runner.prepare_inputs(sched.scheduled)
+        return engine.model.compute_logits(engine.model(inputs, positions, meta, engine.runner.kv_caches))
+
+    return run
 
 
 def main() -> None:

@@ -164,15 +164,16 @@ def int4_dequant(packed: Tensor, scale_min: Tensor, group_size: int, start: int,
 
 
 def paged_decode_attention(out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, rows: Tensor, scale: float, span_offsets: Tensor | None = None
-                           ) -> None:
+                           context_lens: Tensor, rows: Tensor, scale: float, span_offsets: Tensor | None = None,
+                           window: int = 0) -> None:
     """Decode attention for rows `rows` of q [T, H, D] over the paged fp32 cache (K/V [blocks, bs, KVH, D],
     block_tables [G, nb], context_lens [G]); writes out[rows] (out [T, H, D], contiguous).
 
     span_offsets [S + 1]: rows so[s]..so[s+1]-1 belong to one request (e.g. a verify step's k + 1 rows) and read
-    its blocks once together; None: every row alone."""
+    its blocks once together; None: every row alone. window > 0: a row of context L sees keys [L - window, L)."""
     spans = span_offsets if span_offsets is not None else torch.empty(0, dtype=torch.long)
-    _module().paged_decode_attention(out, q, k_cache, v_cache, block_tables, context_lens, rows, scale, spans)
+    _module().paged_decode_attention(out, q, k_cache, v_cache, block_tables, context_lens, rows, scale, spans,
+                                     window)
 
 
 def kv_write_(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:

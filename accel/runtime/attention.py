@@ -28,6 +28,7 @@ the request level (never per token), which is what makes it fast enough.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -129,12 +130,22 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
+@functools.lru_cache(maxsize=64)
+def window_band(q_len: int, context_len: int, window: int, device: torch.device) -> Tensor:
+    """[q_len, context_len] bool: query i (at position context_len - q_len + i) may see key j when it lies within
+    the last `window` positions up to the query itself (causal and sliding; HF's and llama.cpp's rule)."""
+    qpos = torch.arange(context_len - q_len, context_len, device=device)[:, None]
+    kpos = torch.arange(context_len, device=device)[None, :]
+    return (kpos <= qpos) & (qpos - kpos < window)
+
+
 def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: AttentionMetadata,
-                    scale: float) -> Tensor:
+                    scale: float, window: int | None = None) -> Tensor:
     """q [T, heads, hd], k/v [T, kv_heads, hd] of this step's tokens -> attention output [T, heads, hd].
 
     Writes k/v into the cache first, so requests in the same step may read each other's freshly computed
-    blocks (a prefix-cache hit on a block being filled in this very step).
+    blocks (a prefix-cache hit on a block being filled in this very step). `window`: a sliding-window layer sees
+    only the last `window` positions (None: all).
     """
     cache.write(meta.slot_mapping, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D], contiguous
@@ -145,14 +156,22 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
         # 4-D [1, heads, len, D]: torch's CPU flash-attention kernel only takes batched 4-D inputs; 3-D ones
         # silently fall back to the math path (bmm + softmax + masked-row fix-ups), 3.5x slower at 512 tokens
         qs = q[rows].transpose(0, 1)[None]  # [1, H, q, D]
-        if p.mask is None:
+        windowed = window is not None and p.context_len > window
+        if p.mask is None and not windowed:
             ks, vs = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]  # [1, KVH, q, D]
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=group > 1)
         else:
-            kc, vc = cache.gather(p.block_ids)  # [nb*bs, KVH, D]
-            ks = kc[:p.context_len].transpose(0, 1)[None]  # [1, KVH, ctx, D]
-            vs = vc[:p.context_len].transpose(0, 1)[None]
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, scale=scale, enable_gqa=group > 1)
+            if p.mask is None:  # fresh K/V: the step's own rows
+                ks, vs = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
+            else:
+                kc, vc = cache.gather(p.block_ids)  # [nb*bs, KVH, D]
+                ks = kc[:p.context_len].transpose(0, 1)[None]  # [1, KVH, ctx, D]
+                vs = vc[:p.context_len].transpose(0, 1)[None]
+            mask = p.mask
+            if windowed:
+                band = window_band(p.q_len, p.context_len, window, q.device)
+                mask = band if mask is None else mask & band
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=group > 1)
         out[rows] = o[0].transpose(0, 1)
     use_kernel = (q.device.type == "cpu" and q.dtype == torch.float32 and not cache.quantized
                   and cache.k.dtype == torch.float32 and cpu.available())
@@ -161,12 +180,16 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
     for g in meta.decode_groups:
         if use_kernel and g.context_lens is not None:
             cpu.paged_decode_attention(out, qc, cache.k, cache.v, g.block_table,
-                                               g.context_lens, g.token_idx, scale, g.spans)
+                                       g.context_lens, g.token_idx, scale, g.spans, window or 0)
             continue
         n = g.token_idx.shape[0]
         qg = q.index_select(0, g.token_idx).view(n, num_kv, group, -1)  # [G, KVH, group, D]: shared-KV heads as rows
         kc, vc = cache.gather(g.block_table)  # [G, L, KVH, D]
-        o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=g.mask,
+        mask = g.mask  # [G, 1, 1, L]: each row's keys are a prefix of its table
+        if window is not None:
+            keys = torch.arange(mask.shape[-1], device=mask.device)
+            mask = mask & (keys >= mask.sum(-1, keepdim=True) - window)
+        o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask,
                                            scale=scale)  # [G, KVH, group, D]
         out.index_copy_(0, g.token_idx, o.reshape(n, num_heads, -1))
     return out

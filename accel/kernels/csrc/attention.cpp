@@ -330,8 +330,9 @@ static AttnPlan plan_attention(int64_t H, int64_t D, const torch::Tensor& k_cach
 }
 
 // Thread t's tasks of plan `a`: q rows [*, H, D] at row stride QS, one layer's caches, out [rows, H, D].
+// window > 0: a sliding-window layer, a row of context L sees keys [L - window, L) (blocks before are not read).
 static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t QS, const float* kp, const float* vp,
-                          float scale, float* op) {
+                          float scale, float* op, int64_t window = 0) {
   const int64_t H = a.H, D = a.D, BS = a.BS, KVH = a.KVH, group = a.group, maxnb = a.maxnb, maxR = a.maxR;
   const int64_t splits = a.splits, HPS = a.HPS, RG = a.RG, QG = a.QG, TPS = a.TPS;
   const int64_t* btp = a.btp;
@@ -357,7 +358,10 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
         for (int64_t j = j0; j < j1; ++j) { mv[r * H + j] = -INFINITY; lv[r * H + j] = 0.f; }
         for (int64_t x = j0 * D; x < j1 * D; ++x) accv[r * H * D + x] = 0.f;
       }
-      for (int64_t b0 = 0; b0 < Lmax; b0 += BS) {
+      int64_t first_key = Lmax;  // the span's earliest key in any of its rows' windows
+      for (int64_t r = ra; r < rb; ++r)
+        first_key = std::min(first_key, window > 0 ? std::max<int64_t>(0, clp[r0 + r] - window) : 0);
+      for (int64_t b0 = first_key / BS * BS; b0 < Lmax; b0 += BS) {
         const int64_t blk = btp[gl * maxnb + b0 / BS];
         const float* kb = kp + blk * BS * TS;
         const float* vb = vp + blk * BS * TS;
@@ -394,8 +398,8 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
         // ... and within a head, over its rows: a verify span's 16 rows each issue a sixteenth
         const int64_t per_row = (per_head + (rb - ra) - 1) / (rb - ra);
         for (int64_t h = h0; h < h1; ++h) {
-          const float* kh = kb + h * D;  // token t of kv head h at kh + t * TS
-          const float* vh = vb + h * D;
+          const float* kh_blk = kb + h * D;  // token t of kv head h at kh_blk + t * TS
+          const float* vh_blk = vb + h * D;
           for (int64_t r = ra; r < rb; ++r) {
             if (nk) {
               const int64_t x0 = (h - h0) * per_head + (r - ra) * per_row;
@@ -413,7 +417,12 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
             }
             const int64_t L = clp[r0 + r];
             if (b0 >= L) continue;  // this row's causal prefix ends before the block
-            const int64_t n = std::min(BS, L - b0);
+            // this row's window starts u0 keys into the block (0 without a window)
+            const int64_t u0 = window > 0 ? std::max<int64_t>(0, L - window - b0) : 0;
+            const int64_t n = std::min(BS, L - b0) - u0;
+            if (n <= 0) continue;
+            const float* kh = kh_blk + u0 * TS;
+            const float* vh = vh_blk + u0 * TS;
             const float* qrow = qp + rp[r0 + r] * QS;
             float* m = mv.data() + r * H;
             float* l = lv.data() + r * H;
@@ -494,7 +503,7 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                  torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, double scale,
-                 torch::Tensor span_offsets) {
+                 torch::Tensor span_offsets, int64_t window) {
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "q rows [H, D] must be dense (any row stride)");
   TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
   const AttnPlan a = plan_attention(q.size(1), q.size(2), k_cache, block_tables, context_lens, rows, span_offsets);
@@ -503,6 +512,6 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, a.lists.size(), 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) run_attention(a, t, qp, q.stride(0), kp, vp, static_cast<float>(scale), op);
+    for (int64_t t = t0; t < t1; ++t) run_attention(a, t, qp, q.stride(0), kp, vp, static_cast<float>(scale), op, window);
   });
 }

@@ -1,6 +1,6 @@
 """The layers every family shares, over a flat token batch and a paged KV cache: RoPE (transformers' own frequency
 functions, so every scaling type HF supports is computed as HF does), RMSNorm with the residual add fused,
-attention with fused q/k/v, the SwiGLU MLP. Module names are transformers' (`self_attn.q_proj`, `mlp.gate_proj`),
+attention with fused q/k/v (optional q/k norm and sliding window), the gated MLP. Module names are transformers' (`self_attn.q_proj`, `mlp.gate_proj`),
 so HF safetensors load by name and a quantization plan `{hf_module_name: scheme}` applies by name; every projection
 is a plain replaceable `nn.Linear`.
 """
@@ -28,10 +28,7 @@ def rope_cos_sin(config, max_positions: int, device: torch.device) -> tuple[Tens
         base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         attention_scaling = 1.0
-    elif rope_type in ("dynamic", "longrope"):
-        raise NotImplementedError(f"rope_type={rope_type!r} (position-dependent rescaling) is not supported; "
-                                  "supported: default, linear, llama3, yarn")
-    else:
+    else:  # position-independent scalings (loading.ROPE_TYPES; family_of refuses the others)
         inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
     pos = torch.arange(max_positions, dtype=torch.float)
     freqs = torch.outer(pos, inv_freq.float())  # [P, D/2]
@@ -86,13 +83,31 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+def layer_window(config, i: int) -> int | None:
+    """Layer i's sliding window (it attends to the last `window` positions, itself included), None if global:
+    `layer_types` where the config has them (Gemma 3, Qwen2, Mistral in transformers 5), else every layer when a
+    window is set and enabled."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or not getattr(config, "use_sliding_window", True):
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return window if types[i] == "sliding_attention" else None
+    return window
+
+
 class Attention(nn.Module):
-    def __init__(self, config) -> None:
+    """q/k/v projections, optional per-head q/k RMSNorm (Qwen3, Gemma 3: `norm` is the family's RMSNorm class),
+    RoPE, paged attention over the layer's window, the output projection."""
+
+    def __init__(self, config, layer_idx: int = 0, norm: type[nn.Module] | None = None,
+                 scale: float | None = None) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim ** -0.5 if scale is None else scale
+        self.window = layer_window(config, layer_idx)
         attn_bias = bool(getattr(config, "attention_bias", False))
         qkv_bias = attn_bias or config.model_type == "qwen2"  # Qwen2 always has q/k/v bias
         h = config.hidden_size
@@ -100,27 +115,46 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=attn_bias)
+        if norm is not None:
+            self.q_norm = norm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = norm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: PagedKVCache, meta: AttentionMetadata) -> Tensor:
         t, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if hasattr(self, "qkv_proj"):  # fused at load time (see fuse_projections)
             qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) D]
-            if _fused_cpu_ops(qkv):  # accel's RoPE kernel, in place on the q and k columns
+            v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
+            if hasattr(self, "q_norm"):
+                q, k = self._qk_norm(qkv[:, :h * d], qkv[:, h * d:(h + kvh) * d], t)
+                q, k = apply_rope_rolled(q, cos, sin), apply_rope_rolled(k, cos, sin)
+            elif _fused_cpu_ops(qkv):  # accel's RoPE kernel, in place on the q and k columns
                 cpu.rope_(qkv, cos, sin, h + kvh, d)
                 q, k = qkv[:, :h * d].view(t, h, d), qkv[:, h * d:(h + kvh) * d].view(t, kvh, d)
             else:  # q and k are adjacent columns: rotate them with one set of kernels, then split the result
                 qk = apply_rope_rolled(qkv[:, :(h + kvh) * d].view(t, h + kvh, d), cos, sin)
                 q, k = qk[:, :h], qk[:, h:]
-            v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
         else:
-            q = apply_rope_rolled(self.q_proj(x).view(t, h, d), cos, sin)  # [T, H, D]
-            k = apply_rope_rolled(self.k_proj(x).view(t, kvh, d), cos, sin)  # [T, KVH, D]
+            q, k = self.q_proj(x), self.k_proj(x)
+            if hasattr(self, "q_norm"):
+                q, k = self._qk_norm(q, k, t)
+            q = apply_rope_rolled(q.view(t, h, d), cos, sin)  # [T, H, D]
+            k = apply_rope_rolled(k.view(t, kvh, d), cos, sin)  # [T, KVH, D]
             v = self.v_proj(x).view(t, kvh, d)
-        o = paged_attention(q, k, v, cache, meta, self.scale)  # [T, H, D]
+        o = paged_attention(q, k, v, cache, meta, self.scale, self.window)  # [T, H, D]
         return self.o_proj(o.reshape(t, -1))
+
+    def _qk_norm(self, q: Tensor, k: Tensor, t: int) -> tuple[Tensor, Tensor]:
+        """q [T, H*D], k [T, KVH*D] -> each head's vector RMS-normed: [T, H, D], [T, KVH, D]."""
+        d = self.head_dim
+        return (self.q_norm(q.reshape(-1, d)).view(t, -1, d), self.k_norm(k.reshape(-1, d)).view(t, -1, d))
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class MLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU (Llama, Qwen) or GeGLU with tanh GELU (Gemma)."""
+
     def __init__(self, config) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
@@ -128,18 +162,19 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"hidden_act={config.hidden_act!r}; supported: 'silu' (SwiGLU)")
+        self.act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+        if self.act not in ACTIVATIONS:
+            raise NotImplementedError(f"hidden activation {self.act!r}; supported: {', '.join(ACTIVATIONS)}")
 
     def forward(self, x: Tensor) -> Tensor:
         if hasattr(self, "gate_up_proj"):  # fused at load time (see fuse_projections)
             gu = self.gate_up_proj(x)
-            if _fused_cpu_ops(gu):
+            if self.act == "silu" and _fused_cpu_ops(gu):
                 return self.down_proj(cpu.silu_mul(gu))
             gate, up = gu.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(ACTIVATIONS[self.act](gate) * up)
 
 
 def longs(values: list[int], device: torch.device | None = None) -> Tensor:

@@ -1,6 +1,7 @@
-"""The Llama family (Llama, Mistral, Qwen2, SmolLM): pre-norm decoder layers of attention and a SwiGLU MLP over
-the shared layers, tied or untied head. A family file is this: its layer, its backbone and its `CausalLM` with
-`forward` over a flat batch and `compute_logits` on the rows that sample.
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3, SmolLM): pre-norm decoder layers of attention and a SwiGLU MLP
+over the shared layers, tied or untied head; Qwen3 adds per-head q/k norms, Mistral and Qwen2 may slide a window.
+A family file is this: its layer, its backbone and its `CausalLM` with `forward` over a flat batch and
+`compute_logits` on the rows that sample.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from accel.runtime.attention import AttentionMetadata, PagedKVCache
 from accel.runtime.models.layers import MLP, Attention, RMSNorm, rope_cos_sin, signed_sin
 from accel.runtime.models.native import NativeDecode
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, i: int) -> None:
         super().__init__()
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, i, norm=RMSNorm if config.model_type == "qwen3" else None)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -42,30 +43,25 @@ class Backbone(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
     """Llama-family decoder: `forward` over a flat batch, `compute_logits` on the rows that sample."""
 
+    backbone = Backbone
+
     def __init__(self, config) -> None:
         super().__init__()
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise NotImplementedError(f"model_type={config.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
         self.config = config
-        self.model = Backbone(config)
+        self.model = self.backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # Mistral/Qwen2 style sliding-window attention: not implemented, refuse rather than silently differ
-        window = getattr(config, "sliding_window", None)
-        use_window = getattr(config, "use_sliding_window", True)
-        if window is not None and use_window and window < config.max_position_embeddings:
-            raise NotImplementedError(f"sliding_window={window} < max_position_embeddings is not supported")
         self.cos: Tensor | None = None
         self.sin: Tensor | None = None
         self.sin_signed: Tensor | None = None
@@ -73,6 +69,9 @@ class CausalLM(nn.Module):
     @property
     def num_layers(self) -> int:
         return len(self.model.layers)
+
+    def post_load(self) -> None:
+        """After the checkpoint's weights are in: what a family changes about them (nothing here)."""
 
     def init_rope(self, device: torch.device, dtype: torch.dtype) -> None:
         cos, sin = rope_cos_sin(self.config, self.config.max_position_embeddings, device)

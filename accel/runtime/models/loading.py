@@ -1,5 +1,6 @@
-"""A model folder to a runtime model: build the family's module tree, load its weights (`accel.kernels.loader`),
-then fuse the unquantized q/k/v and gate/up projections for the fused kernels."""
+"""A model folder to a runtime model: pick the family by `model_type` (refusing, before any weight is read, what
+no family runs), build its module tree, load its weights (`accel.kernels.loader`), then fuse the q/k/v and
+gate/up projections for the fused kernels."""
 
 from __future__ import annotations
 
@@ -8,7 +9,34 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from accel.runtime.models import gemma3, llama
 from accel.runtime.models.llama import CausalLM
+
+FAMILIES: dict[str, type[CausalLM]] = {
+    **{t: llama.CausalLM for t in llama.SUPPORTED_MODEL_TYPES},
+    **{t: gemma3.CausalLM for t in gemma3.SUPPORTED_MODEL_TYPES},
+}
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # position-independent: one cos/sin table
+
+
+def family_of(config) -> type[CausalLM]:
+    """The runtime class that runs `config`, or NotImplementedError naming what accel does not run and what it
+    does; checked from the config alone, before any weight is read."""
+    if config.model_type not in FAMILIES:
+        raise NotImplementedError(f"model_type={config.model_type!r} is not supported; supported: "
+                                  f"{', '.join(FAMILIES)}")
+    params = getattr(config, "rope_parameters", None) or {}
+    for p in (params.values() if all(isinstance(v, dict) for v in params.values()) and params else [params]):
+        rope_type = p.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise NotImplementedError(f"rope_type={rope_type!r} (position-dependent rescaling) is not supported; "
+                                      f"supported: {', '.join(ROPE_TYPES)}")
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    from accel.runtime.models.layers import ACTIVATIONS
+
+    if act not in ACTIVATIONS:
+        raise NotImplementedError(f"hidden activation {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    return FAMILIES[config.model_type]
 
 
 def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:
@@ -75,11 +103,13 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> Ca
     config = AutoConfig.from_pretrained(path)
     if hasattr(config, "quantization_config"):  # the plan is in the weights
         del config.quantization_config
+    family = family_of(config)
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = family(config)
     model = model.to_empty(device=device).to(dtype)
     if model.tie_word_embeddings:  # to_empty breaks the tie; restore it
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, path, dtype, device, model.tie_word_embeddings)
+    model.post_load()
     model.init_rope(device, dtype)
     return model.eval().requires_grad_(False)

@@ -54,6 +54,12 @@ class NativeDecode:
         p = next(model.parameters())
         if p.device.type != "cpu" or p.dtype != torch.float32 or not cpu.available():
             return None
+        from accel.runtime.models.llama import DecoderLayer
+
+        # the native step is the Llama layer: pre-norm attention without q/k norms or windows, then the SwiGLU MLP
+        if any(type(layer) is not DecoderLayer or layer.self_attn.window is not None
+               or hasattr(layer.self_attn, "q_norm") or layer.mlp.act != "silu" for layer in model.model.layers):
+            return None
         weights: list[Tensor] = []
         spec: list[int] = []
 
