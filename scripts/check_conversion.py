@@ -38,12 +38,15 @@ def logits_fn(engine: str, folder: Path):
     from accel.runtime.engine import Engine
     from accel.runtime.sampling_params import SamplingParams
 
+    engine = Engine.from_pretrained(folder, max_num_batched_tokens=8192, enable_prefix_caching=False)
+
     def run(ids):  # the whole chunk as one prefill step; every row's logits
-        engine = Engine.from_pretrained(folder, max_num_batched_tokens=len(ids), max_model_len=len(ids) + 1)
-        engine.add_request(ids.tolist(), SamplingParams(max_tokens=1, temperature=0), request_id="chunk")
+        engine.add_request(ids.tolist(), SamplingParams(max_tokens=1, temperature=0))
         sched = engine.scheduler.schedule()
         inputs, positions, meta, _ = engine.runner.prepare_inputs(sched.scheduled)
-        return engine.model.compute_logits(engine.model(inputs, positions, meta, engine.runner.kv_caches))
+        logits = engine.model.compute_logits(engine.model(inputs, positions, meta, engine.runner.kv_caches))
+        engine.scheduler.update_from_output(sched, engine.runner.execute(sched))  # finishes it: blocks freed
+        return logits
 
     return run
 

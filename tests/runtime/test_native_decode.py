@@ -308,3 +308,33 @@ def test_a_thread_team_on_the_engine_thread_matches_the_modules(tmp_path, scheme
     assert run.returncode == 0, run.stderr[-2000:]
     outs = json.loads(run.stdout.strip().splitlines()[-1])
     assert outs["native_on"] and outs["native"] == outs["modules"] and len(outs["native"]) == 3
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen3", "mistral_window"])
+@pytest.mark.parametrize("scheme", [None, "int8", "int4"])
+def test_the_native_step_runs_each_familys_layer_as_the_modules_do(tmp_path, kind, scheme):
+    """q/k norms, Gemma's four norms, GeGLU, the scaled embedding, sliding windows and a second RoPE table inside
+    the native step: the same tokens as the module path, past the window."""
+    import transformers
+
+    from tests.runtime.test_families import family_config
+
+    config = family_config(kind)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.3)
+    hf.save_pretrained(tmp_path)
+    kw = {"quant_plan": uniform_plan(config.num_hidden_layers, scheme), "quant_group_size": 32} if scheme else {}
+    engine = Engine.from_pretrained(tmp_path, num_kv_blocks=128, block_size=4, enable_prefix_caching=False, **kw)
+    native = engine.model.native_decode
+    assert native is not None
+    prompts = mixed_prompts(4, seed=12, lo=3, hi=20)
+    greedy = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    outs = {}
+    for mode in ("native", "modules"):
+        engine.model.native_decode = native if mode == "native" else None
+        outs[mode] = _run(engine, prompts, greedy)
+    assert outs["native"] == outs["modules"]

@@ -22,6 +22,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged fp32 KV cache", py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; return RMSNorm(residual)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [T, 2I] gate_up output");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu_tanh(gate) * up of a fused [T, 2I] gate_up output");
   m.def("rope_", &rope_, "RoPE in place on the first nheads heads of each row");
   // the GIL is released while a step runs, so the server's event loop streams the previous step's tokens meanwhile
   // module-local: builds of other sources (each named by its hash) can be loaded side by side, as A/B checks do
@@ -31,7 +32,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("bind_caches", &DecodeTensors::bind_caches, "the KV caches decode_layers writes and reads")
       .def("set_head", &DecodeTensors::set_head, "the lm_head decode_layers runs on its logit_rows")
       .def("set_input_proj", &DecodeTensors::set_input_proj, "a projection decode_layers runs on x first")
-      .def("set_tables", &DecodeTensors::set_tables, "the embedding and RoPE tables decode_layers gathers rows from");
+      .def("set_tables", &DecodeTensors::set_tables, "the embedding and RoPE tables decode_layers gathers rows from")
+      .def("set_local_rope", &DecodeTensors::set_local_rope, "the RoPE table of the layers on table 1");
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step, one call",
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_step", &decode_step, "decode_layers with the step's indices as lists of ints",

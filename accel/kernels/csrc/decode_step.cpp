@@ -11,9 +11,12 @@
 // Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
 // VNNI tile layout; 4 int4 in its VNNI tile layout; 2 int4 packed
 // [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]), three tensor indices into `weights` (-1 unused), the INT4 group size,
-// the bias index (-1: none), out_features. Per layer: input-norm index, post-attention-norm index, then the
-// qkv, o, gate_up and down specs; the last int is the final norm's index.
-constexpr int64_t LIN_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_FIELDS;
+// the bias index (-1: none), out_features. Per layer: input-norm index, pre-MLP-norm index, the qkv, o, gate_up and
+// down specs, then (EXTRA_FIELDS) the q-norm and k-norm indices and the post-attention and post-MLP norm indices
+// (-1: none; Qwen3 has the first two, Gemma 3 all four), the sliding window (0: none), the RoPE table (0: global,
+// 1: the local one, `set_local_rope`) and the activation (0: SiLU, 1: tanh GELU); the last int is the final norm's
+// index.
+constexpr int64_t LIN_FIELDS = 7, EXTRA_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_FIELDS + EXTRA_FIELDS;
 
 // One projection of the spec, its tensors resolved once (`DecodeTensors`).
 struct DecodeLinear {
@@ -54,6 +57,8 @@ struct DecodeTensors {
   struct Layer {
     torch::Tensor norm1, norm2;
     DecodeLinear lin[4];  // qkv, o, gate_up, down
+    torch::Tensor q_norm, k_norm, post_attn, post_mlp;  // undefined: none
+    int64_t window = 0, rope = 0, act = 0;
   };
   std::vector<Layer> layers;
   torch::Tensor final_norm;
@@ -63,6 +68,8 @@ struct DecodeTensors {
   bool has_in_proj = false;
   torch::Tensor embed, cos, sin_signed;  // set_tables: the step's inputs from token ids and positions
   bool has_tables = false;
+  double embed_scale = 1.0;  // the embedding rows are multiplied by it (Gemma: sqrt(hidden))
+  torch::Tensor cos_local, sin_local;  // set_local_rope: the table of layers whose rope field is 1
   std::vector<torch::Tensor> k_caches, v_caches;
 
   DecodeTensors(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
@@ -74,6 +81,14 @@ struct DecodeTensors {
       y.norm1 = weight(w, s[0], at::kFloat);
       y.norm2 = weight(w, s[1], at::kFloat);
       for (int j = 0; j < 4; ++j) y.lin[j] = linear(w, s + 2 + j * LIN_FIELDS);
+      const int64_t* e = s + 2 + 4 * LIN_FIELDS;
+      torch::Tensor* opt[4] = {&y.q_norm, &y.k_norm, &y.post_attn, &y.post_mlp};
+      for (int j = 0; j < 4; ++j)
+        if (e[j] >= 0) *opt[j] = weight(w, e[j], at::kFloat);
+      TORCH_CHECK(y.q_norm.defined() == y.k_norm.defined(), "q and k norms: both or neither");
+      y.window = e[4]; y.rope = e[5]; y.act = e[6];
+      TORCH_CHECK(y.window >= 0 && (y.rope == 0 || y.rope == 1) && (y.act == 0 || y.act == 1),
+                  "layer ", l, ": window >= 0, rope table 0 or 1, activation 0 (SiLU) or 1 (tanh GELU)");
       layers.push_back(y);
     }
     final_norm = weight(w, spec.back(), at::kFloat);
@@ -95,13 +110,21 @@ struct DecodeTensors {
 
   // the input embedding [vocab, hidden] and RoPE tables [positions, head_dim] (cos, signed sin): decode_layers then
   // takes token ids and positions and gathers the rows itself
-  void set_tables(torch::Tensor e, torch::Tensor c, torch::Tensor s) {
+  void set_tables(torch::Tensor e, torch::Tensor c, torch::Tensor s, double scale) {
     TORCH_CHECK(!has_in_proj, "an input projection's step takes its x, not token ids");
     for (const auto& t : {e, c, s})
       TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.scalar_type() == at::kFloat, "tables: fp32 contiguous 2-D");
     TORCH_CHECK(c.sizes() == s.sizes(), "cos and sin tables: the same shape");
-    embed = e; cos = c; sin_signed = s;
+    embed = e; cos = c; sin_signed = s; embed_scale = scale;
     has_tables = true;
+  }
+
+  // the RoPE table (cos, signed sin) of the layers whose rope field is 1 (Gemma 3's sliding layers)
+  void set_local_rope(torch::Tensor c, torch::Tensor s) {
+    TORCH_CHECK(has_tables && c.sizes() == cos.sizes() && s.sizes() == cos.sizes() && c.is_contiguous() &&
+                s.is_contiguous() && c.scalar_type() == at::kFloat && s.scalar_type() == at::kFloat,
+                "local RoPE tables: set_tables first, then fp32 tables of the same shape");
+    cos_local = c; sin_local = s;
   }
 
   static torch::Tensor weight(const std::vector<torch::Tensor>& w, int64_t i, at::ScalarType t) {
@@ -150,6 +173,9 @@ struct DecodeTensors {
         check_linear(y.lin[j], K[j], j);
       }
       TORCH_CHECK(y.norm1.numel() == Hd && y.norm2.numel() == Hd, "norm weights must be [hidden]");
+      TORCH_CHECK((!y.post_attn.defined() || y.post_attn.numel() == Hd) &&
+                  (!y.post_mlp.defined() || y.post_mlp.numel() == Hd), "post norms must be [hidden]");
+      TORCH_CHECK(y.rope == 0 || cos_local.defined(), "a layer on the local RoPE table but none set");
     }
     TORCH_CHECK(final_norm.numel() == Hd, "norm weights must be [hidden]");
     if (has_head) check_linear(head, Hd, 4);
@@ -254,10 +280,23 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
   const std::vector<torch::Tensor>& v_caches = dw.v_caches;
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == L, "bind_caches first");
   const int64_t H = num_heads, KVH = num_kv_heads, D = head_dim;
-  if (x.scalar_type() == at::kLong) x = gather_rows(dw, dw.embed, x, "token id");
+  if (x.scalar_type() == at::kLong) {
+    x = gather_rows(dw, dw.embed, x, "token id");
+    if (dw.embed_scale != 1.0) x.mul_(static_cast<float>(dw.embed_scale));  // in fp32, as the module path
+  }
+  torch::Tensor cos_l, sin_l;  // this step's rows of the local table, where a layer uses it
   if (cos.scalar_type() == at::kLong) {
+    if (dw.cos_local.defined()) {
+      sin_l = gather_rows(dw, dw.sin_local, cos, "position");
+      cos_l = gather_rows(dw, dw.cos_local, cos, "position");
+    }
     sin_signed = gather_rows(dw, dw.sin_signed, cos, "position");
     cos = gather_rows(dw, dw.cos, cos, "position");
+  }
+  for (const auto& ly : dw.layers) {
+    TORCH_CHECK(ly.rope == 0 || cos_l.defined(), "a layer on the local RoPE table needs positions, not cos rows");
+    TORCH_CHECK(!ly.q_norm.defined() || (ly.q_norm.numel() == head_dim && ly.k_norm.numel() == head_dim),
+                "q / k norms must be [head_dim]");
   }
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x fp32 [T, hidden]");
   const int64_t T = x.size(0), Xd = x.size(1), Hd = dw.has_in_proj ? dw.in_proj.N : Xd;
@@ -296,25 +335,34 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
   float* op = out.data_ptr<float>();
   std::vector<float*> kc(L), vc(L);
   for (int64_t l = 0; l < L; ++l) { kc[l] = k_caches[l].data_ptr<float>(); vc[l] = v_caches[l].data_ptr<float>(); }
-  const int64_t PRIV = 2 * T * Hd + T * I;  // per thread: residual, normed input, SwiGLU output
+  const int64_t PRIV = 3 * T * Hd + T * I;  // per thread: residual, normed input, post-normed output, MLP activation
   const int nt = std::max(1, at::get_num_threads());
   std::vector<float> priv(static_cast<size_t>(nt) * PRIV);
 
   auto step = [&](int rank, int n) {
     float* res = priv.data() + rank * PRIV;
     float* h = res + T * Hd;
-    float* act = h + T * Hd;
+    float* post = h + T * Hd;  // a block's output after its post norm (Gemma), before it joins the stream
+    float* act = post + T * Hd;
+    const float* block_out = xp;  // what the next norm adds to the stream (layer 0: the embedding is the stream)
     if (dw.has_in_proj) run_linear(dw.in_proj, x.data_ptr<float>(), T, Xd, xin.data_ptr<float>());  // ends in a barrier
     std::memcpy(res, xp, T * Hd * sizeof(float));
     for (int64_t l = 0; l < L; ++l) {
       const DecodeTensors::Layer& ly = dw.layers[l];
       // input norm: layer 0 normalizes the embedding (the residual stream starts as a copy of it); later layers
       // first add the previous MLP output to the stream (vLLM's fused_add_rms_norm)
-      rms_rows(l == 0 ? xp : yp, l == 0 ? nullptr : res, ly.norm1.data_ptr<float>(), h, T, Hd, eps, l > 0);
+      rms_rows(block_out, l == 0 ? nullptr : res, ly.norm1.data_ptr<float>(), h, T, Hd, eps, l > 0);
       prefetch_next(ly.lin[1]);
       run_linear(ly.lin[0], h, T, Hd, qp);
       if (rank == 0) {
-        rope_raw(qp, T, QKV, cp, sp, H + KVH, D);
+        if (ly.q_norm.defined())  // each head's q and k vector RMS-normed in place, before RoPE (Qwen3, Gemma 3)
+          for (int64_t t = 0; t < T; ++t) {
+            rms_rows(qp + t * QKV, nullptr, ly.q_norm.data_ptr<float>(), qp + t * QKV, H, D, eps, false);
+            rms_rows(qp + t * QKV + H * D, nullptr, ly.k_norm.data_ptr<float>(), qp + t * QKV + H * D, KVH, D, eps,
+                     false);
+          }
+        if (ly.rope == 1) rope_raw(qp, T, QKV, cos_l.data_ptr<float>(), sin_l.data_ptr<float>(), H + KVH, D);
+        else rope_raw(qp, T, QKV, cp, sp, H + KVH, D);
         for (int64_t t = 0; t < T; ++t) {
           std::memcpy(kc[l] + slp[t] * W, qp + t * QKV + H * D, W * sizeof(float));
           std::memcpy(vc[l] + slp[t] * W, qp + t * QKV + (H + KVH) * D, W * sizeof(float));
@@ -322,20 +370,31 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
       }
       if (n > 1) tl_team.team->barrier();
       for (int64_t t = rank; t < static_cast<int64_t>(ap.lists.size()); t += n)
-        run_attention(ap, t, qp, QKV, kc[l], vc[l], static_cast<float>(scale), ap_out);
+        run_attention(ap, t, qp, QKV, kc[l], vc[l], static_cast<float>(scale), ap_out, ly.window);
       if (n > 1) tl_team.team->barrier();
       prefetch_next(ly.lin[2]);
       run_linear(ly.lin[1], ap_out, T, H * D, yp);
-      rms_rows(yp, res, ly.norm2.data_ptr<float>(), h, T, Hd, eps, true);
+      block_out = yp;
+      if (ly.post_attn.defined()) {
+        rms_rows(yp, nullptr, ly.post_attn.data_ptr<float>(), post, T, Hd, eps, false);
+        block_out = post;
+      }
+      rms_rows(block_out, res, ly.norm2.data_ptr<float>(), h, T, Hd, eps, true);
       prefetch_next(ly.lin[3]);
       run_linear(ly.lin[2], h, T, Hd, gp);
-      silu_mul_raw(gp, T, I, act);
+      if (ly.act == 1) gelu_tanh_mul_raw(gp, T, I, act);
+      else silu_mul_raw(gp, T, I, act);
       if (l + 1 < L) prefetch_next(dw.layers[l + 1].lin[0]);
       else if (R) prefetch_next(dw.head);
       run_linear(ly.lin[3], act, T, I, yp);
+      block_out = yp;
+      if (ly.post_mlp.defined()) {
+        rms_rows(yp, nullptr, ly.post_mlp.data_ptr<float>(), post, T, Hd, eps, false);
+        block_out = post;
+      }
     }
     if (rank == 0) {
-      rms_rows(yp, res, dw.final_norm.data_ptr<float>(), op, T, Hd, eps, true);
+      rms_rows(block_out, res, dw.final_norm.data_ptr<float>(), op, T, Hd, eps, true);
       for (int64_t r = 0; r < R; ++r)
         std::memcpy(head_in.data_ptr<float>() + r * Hd, op + lrp[r] * Hd, Hd * sizeof(float));
     }

@@ -81,6 +81,41 @@ static void silu_mul_raw(const float* gp, int64_t T, int64_t I, float* op) {
   });
 }
 
+// out[t, i] = gelu_tanh(g[t, i]) * u[t, i] for gu [T, 2I] = [g | u]: GeGLU with torch's tanh GELU
+// (0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))), tanh(z) as 1 - 2 / (exp(2z) + 1) on exp256.
+static void gelu_tanh_mul_raw(const float* gp, int64_t T, int64_t I, float* op) {
+  at::parallel_for(0, T, std::max<int64_t>(1, 16384 / std::max<int64_t>(I, 1)), [&](int64_t t0, int64_t t1) {
+    const __m256 one = _mm256_set1_ps(1.f), two = _mm256_set1_ps(2.f), half = _mm256_set1_ps(0.5f);
+    const __m256 c0 = _mm256_set1_ps(0.7978845608028654f), c1 = _mm256_set1_ps(0.044715f);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* g = gp + t * 2 * I;
+      const float* u = g + I;
+      float* o = op + t * I;
+      int64_t i = 0;
+      for (; i + 8 <= I; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 z = _mm256_mul_ps(c0, _mm256_fmadd_ps(_mm256_mul_ps(c1, x), _mm256_mul_ps(x, x), x));
+        const __m256 th = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp256(_mm256_mul_ps(two, z)), one)));
+        const __m256 y = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, th));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
+      }
+      for (; i < I; ++i) {
+        const float x = g[i];
+        o[i] = 0.5f * x * (1.f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+      }
+    }
+  });
+}
+
+torch::Tensor gelu_tanh_mul(torch::Tensor gu) {
+  TORCH_CHECK(gu.scalar_type() == at::kFloat && gu.dim() == 2 && gu.size(1) % 2 == 0, "fp32 [T, 2I] expected");
+  gu = gu.contiguous();
+  const int64_t T = gu.size(0), I = gu.size(1) / 2;
+  auto out = torch::empty({T, I}, gu.options());
+  gelu_tanh_mul_raw(gu.data_ptr<float>(), T, I, out.data_ptr<float>());
+  return out;
+}
+
 torch::Tensor silu_mul(torch::Tensor gu) {
   TORCH_CHECK(gu.scalar_type() == at::kFloat && gu.dim() == 2 && gu.size(1) % 2 == 0, "fp32 [T, 2I] expected");
   gu = gu.contiguous();

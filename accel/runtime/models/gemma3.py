@@ -90,7 +90,11 @@ class CausalLM(llama.CausalLM):
     def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata,
                 kv_caches: list[PagedKVCache]) -> Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
-        x = self.model.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=self.model.embed_tokens.weight.dtype)
+        native = getattr(self, "native_decode", None)
+        if native is not None and native.takes(meta, input_ids.shape[0]):
+            return native(*native.inputs(self, input_ids, positions), meta, kv_caches)[0]
+        table = self.model.embed_tokens
+        x = table(input_ids) * torch.tensor(self.embed_scale, dtype=getattr(table, "dtype", None) or table.weight.dtype)
         ropes = {kind: (cos.index_select(0, positions).unsqueeze(1), sin.index_select(0, positions).unsqueeze(1))
                  for kind, (cos, sin) in self.tables.items()}
         residual = None

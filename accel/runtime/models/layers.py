@@ -125,8 +125,7 @@ class Attention(nn.Module):
             qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) D]
             v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
             if hasattr(self, "q_norm"):
-                q, k = self._qk_norm(qkv[:, :h * d], qkv[:, h * d:(h + kvh) * d], t)
-                q, k = apply_rope_rolled(q, cos, sin), apply_rope_rolled(k, cos, sin)
+                q, k = self._rope(*self._qk_norm(qkv[:, :h * d], qkv[:, h * d:(h + kvh) * d], t), cos, sin)
             elif _fused_cpu_ops(qkv):  # accel's RoPE kernel, in place on the q and k columns
                 cpu.rope_(qkv, cos, sin, h + kvh, d)
                 q, k = qkv[:, :h * d].view(t, h, d), qkv[:, h * d:(h + kvh) * d].view(t, kvh, d)
@@ -137,11 +136,21 @@ class Attention(nn.Module):
             q, k = self.q_proj(x), self.k_proj(x)
             if hasattr(self, "q_norm"):
                 q, k = self._qk_norm(q, k, t)
-            q = apply_rope_rolled(q.view(t, h, d), cos, sin)  # [T, H, D]
-            k = apply_rope_rolled(k.view(t, kvh, d), cos, sin)  # [T, KVH, D]
+            q, k = self._rope(q.view(t, h, d), k.view(t, kvh, d), cos, sin)  # [T, H, D], [T, KVH, D]
             v = self.v_proj(x).view(t, kvh, d)
         o = paged_attention(q, k, v, cache, meta, self.scale, self.window)  # [T, H, D]
         return self.o_proj(o.reshape(t, -1))
+
+    @staticmethod
+    def _rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE of q [T, H, D] and k [T, KVH, D]: accel's kernel in place on contiguous fp32 CPU rows (as the
+        native decode step runs it), else torch's ops."""
+        t, d = q.shape[0], q.shape[-1]
+        if q.is_contiguous() and k.is_contiguous() and _fused_cpu_ops(q.view(t, -1)):
+            cpu.rope_(q.view(t, -1), cos, sin, q.shape[1], d)
+            cpu.rope_(k.view(t, -1), cos, sin, k.shape[1], d)
+            return q, k
+        return apply_rope_rolled(q, cos, sin), apply_rope_rolled(k, cos, sin)
 
     def _qk_norm(self, q: Tensor, k: Tensor, t: int) -> tuple[Tensor, Tensor]:
         """q [T, H*D], k [T, KVH*D] -> each head's vector RMS-normed: [T, H, D], [T, KVH, D]."""
@@ -150,6 +159,7 @@ class Attention(nn.Module):
 
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+FUSED_ACTIVATIONS = {"silu": "silu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul"}  # accel's kernels on [gate | up]
 
 
 class MLP(nn.Module):
@@ -169,8 +179,8 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if hasattr(self, "gate_up_proj"):  # fused at load time (see fuse_projections)
             gu = self.gate_up_proj(x)
-            if self.act == "silu" and _fused_cpu_ops(gu):
-                return self.down_proj(cpu.silu_mul(gu))
+            if _fused_cpu_ops(gu):  # the native decode step runs the same kernel
+                return self.down_proj(getattr(cpu, FUSED_ACTIVATIONS[self.act])(gu))
             gate, up = gu.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)

@@ -44,7 +44,7 @@ class NativeDecode:
         c = model.config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, model.num_kv_heads, model.head_dim
         self.eps = float(c.rms_norm_eps)
-        self.scale = self.head_dim ** -0.5
+        self.scale = model.model.layers[0].self_attn.scale  # the family's (Gemma: query_pre_attn_scalar^-1/2)
 
     @classmethod
     def for_model(cls, model: CausalLM, input_proj: nn.Module | None = None) -> NativeDecode | None:
@@ -54,11 +54,9 @@ class NativeDecode:
         p = next(model.parameters())
         if p.device.type != "cpu" or p.dtype != torch.float32 or not cpu.available():
             return None
-        from accel.runtime.models.llama import DecoderLayer
+        from accel.runtime.models.layers import FUSED_ACTIVATIONS
 
-        # the native step is the Llama layer: pre-norm attention without q/k norms or windows, then the SwiGLU MLP
-        if any(type(layer) is not DecoderLayer or layer.self_attn.window is not None
-               or hasattr(layer.self_attn, "q_norm") or layer.mlp.act != "silu" for layer in model.model.layers):
+        if any(layer.mlp.act not in FUSED_ACTIVATIONS for layer in model.model.layers):
             return None
         weights: list[Tensor] = []
         spec: list[int] = []
@@ -67,15 +65,27 @@ class NativeDecode:
             weights.append(t.contiguous())
             return len(weights) - 1
 
+        local_rope = False
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             mods = [getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj]
             lins = [_native_linear(m, add) for m in mods]
             if any(x is None for x in lins):
                 return None
-            spec += [add(layer.input_layernorm.weight), add(layer.post_attention_layernorm.weight)]
+            # Gemma 3: post-attention and post-MLP norms around a pre-MLP norm; Llama: its pre-MLP norm is named
+            # post_attention_layernorm
+            gemma = hasattr(layer, "pre_feedforward_layernorm")
+            pre_mlp = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
+            spec += [add(layer.input_layernorm.weight), add(pre_mlp.weight)]
             for x in lins:
                 spec += x
+            norms = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None),
+                     layer.post_attention_layernorm if gemma else None,
+                     layer.post_feedforward_layernorm if gemma else None]
+            rope = 1 if getattr(layer, "attention_type", "full_attention") == "sliding_attention" else 0
+            local_rope |= rope == 1
+            spec += [add(n.weight) if n is not None else -1 for n in norms]
+            spec += [attn.window or 0, rope, list(FUSED_ACTIVATIONS).index(mlp.act)]
         spec.append(add(model.model.norm.weight))
         native = cls(model, weights, spec)
         head = _native_linear(model.lm_head, add)  # None: the lm_head runs as its module (compute_logits)
@@ -90,8 +100,12 @@ class NativeDecode:
         else:
             tables = [model.model.embed_tokens.weight, model.cos, model.sin_signed]
             if all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2 for t in tables):
-                native.tensors.set_tables(*(t.contiguous() for t in tables))
+                native.tensors.set_tables(*(t.contiguous() for t in tables), getattr(model, "embed_scale", 1.0))
+                if local_rope:
+                    native.tensors.set_local_rope(*(t.contiguous() for t in model.tables["sliding_attention"]))
                 native.has_tables = True
+        if local_rope and not native.has_tables:
+            return None  # the local table is only gathered from positions
         return native
 
     def inputs(self, model: CausalLM, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
