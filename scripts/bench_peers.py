@@ -1,10 +1,11 @@
 """accel next to llama.cpp on the same CPU, the same weights and the same prompts, measured in one run.
 
-    .venv/bin/python scripts/bench_peers.py [--repeats 3] [--threads 2] [--pairs fp32,int8,int4,int4km]
+    .venv/bin/python scripts/bench_peers.py [--model smollm2-135m] [--repeats 3] [--threads 2] [--pairs fp32,int8,...]
                                             [--sections inprocess,http,throughput] [--json out.json]
                                             [--exports runs/default/checkpoint:Q8_0,runs/compact/checkpoint:Q4_K_M]
 
-Precision pairs (accel scheme / llama.cpp GGUF, all made from the model's shipped Q4_1 GGUF):
+Precision pairs (accel scheme / llama.cpp GGUF, all made from the registry model's shipped GGUF, which itself stands
+for its own type: SmolLM2's Q4_1, Gemma 3's Q4_K_M):
   fp32 / F32    int8 / Q8_0 (every Linear and the lm_head INT8)
   int4 / Q4_1   (accel int4f g32: the Q4_1 grid exactly)    int4km / Q4_K_M (accel int4 g64, about the same bytes
                 per weight as llama.cpp's k-quant)
@@ -140,17 +141,27 @@ def llama_bin() -> Path:
     return Path(out[-1])
 
 
-def make_ggufs(bin_dir: Path, pairs: list[str]) -> dict[str, Path]:
-    """{GGUF type: file}, requantized from the shipped Q4_1 (the Q4_1 pair uses the shipped file itself)."""
-    src = accel_home() / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def shipped_type(gguf: Path) -> str:
+    """llama.cpp's name of a GGUF file's type (general.file_type): Q4_1, Q4_K_M, ..."""
+    from gguf import GGUFReader, LlamaFileType
+
+    return LlamaFileType(int(GGUFReader(str(gguf)).fields["general.file_type"].contents())).name.removeprefix("MOSTLY_")
+
+
+def make_ggufs(bin_dir: Path, pairs: list[str], model_name: str, own_file: bool = True) -> dict[str, Path]:
+    """{GGUF type: file}, requantized from the shipped GGUF (the pair of its own type uses the shipped file itself
+    unless not `own_file`: quality is scored against the shipped file's F32, where the file itself scores 0)."""
+    from accel.models import get_spec
+
+    src = accel_home() / "downloads" / get_spec(model_name).gguf_file
     if not src.is_file():
-        raise SystemExit(f"{src} is missing: run `accel models pull smollm2-135m` first")
+        raise SystemExit(f"{src} is missing: run `accel models pull {model_name}` first")
     out_dir = accel_home() / "peers" / "gguf"
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {}
+    files, own = {}, shipped_type(src)
     for pair in pairs:
         kind = gguf_type(pair)
-        dst = src if kind == "Q4_1" else out_dir / f"SmolLM2-135M-Instruct.{kind}.gguf"
+        dst = src if kind == own and own_file else out_dir / f"{src.name.removesuffix('.gguf')}.{kind}.gguf"
         if not dst.is_file():
             subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(src), str(dst), kind],
                            check=True, capture_output=True)
@@ -221,8 +232,11 @@ def accel_engine(model: Path, pair: str, threads: int, max_num_seqs: int = 1):
         from accel.export.load import load_engine
 
         return load_engine(EXPORTS[pair][0], num_threads=threads, max_num_seqs=max_num_seqs)
+    from transformers import AutoConfig
+
     scheme, gs, _ = PAIRS[pair]
-    kw = {"quant_plan": uniform_plan(30, scheme), "quant_group_size": gs} if scheme else {}
+    layers = AutoConfig.from_pretrained(model).num_hidden_layers
+    kw = {"quant_plan": uniform_plan(layers, scheme), "quant_group_size": gs} if scheme else {}
     return Engine.from_pretrained(model, num_threads=threads, max_num_seqs=max_num_seqs, **kw)
 
 
@@ -346,6 +360,7 @@ def streamed_bytes(model) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="registry name (its shipped GGUF makes the peers)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", default="fp32,int8,int4,int4km")
@@ -361,9 +376,9 @@ def main() -> None:
         raise SystemExit(f"unknown pairs/sections {bad}; allowed: {list(PAIRS)} / {list(SECTIONS)}")
     from accel.models import resolve_model
 
-    model = Path(resolve_model("smollm2-135m", pull_if_missing=True))
+    model = Path(resolve_model(a.model, pull_if_missing=True))
     bin_dir = llama_bin()
-    ggufs = make_ggufs(bin_dir, pairs)
+    ggufs = make_ggufs(bin_dir, pairs, a.model)
     rows: list[Row] = []
     probes, gflops, core_ns = [read_bandwidth_gbs(a.threads)], [fp32_gflops(a.threads)], [core_to_core_ns()]
     placements: list[str] = []  # per INT8 repeat, from the core-to-core latency before and after it
@@ -449,10 +464,10 @@ def main() -> None:
             print("\n".join(render_table([row, cost]).splitlines()[-2:]), flush=True)
 
     print()
-    print(f"{a.repeats} repeats, {a.threads} threads, {os.uname().machine}; median (min-max)")
+    print(f"{a.model}, {a.repeats} repeats, {a.threads} threads, {os.uname().machine}; median (min-max)")
     print(render_table(rows, extra))
     if a.json:
-        a.json.write_text(json.dumps({"rows": [r.__dict__ for r in rows], **extra}, indent=1))
+        a.json.write_text(json.dumps({"model": a.model, "rows": [r.__dict__ for r in rows], **extra}, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ way: `llama-perplexity -c 128 --kl-divergence` (non-overlapping 128-token chunks
 second half of each scored; accel.eval.chunked does the same for the exports).
 
     .venv/bin/python scripts/bench_quality.py runs/default/checkpoint runs/int8/checkpoint \
-        [--peers Q8_0,Q4_K_M,Q4_1] [--n-ctx 128] [--chunks 150] [--threads 2]
+        [--model smollm2-135m] [--peers Q8_0,Q4_K_M,Q4_1] [--n-ctx 128] [--chunks 150] [--threads 2]
 
 Base: the original fp32 model (accel's model zoo) for accel rows, its F32 GGUF for llama.cpp rows (the same
 weights; both PPLs are printed as a check that the two tokenizers and chunkings agree). Exports are loaded with
@@ -42,13 +42,13 @@ def model_file_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in files) / 2**20
 
 
-def peer_rows(peers: list[str], text: str, n_ctx: int, chunks: int, threads: int) -> list[dict]:
+def peer_rows(model: str, peers: list[str], text: str, n_ctx: int, chunks: int, threads: int) -> list[dict]:
     from bench_peers import PAIRS, llama_bin, make_ggufs
 
     from accel.eval.gguf import LLAMA_PERPLEXITY, score_ggufs
 
     bin_dir = llama_bin()
-    files = make_ggufs(bin_dir, ["fp32"] + [PEER_PAIRS[p] for p in peers])
+    files = make_ggufs(bin_dir, ["fp32"] + [PEER_PAIRS[p] for p in peers], model, own_file=False)
     assert all(PAIRS[PEER_PAIRS[kind]][2] == kind for kind in peers)
     scores = score_ggufs(bin_dir / LLAMA_PERPLEXITY, files["F32"], {kind: files[kind] for kind in peers}, text,
                          n_ctx, chunks, threads)
@@ -56,14 +56,14 @@ def peer_rows(peers: list[str], text: str, n_ctx: int, chunks: int, threads: int
             for kind, s in scores.items()]
 
 
-def accel_rows(exports: list[Path], text: str, n_ctx: int, chunks: int) -> tuple[list[dict], float]:
+def accel_rows(model: str, exports: list[Path], text: str, n_ctx: int, chunks: int) -> tuple[list[dict], float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from accel.eval.chunked import score_chunks, text_chunks
     from accel.models import resolve_model
 
-    base_dir = resolve_model("smollm2-135m")
+    base_dir = resolve_model(model)
     tok = AutoTokenizer.from_pretrained(base_dir)
     batch = text_chunks(tok, text, n_ctx, chunks)
     load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()  # noqa: E731
@@ -80,6 +80,7 @@ def accel_rows(exports: list[Path], text: str, n_ctx: int, chunks: int) -> tuple
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("exports", nargs="*", type=Path, help="accel export folders (e.g. runs/default/checkpoint)")
+    ap.add_argument("--model", default="smollm2-135m", help="registry name: the base (fp32) and the peers' source")
     ap.add_argument("--peers", default="Q8_0,Q4_K_M,Q4_1", help=f"GGUF types, of {', '.join(PEER_PAIRS)}; '' for none")
     ap.add_argument("--n-ctx", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=150, help="chunks scored (round-robin over the eval domains)")
@@ -98,9 +99,10 @@ def main() -> None:
     from accel.eval.chunked import held_out_text
 
     text = held_out_text(ROOT / "eval" / "text")
-    rows, ppl_base = accel_rows(args.exports, text, args.n_ctx, args.chunks) if args.exports else ([], None)
+    rows, ppl_base = (accel_rows(args.model, args.exports, text, args.n_ctx, args.chunks) if args.exports
+                      else ([], None))
     if peers:
-        rows += peer_rows(peers, text, args.n_ctx, args.chunks, args.threads)
+        rows += peer_rows(args.model, peers, text, args.n_ctx, args.chunks, args.threads)
     print(render(rows))
     peer_base = next((r["ppl_base"] for r in rows if "ppl_base" in r), None)
     print(f"\nbase PPL: accel fp32 {ppl_base if ppl_base is not None else '-'}, llama.cpp F32 "

@@ -103,6 +103,8 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
     ValueError naming what does not match."""
     folder = Path(folder)
     state = read_state(folder, device)
+    if hasattr(model, "checkpoint_state"):  # a runtime family's own names (Phi-3's fused projections split)
+        state = model.checkpoint_state(state)
     quant = {k.rsplit(".", 1)[0] for k in state if k.endswith(".weight_scale")}
     plain = {k: v.to(dtype) if v.is_floating_point() else v
              for k, v in state.items() if k.rsplit(".", 1)[0] not in quant}

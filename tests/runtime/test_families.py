@@ -38,6 +38,8 @@ def family_config(kind: str):
         return transformers.Qwen2Config(**BASE, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
     if kind == "mistral_window":
         return transformers.MistralConfig(**BASE, sliding_window=WINDOW)
+    if kind == "phi3":  # q/k/v and gate/up fused in the checkpoint
+        return transformers.Phi3Config(**BASE)
     if kind == "qwen3":
         return transformers.Qwen3Config(**BASE, head_dim=32, use_sliding_window=False)
     if kind == "gemma3":
@@ -49,7 +51,7 @@ def family_config(kind: str):
 
 
 KINDS = ["llama_untied", "llama_tied", "llama3_rope", "linear_rope", "qwen2", "qwen2_window", "mistral_window",
-         "qwen3", "gemma3"]
+         "qwen3", "phi3", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -100,6 +102,8 @@ def test_greedy_equals_transformers_in_a_batch_and_alone(family):
     (dict(model_type="phi", architectures=["PhiForCausalLM"]), "model_type='phi' is not supported; supported: llama"),
     (dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}), "rope_type='dynamic'"),
     (dict(hidden_act="relu"), "hidden activation 'relu' is not supported"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}),
+     "partial_rotary_factor=0.75 is not supported"),
 ])
 def test_an_architecture_accel_cannot_run_is_refused_before_loading(overrides, message):
     config = transformers.LlamaConfig(**BASE)

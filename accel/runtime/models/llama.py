@@ -1,5 +1,6 @@
-"""The Llama family (Llama, Mistral, Qwen2, Qwen3, SmolLM): pre-norm decoder layers of attention and a SwiGLU MLP
-over the shared layers, tied or untied head; Qwen3 adds per-head q/k norms, Mistral and Qwen2 may slide a window.
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM): pre-norm decoder layers of attention and a SwiGLU
+MLP over the shared layers, tied or untied head; Qwen3 adds per-head q/k norms, Mistral and Qwen2 may slide a
+window, Phi-3 stores q/k/v and gate/up fused (split on load, so plans name the same modules for every member).
 A family file is this: its layer, its backbone and its `CausalLM` with `forward` over a flat batch and
 `compute_logits` on the rows that sample.
 """
@@ -14,7 +15,7 @@ from accel.runtime.attention import AttentionMetadata, PagedKVCache
 from accel.runtime.models.layers import MLP, Attention, RMSNorm, rope_cos_sin, signed_sin
 from accel.runtime.models.native import NativeDecode
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 class DecoderLayer(nn.Module):
@@ -69,6 +70,25 @@ class CausalLM(nn.Module):
     @property
     def num_layers(self) -> int:
         return len(self.model.layers)
+
+    def checkpoint_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The checkpoint's tensors under this tree's names: Phi-3's fused qkv_proj and gate_up_proj split into
+        the q/k/v and gate/up modules every member has (`fuse_projections` joins them again)."""
+        if self.config.model_type != "phi3":
+            return state
+        h, kvh, d = self.config.num_attention_heads, self.num_kv_heads, self.head_dim
+        out = {}
+        for name, t in state.items():
+            if name.endswith("self_attn.qkv_proj.weight"):
+                parts = zip(("q_proj", "k_proj", "v_proj"), t.split([h * d, kvh * d, kvh * d]))
+            elif name.endswith("mlp.gate_up_proj.weight"):
+                parts = zip(("gate_proj", "up_proj"), t.chunk(2))
+            else:
+                out[name] = t
+                continue
+            prefix = name.rsplit(".", 2)[0]
+            out.update({f"{prefix}.{mod}.weight": w.contiguous() for mod, w in parts})
+        return out
 
     def post_load(self) -> None:
         """After the checkpoint's weights are in: what a family changes about them (nothing here)."""

@@ -31,6 +31,9 @@ def family_of(config) -> type[CausalLM]:
         if rope_type not in ROPE_TYPES:
             raise NotImplementedError(f"rope_type={rope_type!r} (position-dependent rescaling) is not supported; "
                                       f"supported: {', '.join(ROPE_TYPES)}")
+        if p.get("partial_rotary_factor", 1.0) != 1.0:
+            raise NotImplementedError(f"partial_rotary_factor={p['partial_rotary_factor']} is not supported; "
+                                      "supported: 1.0 (RoPE over the whole head)")
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
     from accel.runtime.models.layers import ACTIVATIONS
 
