@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from accel.draft_training.prompts import build_prompts, load_samples
+from accel.draft_training.prompts import build_prompts, chat_ids, load_samples
 from accel.speculative.proposer import DRAFT_META_FILE, TOKENIZER_FILES
 
 TEACHER_TOP_M = 20  # target log-probs kept per position: the runtime's logprobs limit, so every source matches
@@ -137,8 +137,7 @@ def generate_teacher_samples(target, tokenizer, prompts: list[list[dict]], max_n
     """The target's greedy replies to chat prompts with its top-m next-token distribution at each reply token.
 
     Batches of similar-length prompts (left padded); stops starting new batches at `deadline`."""
-    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
-    encoded = [tokenizer(t, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for t in texts]
+    encoded = [chat_ids(tokenizer, m)[-max_prompt_tokens:] for m in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     eos = stop_token_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
@@ -178,8 +177,7 @@ def engine_teacher_samples(target, target_path: str | Path, tokenizer, prompts: 
     from accel.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
     top_m = min(top_m, MAX_LOGPROBS)
-    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
-    encoded = [tokenizer(t, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for t in texts]
+    encoded = [chat_ids(tokenizer, m)[-max_prompt_tokens:] for m in prompts]
     eos = stop_token_ids(target, tokenizer)
     engine = Engine.from_pretrained(target_path, kv_cache_memory_gb=0.5, max_num_seqs=batch_size,
                                     max_num_batched_tokens=2048)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from accel.draft_training.distill import select_draft_vocab, stop_token_ids
-from accel.draft_training.prompts import build_prompts, load_samples
+from accel.draft_training.prompts import build_prompts, chat_ids, load_samples
 
 TEACHER_TOP_M = 20
 
@@ -427,8 +427,7 @@ def train_eagle(target_path: str | Path, out_dir: str | Path, *, time_budget_min
     for i in range(max(len(calib), len(written))):  # interleaved: the generation deadline keeps a mix
         messages += [calib[i]] if i < len(calib) else []
         messages += [[{"role": "user", "content": written[i]}]] if i < len(written) else []
-    prompts = [tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
-                         add_special_tokens=False)["input_ids"][-384:] for m in messages]
+    prompts = [chat_ids(tokenizer, m)[-384:] for m in messages]
     is_written = set(written)
     written_set = {tuple(p) for p, m in zip(prompts, messages) if len(m) == 1 and m[0]["content"] in is_written}
     log(f"generating target replies + features for {len(prompts)} prompts (max_new_tokens={max_new_tokens})")

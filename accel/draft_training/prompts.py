@@ -73,3 +73,12 @@ def input_grounded_prompts(samples: list[dict], num_prompts: int, domains: tuple
     passages = [s["text"][:max_passage_chars] for s in samples if s.get("domain") in domains]
     return [[{"role": "user", "content": f"{_GROUNDED[i % len(_GROUNDED)]}\n\n{p}"}]
             for i, p in enumerate(passages[:num_prompts])]
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation with the assistant's turn opened: the tokenizer's chat template, or for a base
+    model without one (Gemma 3 270M) the turns' text one after another, as a plain prompt after BOS."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer("\n\n".join(m["content"] for m in messages) + "\n\n")["input_ids"]

@@ -192,8 +192,9 @@ def engine_acceptance(recipe, target_dir: Path, draft_dir: Path, prompts: list[l
     engine = load_engine(target_dir, **engine_kwargs(recipe), speculative=spec)
     # prompts cut like the offline path's (the last 384 tokens) and to what the model's length leaves for the reply
     keep = min(384, engine.scheduler.config.max_model_len - SPEC_EVAL_NEW_TOKENS - 1)
-    ids = [tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
-                     add_special_tokens=False)["input_ids"][-keep:] for m in prompts]
+    from accel.draft_training.prompts import chat_ids
+
+    ids = [chat_ids(tokenizer, m)[-keep:] for m in prompts]
     engine.generate(ids, SamplingParams(max_tokens=SPEC_EVAL_NEW_TOKENS, temperature=0.0))
     stats = engine.stats().spec_decode
     c = engine.spec.adaptive.measured_cost_ratio

@@ -52,3 +52,16 @@ def test_stop_token_ids_merge_generation_config_and_tokenizer():
     assert stop_token_ids(model, SimpleNamespace(eos_token_id=1)) == {1, 2, 7}
     model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=2))
     assert stop_token_ids(model, SimpleNamespace(eos_token_id=None)) == {2}
+
+
+def test_chat_ids_use_the_template_or_the_plain_text_of_a_base_model():
+    from tests.conftest import make_tiny_tokenizer
+
+    from accel.draft_training.prompts import chat_ids
+
+    tok = make_tiny_tokenizer()
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    templated = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert chat_ids(tok, messages) == tok(templated, add_special_tokens=False)["input_ids"]
+    tok.chat_template = None  # a base model: the turn's text as a plain prompt
+    assert chat_ids(tok, messages) == tok("What is the capital of France?\n\n")["input_ids"]
