@@ -7,7 +7,8 @@ scripts/peers/build_llama_cpp.sh unpacks) to F32, then llama-quantize makes Q8_0
 
 Shapes are the published configs' (layers, widths, heads, vocabulary, tied head, RoPE); the tokenizer is
 SmolLM2's, which convert_hf_to_gguf pads to the shape's vocabulary. The folders and GGUFs are kept in
-$ACCEL_HOME/scale/ (~2.5 + 5 + 1.3 + 0.8 GB per shape). Each repeat runs accel (Engine, `tokens` greedy tokens
+$ACCEL_HOME/scale/ (~2.5 + 5 + 1.3 + 0.8 GB per shape). convert_hf_to_gguf.py imports sentencepiece
+(`.venv/bin/pip install sentencepiece`). Each repeat runs accel (Engine, `tokens` greedy tokens
 after a 4-token prompt) and then llama-bench (-p 0 -n tokens), so a ratio compares the same minute. Prints one
 table: tok/s and ratio per shape and pair, with each process's peak memory.
 """
@@ -30,12 +31,12 @@ from bench_peers import PAIRS, accel_decode, llama_bin, llama_decode  # noqa: E4
 SHAPES = {
     "llama-3.2-1b": ("LlamaConfig", dict(
         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=64, vocab_size=128256, max_position_embeddings=4096, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        head_dim=64, vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=True, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
     "qwen2.5-1.5b": ("Qwen2Config", dict(
         hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-        vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, use_sliding_window=False)),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
