@@ -6,7 +6,7 @@ scripts/peers/build_llama_cpp.sh unpacks) to F32, then llama-quantize makes Q8_0
                                             [--repeats 2] [--tokens 64] [--json out.json]
 
 Shapes are the published configs' (layers, widths, heads, vocabulary, tied head, RoPE); the tokenizer is
-SmolLM2's, which convert_hf_to_gguf pads to the shape's vocabulary. The folders and GGUFs are kept in
+SmolLM2's, padded with added tokens to the shape's vocabulary. The folders and GGUFs are kept in
 $ACCEL_HOME/scale/ (~2.5 + 5 + 1.3 + 0.8 GB per shape). convert_hf_to_gguf.py imports sentencepiece
 (`.venv/bin/pip install sentencepiece`). Each repeat runs accel (Engine, `tokens` greedy tokens
 after a 4-token prompt) and then llama-bench (-p 0 -n tokens), so a ratio compares the same minute. Prints one
@@ -39,7 +39,6 @@ SHAPES = {
         vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, use_sliding_window=False)),
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def make_folder(name: str, out: Path) -> Path:
@@ -63,9 +62,12 @@ def make_folder(name: str, out: Path) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    tokenizer = resolve_model("smollm2-135m", pull_if_missing=True)
-    for f in TOKENIZER_FILES:
-        shutil.copy(tokenizer / f, tmp / f)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m", pull_if_missing=True))
+    # padded to the shape's vocabulary, so the GGUF's vocabulary is the table's size
+    tokenizer.add_tokens([f"<pad_{i}>" for i in range(len(tokenizer), config.vocab_size)])
+    tokenizer.save_pretrained(tmp)
     tmp.rename(out)
     return out
 
