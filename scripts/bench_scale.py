@@ -6,7 +6,7 @@ scripts/peers/build_llama_cpp.sh unpacks) to F32, then llama-quantize makes Q8_0
                                             [--repeats 2] [--tokens 64] [--json out.json]
 
 Shapes are the published configs' (layers, widths, heads, vocabulary, tied head, RoPE); the tokenizer is
-SmolLM2's, padded with added tokens to the shape's vocabulary. The folders and GGUFs are kept in
+SmolLM2's, padded to the shape's vocabulary. The folders and GGUFs are kept in
 $ACCEL_HOME/scale/ (~2.5 + 5 + 1.3 + 0.8 GB per shape). convert_hf_to_gguf.py imports sentencepiece
 (`.venv/bin/pip install sentencepiece`). Each repeat runs accel (Engine, `tokens` greedy tokens
 after a 4-token prompt) and then llama-bench (-p 0 -n tokens), so a ratio compares the same minute. Prints one
@@ -64,10 +64,14 @@ def make_folder(name: str, out: Path) -> Path:
     model.save_pretrained(tmp)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m", pull_if_missing=True))
-    # padded to the shape's vocabulary, so the GGUF's vocabulary is the table's size
-    tokenizer.add_tokens([f"<pad_{i}>" for i in range(len(tokenizer), config.vocab_size)])
-    tokenizer.save_pretrained(tmp)
+    smollm = resolve_model("smollm2-135m", pull_if_missing=True)
+    if cls == "LlamaConfig":  # its converter reads the vocabulary as given: padded here to the table's size
+        tokenizer = AutoTokenizer.from_pretrained(smollm)
+        tokenizer.add_tokens([f"<pad_{i}>" for i in range(len(tokenizer), config.vocab_size)])
+        tokenizer.save_pretrained(tmp)
+    else:  # the GPT-2 path pads the vocabulary itself, and checks the files' pre-tokenizer as shipped
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(smollm / f, tmp / f)
     tmp.rename(out)
     return out
 
