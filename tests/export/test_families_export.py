@@ -13,8 +13,8 @@ from accel.runtime.sampling_params import SamplingParams
 from tests.runtime.helpers import hf_greedy, mixed_prompts
 from tests.runtime.test_families import family_config
 
-# hidden 256: shapes vLLM's kernels take; Phi-3's export (its qkv_proj quantized as one module) is not loaded yet
-KINDS = ["llama_tied", "qwen2", "qwen3", "mistral_window", "gemma3"]
+# hidden 256: shapes vLLM's kernels take. Phi-3's plan names its fused qkv_proj / gate_up_proj as one unit each
+KINDS = ["llama_tied", "qwen2", "qwen3", "mistral_window", "gemma3", "phi3"]
 
 
 @pytest.fixture(scope="module", params=KINDS)

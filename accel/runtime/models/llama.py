@@ -73,10 +73,17 @@ class CausalLM(nn.Module):
 
     def checkpoint_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """The checkpoint's tensors under this tree's names: Phi-3's fused qkv_proj and gate_up_proj split into
-        the q/k/v and gate/up modules every member has (`fuse_projections` joins them again)."""
+        the q/k/v and gate/up modules every member has (`fuse_projections` joins them again). A quantized fused
+        module stays whole: its parts leave the tree and the loader puts its kernel module in their place."""
         if self.config.model_type != "phi3":
             return state
         h, kvh, d = self.config.num_attention_heads, self.num_kv_heads, self.head_dim
+        parts_of = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+        for name in [k for k in state if k.endswith((".qkv_proj.weight_scale", ".gate_up_proj.weight_scale"))]:
+            parent_name, fused = name.rsplit(".", 2)[:2]
+            parent = self.get_submodule(parent_name)
+            for part in parts_of[fused]:
+                delattr(parent, part)
         out = {}
         for name, t in state.items():
             if name.endswith("self_attn.qkv_proj.weight"):

@@ -48,6 +48,8 @@ def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:
     Only when all are exactly nn.Linear with the same dtype/device (i.e. not swapped for quantized kernels):
     one GEMM instead of several reads the input once and launches fewer ops, which matters at batch 1.
     """
+    if hasattr(parent, fused_name):  # fused in the checkpoint (a quantized Phi-3 qkv_proj)
+        return True
     mods = [getattr(parent, n) for n in names]
     if any(type(m) is not nn.Linear for m in mods):
         return _fuse_quantized(parent, names, fused_name, mods)
