@@ -39,11 +39,9 @@ import torch
 
 
 def encode_prompts(tok, messages: list[list[dict]]) -> list[list[int]]:
-    out = []
-    for m in messages:
-        ids = tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return out
+    from accel.draft_training.prompts import chat_ids
+
+    return [chat_ids(tok, m) for m in messages]
 
 
 def run(engine, prompts: list[list[int]], params, batch: int, domain: str
