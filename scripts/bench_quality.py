@@ -3,7 +3,11 @@ way: `llama-perplexity -c 128 --kl-divergence` (non-overlapping 128-token chunks
 second half of each scored; accel.eval.chunked does the same for the exports).
 
     .venv/bin/python scripts/bench_quality.py runs/default/checkpoint runs/int8/checkpoint \
-        [--model smollm2-135m] [--peers Q8_0,Q4_K_M,Q4_1] [--n-ctx 128] [--chunks 150] [--threads 2]
+        [--model smollm2-135m] [--peers Q8_0,Q4_K_M,Q4_1,Q4_K_M+imatrix,IQ4_XS+imatrix] [--n-ctx 128] [--chunks 150]
+
+A peer `TYPE+imatrix` is quantized from the F32 with an importance matrix, as GGUF publishers make them:
+`llama-imatrix` over the project's calibration text (calibration_data/, never the eval text), then
+`llama-quantize --imatrix` (types: Q4_K_M, IQ4_XS, Q3_K_M, Q2_K, IQ3_XXS; plain IQ4_XS / Q3_K_M / Q2_K too).
 
 Base: the original fp32 model (accel's model zoo) for accel rows, its F32 GGUF for llama.cpp rows (the same
 weights; both PPLs are printed as a check that the two tokenizers and chunkings agree). Exports are loaded with
@@ -15,6 +19,7 @@ and the table with a fake peer.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -24,6 +29,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_PAIRS = {"Q8_0": "int8", "Q4_K_M": "int4km", "Q4_1": "int4", "F32": "fp32"}  # GGUF type -> bench_peers pair
+IMATRIX = "+imatrix"
+IMATRIX_TYPES = ("Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "IQ3_XXS")  # llama-quantize types an importance matrix serves
+PLAIN_TYPES = ("IQ4_XS", "Q3_K_M", "Q2_K")  # quantized from the F32 without one (IQ3_XXS requires one)
+IMATRIX_CTX = 128  # llama-imatrix's context: the scoring's
+
+
+def allowed_peers() -> list[str]:
+    return [*PEER_PAIRS, *PLAIN_TYPES, *(t + IMATRIX for t in IMATRIX_TYPES)]
+
+
+def calibration_text(root: Path = ROOT) -> str:
+    """Every text of calibration_data/*.jsonl, in file order: what llama-imatrix learns from (accel's plans
+    calibrate on the same files; the eval text stays held out of both)."""
+    import json
+
+    return "\n\n".join(json.loads(line)["text"] for f in sorted((root / "calibration_data").glob("*.jsonl"))
+                        for line in f.read_text().splitlines() if line.strip())
+
+
+def imatrix_command(bin_dir: Path, f32: Path, text_file: Path, out: Path, threads: int) -> list[str]:
+    return [str(bin_dir / "llama-imatrix"), "-m", str(f32), "-f", str(text_file), "-o", str(out), "-c",
+            str(IMATRIX_CTX), "-b", str(IMATRIX_CTX), "-t", str(threads), "--no-ppl"]
+
+
+def imatrix_ggufs(bin_dir: Path, f32: Path, peers: list[str], threads: int) -> dict[str, Path]:
+    """{peer: file} of the peers quantized here from the F32: `TYPE+imatrix` with the importance matrix (made once
+    per model, cached beside the F32), plain k- / i-quant types without."""
+    import tempfile
+
+    out: dict[str, Path] = {}
+    imatrix = f32.with_suffix(".imatrix.gguf")
+    for peer in peers:
+        kind, with_imatrix = peer.removesuffix(IMATRIX), peer.endswith(IMATRIX)
+        if with_imatrix and not imatrix.is_file():
+            with tempfile.TemporaryDirectory() as tmp:
+                text_file = Path(tmp) / "calibration.txt"
+                text_file.write_text(calibration_text())
+                subprocess.run(imatrix_command(bin_dir, f32, text_file, imatrix, threads), check=True,
+                               capture_output=True)
+        dst = f32.with_name(f32.name.replace(".F32.", f".{kind}{'-imatrix' if with_imatrix else ''}."))
+        if not dst.is_file():
+            args = ["--imatrix", str(imatrix)] if with_imatrix else []
+            subprocess.run([str(bin_dir / "llama-quantize"), *args, str(f32), str(dst), kind], check=True,
+                           capture_output=True)
+        out[peer] = dst
+    return out
 
 
 def render(rows: list[dict]) -> str:
@@ -48,8 +99,10 @@ def peer_rows(model: str, peers: list[str], text: str, n_ctx: int, chunks: int, 
     from accel.eval.gguf import LLAMA_PERPLEXITY, score_ggufs
 
     bin_dir = llama_bin()
-    files = make_ggufs(bin_dir, ["fp32"] + [PEER_PAIRS[p] for p in peers], model, own_file=False)
-    assert all(PAIRS[PEER_PAIRS[kind]][2] == kind for kind in peers)
+    pairs = [p for p in peers if p in PEER_PAIRS]
+    files = make_ggufs(bin_dir, ["fp32"] + [PEER_PAIRS[p] for p in pairs], model, own_file=False)
+    assert all(PAIRS[PEER_PAIRS[kind]][2] == kind for kind in pairs)
+    files.update(imatrix_ggufs(bin_dir, files["F32"], [p for p in peers if p not in PEER_PAIRS], threads))
     scores = score_ggufs(bin_dir / LLAMA_PERPLEXITY, files["F32"], {kind: files[kind] for kind in peers}, text,
                          n_ctx, chunks, threads)
     return [{"name": f"llama.cpp {kind}", "size_mib": model_file_mib(files[kind]), **asdict(s)}
@@ -81,15 +134,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("exports", nargs="*", type=Path, help="accel export folders (e.g. runs/default/checkpoint)")
     ap.add_argument("--model", default="smollm2-135m", help="registry name: the base (fp32) and the peers' source")
-    ap.add_argument("--peers", default="Q8_0,Q4_K_M,Q4_1", help=f"GGUF types, of {', '.join(PEER_PAIRS)}; '' for none")
+    ap.add_argument("--peers", default="Q8_0,Q4_K_M,Q4_1",
+                    help=f"GGUF types, of {', '.join(allowed_peers())}; '' for none")
     ap.add_argument("--n-ctx", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=150, help="chunks scored (round-robin over the eval domains)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     peers = [p for p in args.peers.split(",") if p]
-    bad = [p for p in peers if p not in PEER_PAIRS]
+    bad = [p for p in peers if p not in allowed_peers()]
     if bad:
-        ap.error(f"--peers {bad} are invalid; allowed: {', '.join(PEER_PAIRS)}")
+        ap.error(f"--peers {bad} are invalid; allowed: {', '.join(allowed_peers())}")
     missing = [str(p) for p in args.exports if not (p / "config.json").is_file()]
     if missing:
         ap.error(f"{missing} are not checkpoint folders (no config.json)")

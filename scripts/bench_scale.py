@@ -81,8 +81,13 @@ def make_ggufs(bin_dir: Path, folder: Path, kinds: list[str]) -> dict[str, Path]
     script = next(convert.glob("llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
     f32 = folder.parent / f"{folder.name}.F32.gguf"
     if not f32.is_file():
-        subprocess.run([sys.executable, str(script), str(folder), "--outtype", "f32", "--outfile", str(f32)],
-                       check=True, capture_output=True)
+        # The tokenizer is SmolLM2's as accel converted it from its GGUF: llama.cpp's "smollm" pre-tokenizer, which
+        # the converter's hash of these re-saved files does not recognise (the GPT-2 path refuses an unknown hash).
+        code = (f"import sys; sys.argv = [{str(script)!r}, {str(folder)!r}, '--outtype', 'f32', '--outfile', "
+                f"{str(f32)!r}]; sys.path.insert(0, {str(script.parent)!r}); import conversion.base as b; "
+                "b.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'smollm'; "
+                "import convert_hf_to_gguf as c; c.main()")
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     files = {"F32": f32}
     for kind in kinds:
         dst = folder.parent / f"{folder.name}.{kind}.gguf"

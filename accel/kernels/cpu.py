@@ -139,9 +139,16 @@ def int4_linear_vnni(x: Tensor, qv: Tensor, smv: Tensor, group_size: int) -> Ten
     return _module().int4_linear_vnni(x, qv, smv, group_size)
 
 
-def int8_linear_vnni(x: Tensor, qv: Tensor, scale: Tensor) -> Tensor:
-    """`int8_linear` with the weight in the VNNI tile layout; a row's result is the same at any row count."""
-    return _module().int8_linear_vnni(x, qv, scale)
+def int8_linear_vnni(x: Tensor, qv: Tensor, scale: Tensor, gs: Tensor | None = None) -> Tensor:
+    """`int8_linear` with the weight (and `gs`, `int8_group_scales_vnni_layout`) in the VNNI tile layout; a row's
+    result is the same at any row count."""
+    return _module().int8_linear_vnni(x, qv, scale, _NO_GROUP_SCALES if gs is None else gs)
+
+
+def int8_group_scales_vnni_layout(gs: Tensor) -> Tensor:
+    """fp16 group scales [N, K / 32] -> the VNNI tile layout's [N / 16, K / 32, 16] (beside `int8_vnni_layout`)."""
+    n, kb = gs.shape
+    return gs.reshape(n // 16, 16, kb).permute(0, 2, 1).contiguous().reshape(n, kb)
 
 
 def int4_repack(q: Tensor) -> Tensor:
@@ -246,9 +253,14 @@ def rope_(x: Tensor, cos: Tensor, sin_signed: Tensor, num_heads: int, head_dim: 
     _module().rope_(x, cos, sin_signed, num_heads, head_dim)
 
 
-def int8_linear(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
-    """(x [M, K] fp32 @ q [N, K] int8 ^T) * scale [N] fp32 -> [M, N] fp32. Call only when `available()`."""
-    return _module().int8_linear(x, q, scale)
+_NO_GROUP_SCALES = torch.empty(0, dtype=torch.float16)
+
+
+def int8_linear(x: Tensor, q: Tensor, scale: Tensor, gs: Tensor | None = None) -> Tensor:
+    """(x [M, K] fp32 @ q [N, K] int8 ^T) * scale [N] fp32 -> [M, N] fp32; with `gs` (int8g: fp16 [N, K / 32], one
+    scale per row and block of 32 inputs) each block's sum is also scaled by its own gs. Call only when
+    `available()`."""
+    return _module().int8_linear(x, q, scale, _NO_GROUP_SCALES if gs is None else gs)
 
 
 def argmax_rows(x: Tensor) -> Tensor:

@@ -6,6 +6,7 @@ reference), then *convert* it into a module whose forward calls the fastest corr
 Quantization conventions (the "canonical" layout every other part of accel reads and writes):
 
   int8  symmetric per output channel:   w[o, i] ~= q[o, i] * scale[o]            q int8 in [-127, 127]
+  int8g symmetric per group of 32 inputs: w[o, i] ~= q[o, i] * scale[o, i // 32]  (the GGUF Q8_0 grid)
   int4  asymmetric per group of g inputs: w[o, i] ~= (q[o, i] - zero[o, i // g]) * scale[o, i // g]
         q and zero are unsigned integers in [0, 15] (zero is an integer zero point, so 0.0 is exact)
 
@@ -54,10 +55,11 @@ from torch import Tensor, nn
 
 from accel.kernels import cpu
 
-SCHEMES = ("int8", "int4", "int4f", "fp16", "bf16", "fp32")
+SCHEMES = ("int8", "int8g", "int4", "int4f", "fp16", "bf16", "fp32")
 INT4_SCHEMES = ("int4", "int4f")  # int4f: float (not integer) zero point per group, see quantize_int4_groupwise
 FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
+INT8_GROUP = 32  # int8g's group: the kernels' activation block, so a group's scale folds into the block's FMA
 # Rows of x at which a CPU without AVX512-VNNI switches from the native kernels to dequantize + fp32 GEMM (see
 # module docstring); with VNNI the native prefill GEMM is faster at every M and nothing is dequantized.
 # INT8 (8 rows per weight pass): native faster at every M up to the 512-token prefill budget (SmolLM2 shapes, 2
@@ -99,8 +101,23 @@ def quantize_int8_per_channel(w: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dequantize_int8_per_channel(q: Tensor, scales: Tensor) -> Tensor:
-    """q int8 [out, in], scales [out] -> fp32 [out, in]."""
+    """q int8 [out, in], scales [out] -> fp32 [out, in]; scales [out, in / 32]: group-wise (int8g)."""
+    if scales.dim() == 2 and scales.shape[1] > 1:
+        return q.float() * scales.float().repeat_interleave(q.shape[1] // scales.shape[1], dim=1)
     return q.float() * scales.float().reshape(-1)[:, None]
+
+
+def quantize_int8_groupwise(w: Tensor, group_size: int = INT8_GROUP) -> tuple[Tensor, Tensor]:
+    """Symmetric RTN per group of `group_size` inputs (int8g): w [out, in] -> (q int8 [out, in], scales fp32
+    [out, in / g]), scale = the group's absmax / 127.5 rounded to fp16, as compressed-tensors' group strategy stores
+    it (`quantize_int8_per_channel` per group)."""
+    _check_weight(w)
+    if w.shape[1] % group_size:
+        raise ValueError(f"int8g needs in_features divisible by {group_size}; got {w.shape[1]}")
+    g = w.float().reshape(w.shape[0], -1, group_size)
+    scales = fp16_scale(g.abs().amax(dim=2) / 127.5)  # [out, G]
+    q = torch.round(g / scales[..., None]).clamp_(-128, 127).to(torch.int8).reshape(w.shape)
+    return q, scales
 
 
 def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False,
@@ -230,42 +247,57 @@ class _WeightOnlyLinear(nn.Module):
 
 
 class Int8WeightOnlyLinear(_WeightOnlyLinear):
-    """Linear with int8 per-channel weights; activations stay float. forward(x [..., in]) -> [..., out], x.dtype.
+    """Linear with int8 weights, per output channel or (`group_size` 32, scheme "int8g") per group of 32 inputs;
+    activations stay float. forward(x [..., in]) -> [..., out], x.dtype.
 
-    Persistent buffers (canonical layout): qweight int8 [out, in], scales fp32 [out], bias (optional, float). Where
-    the CPU has AVX512-VNNI, fp32 forwards run the weight in the VNNI tile layout (`avx2_operands`, a non-persistent
-    copy built once, as Int4WeightOnlyLinear keeps its kernel layout).
+    Persistent buffers (canonical layout): qweight int8 [out, in], scales fp32 [out] (int8g: [out, in / 32]), bias
+    (optional, float). Where the CPU has AVX512-VNNI, fp32 forwards run the weight in the VNNI tile layout
+    (`avx2_operands`, a non-persistent copy built once, as Int4WeightOnlyLinear keeps its kernel layout). int8g's
+    scales reach the kernels as fp16 (exact: they are stored at fp16) in the weight's layout (`group_scales_operand`).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 dequant_min_rows: int | None = None) -> None:
+                 dequant_min_rows: int | None = None, group_size: int | None = None) -> None:
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        if group_size not in (None, INT8_GROUP) or group_size and in_features % group_size:
+            raise ValueError(f"int8 group_size must be None (per channel) or {INT8_GROUP} dividing in_features "
+                             f"{in_features}; got {group_size}")
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.dequant_min_rows = dequant_min_rows  # None: INT8_DEQUANT_MIN_ROWS, or never with the VNNI GEMM
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
-        self.register_buffer("scales", torch.ones(out_features))
+        self.register_buffer("scales", torch.ones(out_features, in_features // group_size) if group_size
+                             else torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.register_buffer("_scales_bf16", None, persistent=False)  # kernel operand, built lazily
         self.register_buffer("_vnni", None, persistent=False)  # qweight in the VNNI tile layout, built lazily
+        self.register_buffer("_gs", None, persistent=False)  # int8g: fp16 group scales in the weight's layout
+        self.register_buffer("_ones", None, persistent=False)  # int8g: the kernels' per-row scale
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, **kwargs) -> Self:
+    def from_linear(cls, linear: nn.Linear, group_size: int | None = None, **kwargs) -> Self:
         """Quantize an nn.Linear (RTN). The linear's own weight tensor is left untouched (tied weights stay)."""
-        q, s = quantize_int8_per_channel(linear.weight.detach())
+        w = linear.weight.detach()
+        q, s = quantize_int8_groupwise(w, group_size) if group_size else quantize_int8_per_channel(w)
         b = linear.bias.detach() if linear.bias is not None else None
         return cls.from_quantized(q, s, b, **kwargs).to(linear.weight.device)
 
     @classmethod
     def from_quantized(cls, qweight: Tensor, scales: Tensor, bias: Tensor | None = None, **kwargs) -> Self:
-        """Build from canonical tensors: qweight int8 [out, in], scales [out] or [out, 1] (compressed-tensors)."""
+        """Build from canonical tensors: qweight int8 [out, in], scales [out] or [out, 1] (compressed-tensors), or
+        [out, in / 32] (group-wise, int8g)."""
         if qweight.dim() != 2 or qweight.dtype != torch.int8:
             raise ValueError(f"qweight must be int8 [out, in]; got {qweight.dtype} {tuple(qweight.shape)}")
         out_f, in_f = qweight.shape
-        if scales.numel() != out_f:
+        grouped = scales.dim() == 2 and scales.shape[1] > 1
+        if grouped and tuple(scales.shape) != (out_f, in_f // INT8_GROUP):
+            raise ValueError(f"group-wise int8 scales must be [{out_f}, {in_f // INT8_GROUP}] (one per "
+                             f"{INT8_GROUP} inputs); got {tuple(scales.shape)}")
+        if not grouped and scales.numel() != out_f:
             raise ValueError(f"scales must have {out_f} values (one per output channel); got {tuple(scales.shape)}")
-        m = cls(in_f, out_f, bias=bias is not None, **kwargs).to(qweight.device)
+        m = cls(in_f, out_f, bias=bias is not None, group_size=INT8_GROUP if grouped else None,
+                **kwargs).to(qweight.device)
         m.qweight.copy_(qweight)
-        m.scales.copy_(scales.reshape(-1).float())
+        m.scales.copy_(scales.float() if grouped else scales.reshape(-1).float())
         if bias is not None:
             m.bias = bias.detach().clone().float()
         return m
@@ -282,20 +314,35 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
             return "gemm"
         if dtype == torch.float32 and self.in_features % 8 == 0 and cpu.available():
             return "avx2"
-        return "int8pack"
+        return "gemm" if self.group_size else "int8pack"  # torch's int8pack kernel has no group scales
 
     def avx2_operands(self) -> tuple[int, Tensor, Tensor]:
         """(decode_layers kind, weight, scales) of accel's kernel: kind 3 with the weight in the VNNI tile layout
-        (built once) where `cpu.vnni_int8` holds, else kind 1 with qweight as it is."""
+        (built once) where `cpu.vnni_int8` holds, else kind 1 with qweight as it is. int8g: scales are ones, the
+        group scales are `group_scales_operand()`."""
         if self._vnni is None and self.qweight.device.type == "cpu" and cpu.vnni_int8(self.in_features,
                                                                                                 self.out_features):
             self._vnni = cpu.int8_vnni_layout(self.qweight)
-        return (3, self._vnni, self.scales) if self._vnni is not None else (1, self.qweight, self.scales)
+        scales = self.scales
+        if self.group_size:
+            if self._ones is None:
+                self._ones = torch.ones(self.out_features)
+            scales = self._ones
+        return (3, self._vnni, scales) if self._vnni is not None else (1, self.qweight, scales)
+
+    def group_scales_operand(self) -> Tensor | None:
+        """int8g: the fp16 group scales in the layout of `avx2_operands`' weight (None for per-channel INT8)."""
+        if not self.group_size:
+            return None
+        if self._gs is None:
+            gs = self.scales.half()
+            self._gs = cpu.int8_group_scales_vnni_layout(gs) if self.avx2_operands()[0] == 3 else gs.contiguous()
+        return self._gs
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
             kind, q, scales = self.avx2_operands()
-            return (cpu.int8_linear_vnni if kind == 3 else cpu.int8_linear)(x2, q, scales)
+            return (cpu.int8_linear_vnni if kind == 3 else cpu.int8_linear)(x2, q, scales, self.group_scales_operand())
         if kernel == "int8pack" and self.in_features % 16 != 0:
             # torch's kernel segfaults on some CPUs when K is not a multiple of 16 and M >= 2 (measured with torch
             # 2.13 on a Xeon with AVX-512 and AMX: K = 8, 24, 40, 56, 72, 100 crash; 16, 32, 48, 64, 96, 576 run)
@@ -308,44 +355,60 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
                                                       self._scales_bf16).to(x2.dtype)
         if kernel == "gemm":
             return _chunked_dequant_matmul(x2, self.out_features, self._dequant_rows).to(x2.dtype)
+        if self.group_size:
+            return F.linear(x2, self.dequantized().to(x2.dtype))
         return F.linear(x2, self.qweight.to(x2.dtype)) * self.scales.to(x2.dtype)
 
     def _dequant_rows(self, start: int, end: int) -> Tensor:
-        return self.qweight[start:end].float() * self.scales[start:end, None].float()
+        return dequantize_int8_per_channel(self.qweight[start:end], self.scales[start:end])
 
     def _apply(self, fn, recurse=True):
-        self._scales_bf16 = self._vnni = None  # derived from the weights: rebuild after a move / cast
+        self._scales_bf16 = self._vnni = self._gs = self._ones = None  # derived: rebuild after a move / cast
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
-        self._scales_bf16 = self._vnni = None
+        self._scales_bf16 = self._vnni = self._gs = self._ones = None
         super()._load_from_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        g = f", group_size={self.group_size}" if self.group_size else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{g}"
 
 
 class Int8Embedding(nn.Module):
-    """An embedding table of INT8 rows with one scale per row: the tied lm_head's own integers, so a tied model
-    stores its table once at 8 bits. A lookup dequantizes only the gathered rows (a few KB per token), which torch's
-    indexing does as fast as a native gather would.
+    """An embedding table of INT8 rows with one scale per row, or per group of 32 (int8g): the tied lm_head's own
+    integers, so a tied model stores its table once at 8 bits. A lookup dequantizes only the gathered rows (a few KB
+    per token), which torch's indexing does as fast as a native gather would.
 
-    Buffers: qweight int8 [vocab, hidden], scales fp32 [vocab]. forward(ids) -> [..., hidden] in `dtype`.
+    Buffers: qweight int8 [vocab, hidden], scales fp32 [vocab] (int8g: [vocab, hidden / 32]). forward(ids) ->
+    [..., hidden] in `dtype`.
     """
 
     def __init__(self, qweight: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        if qweight.dim() != 2 or qweight.dtype != torch.int8 or scales.numel() != qweight.shape[0]:
-            raise ValueError(f"an INT8 table needs qweight int8 [vocab, hidden] and one scale per row; got "
-                             f"{qweight.dtype} {tuple(qweight.shape)} and {tuple(scales.shape)} scales")
+        grouped = scales.dim() == 2 and scales.shape[1] > 1
+        shape_ok = (tuple(scales.shape) == (qweight.shape[0], qweight.shape[1] // INT8_GROUP) if grouped
+                    else scales.numel() == qweight.shape[0])
+        if qweight.dim() != 2 or qweight.dtype != torch.int8 or not shape_ok:
+            raise ValueError(f"an INT8 table needs qweight int8 [vocab, hidden] and one scale per row (or per "
+                             f"{INT8_GROUP} values of a row); got {qweight.dtype} {tuple(qweight.shape)} and "
+                             f"{tuple(scales.shape)} scales")
         self.num_embeddings, self.embedding_dim = qweight.shape
         self.dtype = dtype
         self.register_buffer("qweight", qweight)
-        self.register_buffer("scales", scales.reshape(-1).float())
+        # a scaled table's factor (transformers' Gemma: sqrt(hidden)), set by the loader; None: unscaled
+        self.register_buffer("embed_scale", None, persistent=False)
+        self.register_buffer("scales", scales.float() if grouped else scales.reshape(-1).float())
 
     def forward(self, ids: Tensor) -> Tensor:
-        rows = torch.mul(self.qweight[ids], self.scales[ids].unsqueeze(-1))  # int8 * fp32 -> fp32, one op
-        return rows if rows.dtype == self.dtype else rows.to(self.dtype)
+        s = self.scales[ids]
+        if s.dim() > ids.dim():  # group-wise: [..., G] -> [..., G, 32]
+            q = self.qweight[ids]
+            rows = torch.mul(q.reshape(*q.shape[:-1], s.shape[-1], -1), s.unsqueeze(-1)).reshape(q.shape)
+        else:
+            rows = torch.mul(self.qweight[ids], s.unsqueeze(-1))  # int8 * fp32 -> fp32, one op
+        rows = rows if rows.dtype == self.dtype else rows.to(self.dtype)
+        return rows if self.embed_scale is None else rows * self.embed_scale.to(self.dtype)
 
     @property
     def weight(self) -> Tensor:
@@ -445,17 +508,23 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         + min. Kind 4, the VNNI tile layout (`cpu.int4_vnni_layout`), where `cpu.vnni_int4` holds:
         a row's result is then the same at any row count; else kind 2, `int4_repack` with scale_min [out, G, 2].
 
-        scale_min is fp16 where that holds every value to fp32 rounding noise (a GGUF grid's fp16 d and m, as the
-        int4f weights of a Q4_1 release are), else fp32: the kernel streams it with the weights, and at group 32
-        fp32 pairs add half the weight bytes again.
+        scale_min is the kernel's stream beside the weights (fp32 pairs at group 64 are a fifth of the bytes):
+        - integer zero points with fp16 scales (every export, `--quant int4`): int16 pairs of fp16 bits (scale,
+          zero), the kernel forming min = -zero * scale exactly in fp32 (4.5 bits per weight at group 64, not 5.0);
+        - fp16 (scale, min) where that holds every value to fp32 rounding noise (a GGUF grid's fp16 d and m, as the
+          int4f weights of a Q4_1 release are);
+        - else fp32 (scale, min).
         """
         if self._avx2_packed is None:
             q = unpack_int4(self.qweight)
-            sm = torch.stack([self.scales.float(), -self.zeros.float() * self.scales.float()], dim=-1).contiguous()
+            scales = self.scales.float()
+            sm = torch.stack([scales, -self.zeros.float() * scales], dim=-1).contiguous()
             half = sm.half()
             span = sm[..., :1].abs() * 15 + sm[..., 1:].abs()  # the group's weight range
-            on_fp16_grid = bool(((half.float() - sm).abs() <= span * FP16_GRID_TOLERANCE).all())
-            sm = half if on_fp16_grid else sm
+            if not self.float_zero and torch.equal(scales.half().float(), scales):
+                sm = torch.stack([scales.half(), self.zeros.half()], dim=-1).contiguous().view(torch.int16)
+            elif bool(((half.float() - sm).abs() <= span * FP16_GRID_TOLERANCE).all()):
+                sm = half
             if self.qweight.device.type == "cpu" and cpu.vnni_int4(self.in_features, self.out_features,
                                                                              self.group_size):
                 self._avx2_kind = 4
@@ -608,7 +677,7 @@ def concat_quantized(mods: list[nn.Module]) -> nn.Module:
         bias = torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, device=m.scales.device)
                           for m in mods])
     first = mods[0]
-    if isinstance(first, Int8WeightOnlyLinear):
+    if isinstance(first, Int8WeightOnlyLinear):  # per channel or int8g alike (group_size is in `kinds`)
         return Int8WeightOnlyLinear.from_quantized(torch.cat([m.qweight for m in mods]),
                                                    torch.cat([m.scales for m in mods]), bias,
                                                    dequant_min_rows=first.dequant_min_rows)
@@ -626,7 +695,8 @@ def concat_quantized(mods: list[nn.Module]) -> nn.Module:
 def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> nn.Module:
     """Replace the nn.Linear submodules named in `plan` ({hf_module_name: scheme}) in place; returns `model`.
 
-    "int8" / "int4" / "int4f" swap in the quantized modules (int4 with `group_size`; int4f with float zero points); "fp16" / "bf16" / "fp32" leave the
+    "int8" / "int8g" / "int4" / "int4f" swap in the quantized modules (int8g per group of 32; int4 with `group_size`;
+    int4f with float zero points); "fp16" / "bf16" / "fp32" leave the
     layer unchanged in the model's dtype. Everything is validated before anything is replaced, so a bad plan
     leaves the model untouched. A tied lm_head is replaced by a module with its own quantized copy; the
     embedding keeps the original float tensor.
@@ -647,9 +717,12 @@ def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> 
                 _check_group_size(modules[name].in_features, group_size)
             except ValueError as e:
                 raise ValueError(f"module {name!r}: {e}") from None
+        if scheme == "int8g" and modules[name].in_features % INT8_GROUP:
+            raise ValueError(f"module {name!r}: int8g needs in_features divisible by {INT8_GROUP}; got "
+                             f"{modules[name].in_features}")
     for name, scheme in plan.items():
-        if scheme == "int8":
-            new = Int8WeightOnlyLinear.from_linear(modules[name])
+        if scheme in ("int8", "int8g"):
+            new = Int8WeightOnlyLinear.from_linear(modules[name], group_size=INT8_GROUP if scheme == "int8g" else None)
         elif scheme in INT4_SCHEMES:
             new = Int4WeightOnlyLinear.from_linear(modules[name], group_size=group_size, float_zero=scheme == "int4f")
         else:
@@ -665,7 +738,7 @@ _FLOAT_DTYPE_SCHEME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.floa
 def linear_scheme(module: nn.Module) -> str:
     """The scheme of a Linear-like module: "int8", "int4", "int4f", or its float dtype as "fp16" / "bf16" / "fp32"."""
     if isinstance(module, Int8WeightOnlyLinear):
-        return "int8"
+        return "int8g" if module.group_size else "int8"
     if isinstance(module, Int4WeightOnlyLinear):
         return "int4f" if module.float_zero else "int4"
     if isinstance(module, PackedLinear):

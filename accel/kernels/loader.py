@@ -74,16 +74,16 @@ def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int |
     if w.dtype != torch.int8:
         raise ValueError(f"{prefix}.weight is {w.dtype}; expected int8 for an int-quantized layer")
     scale = state[f"{prefix}.weight_scale"]
-    if scale.dim() == 2 and scale.shape[1] > 1:  # group-wise: 4-bit values in an int8 container ("int4f")
-        zp = state.get(f"{prefix}.weight_zero_point")
-        if zp is None or int(w.min()) < -8 or int(w.max()) > 7:
+    zp = state.get(f"{prefix}.weight_zero_point")
+    if scale.dim() == 2 and scale.shape[1] > 1 and zp is not None:  # 4-bit values in an int8 container ("int4f")
+        if int(w.min()) < -8 or int(w.max()) > 7:
             raise ValueError(f"{prefix}: group-wise int-quantized layer needs 4-bit values in [-8, 7] and a zero point")
         q = (w.to(torch.int16) + 8).to(torch.uint8)  # signed -> the kernels' [0, 15]
         zeros = zp.float().reshape(scale.shape) + 8.0
         zeros = zeros if zp.is_floating_point() else zeros.to(torch.uint8)
         return kernels.Int4WeightOnlyLinear.from_quantized(q, scale.float(), zeros,
                                                            group_size or w.shape[1] // scale.shape[1], bias=bias)
-    return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)
+    return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)  # per channel, or group-wise (int8g)
 
 
 def share_table(model: nn.Module) -> None:
@@ -120,8 +120,10 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
     for prefix in sorted(quant):
         bias = state.get(f"{prefix}.bias")
         module = kernel_module(state, prefix, None, None if bias is None else bias.to(dtype)).to(device)
-        if prefix == TABLE:  # the INT8 table's lookups return the model's dtype
+        if prefix == TABLE:  # the INT8 table's lookups return the model's dtype, scaled as the module they replace
             module.dtype = dtype
+            scale = getattr(model.get_submodule(TABLE), "embed_scale", None)
+            module.embed_scale = None if scale is None else torch.as_tensor(scale).float()
         parent, _, child = prefix.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, module)
     share_table(model)

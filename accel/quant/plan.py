@@ -93,7 +93,8 @@ def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int
 def stores_tied_table(model: nn.Module, lm_head: str, export_target: str | None) -> bool:
     """Whether the plan stores a tied model's table once at the INT8 lm_head's integers (accel.quant.quantize
     .tie_int8_table): not for a vLLM export, whose loader ties only an unquantized table."""
-    return bool(getattr(model.config, "tie_word_embeddings", False)) and lm_head == "int8" and export_target != "vllm"
+    return (bool(getattr(model.config, "tie_word_embeddings", False)) and lm_head in ("int8", "int8g")
+            and export_target != "vllm")
 
 
 def allocates(q) -> bool:

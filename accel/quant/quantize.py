@@ -7,7 +7,8 @@ library's recipe (one config group per scheme, with the exact module names as ta
 
 Formats written (what vLLM and transformers read; see accel/export/compatibility.py):
 - int8 = "pack-quantized" 8-bit, channel-wise symmetric: int32 `weight_packed` [out, in/4] (four values + 128 per
-  word, lowest byte first), `weight_scale` [out, 1], `weight_shape`. vLLM loads weight-only INT8 as W8A16 from this
+  word, lowest byte first), `weight_scale` [out, 1], `weight_shape`; int8g the same group-wise, `weight_scale`
+  [out, in/32]. vLLM loads weight-only INT8 as W8A16 from this
   format only ("int-quantized" means weights *and* activations to its parser).
 - int4 = "pack-quantized" 4-bit, group-wise asymmetric: `weight_packed` [out, in/8], `weight_scale` [out, G],
   packed int32 `weight_zero_point`, `weight_shape`.
@@ -19,9 +20,10 @@ Formats written (what vLLM and transformers read; see accel/export/compatibility
 The lm_head's scheme is written into the checkpoint like any Linear's; when it is tied to the embeddings,
 llm-compressor unties it first (the embedding table stays 16-bit), so every loader runs the same lm_head. With
 `plan.tied_table` (an INT8 lm_head of a tied model, not for vLLM), `tie_int8_table` then stores the table once:
-- table = "int-quantized" 8-bit channel-wise symmetric over `model.embed_tokens` and `lm_head`: the lm_head's
+- table = "int-quantized" 8-bit symmetric (channel- or, int8g, group-wise) over `model.embed_tokens` and `lm_head`: the lm_head's
   integers as an int8 `model.embed_tokens.weight`, the same fp16 scales as `model.embed_tokens.weight_scale` and
-  `lm_head.weight_scale`, `tie_word_embeddings: true`. transformers ties lm_head.weight to the int8 table and
+  `lm_head.weight_scale` (transformers ties only the weight, so the scales are stored twice: 10 MB of int8g's
+  262k-row table), `tie_word_embeddings: true`. transformers ties lm_head.weight to the int8 table and
   decompresses both; vLLM ties only an unquantized table (and reads "int-quantized" as W8A8), so it refuses it.
   SmolLM2-135M's all-INT8 export: 183 -> 129 MiB, held-out KLD 0.0043 -> 0.0045 (scripts/bench_quality.py).
 """
@@ -39,7 +41,7 @@ import torch
 from torch import nn
 
 from accel.quant.allocate import Plan
-from accel.quant.schemes import INT4_SCHEMES, TABLE
+from accel.quant.schemes import INT4_SCHEMES, INT8_GROUP, TABLE
 
 METHODS = ("gptq", "rtn", "awq", "smoothquant+gptq")
 PLAN_FILE = "accel_plan.json"
@@ -51,16 +53,19 @@ def _weights_args(scheme: str, group_size: int) -> dict:
     # 4 + 20/g bits per weight (accel.quant.schemes).
     if scheme == "int8":
         return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "scale_dtype": "float16"}
+    if scheme == "int8g":
+        return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "group", "group_size": INT8_GROUP,
+                "scale_dtype": "float16"}
     if scheme == "int4":
         return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
                 "scale_dtype": "float16"}
     if scheme == "int4f":
         return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
                 "scale_dtype": "float16", "zp_dtype": "float16"}
-    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int4, int4f")
+    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int8g, int4, int4f")
 
 
-FORMATS = {"int8": "pack-quantized", "int4": "pack-quantized", "int4f": "int-quantized"}
+FORMATS = {"int8": "pack-quantized", "int8g": "pack-quantized", "int4": "pack-quantized", "int4f": "int-quantized"}
 
 
 # GPTQ's INT4 scales and zero points come from llm-compressor's imatrix-weighted MSE search (per group, the clip

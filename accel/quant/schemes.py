@@ -8,6 +8,7 @@ Glossary
 - bits per weight include the quantization metadata as the checkpoint stores it (scales in fp16, see
   `accel.quant.quantize.store_16bit`):
     int8: 8 + 16 / in_features   (one fp16 scale per output row)
+    int8g: 8 + 16 / 32           (one fp16 scale per 32 inputs: the lm_head / tied table only, recipe.HeadScheme)
     int4: 4 + 20 / group_size    (one fp16 scale + one 4-bit zero point, packed eight to an int32, per group)
     int4f: 8 + 32 / group_size   (4-bit values in an int8 container, one fp16 scale + one fp16 zero point per
                                   group: compressed-tensors packs zero points as integers, so float ones are
@@ -32,12 +33,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from accel.kernels.linear import (dequantize_int4_groupwise, dequantize_int8_per_channel, quantize_int4_groupwise,
-                                  quantize_int8_per_channel)
+from accel.kernels.linear import (INT8_GROUP, dequantize_int4_groupwise, dequantize_int8_per_channel,
+                                  quantize_int4_groupwise, quantize_int8_groupwise, quantize_int8_per_channel)
 from accel.kernels.loader import TABLE  # noqa: F401  (the quant modules import it from here)
 """The embedding table (Llama family naming); tied to the lm_head in small models."""
 
-SCHEMES = ("int4", "int8", "int4f", "fp16")
+SCHEMES = ("int4", "int8", "int8g", "int4f", "fp16")
 """From cheapest to most expensive as stored: allocation demotes towards the left, fallback promotes towards the
 right. int4f sits above int8 because it is only a candidate where it is exact (a float-min grid, see
 accel.quant.plan.int4_candidates): a lossless fallback at half fp16's bytes."""
@@ -59,11 +60,13 @@ class SchemeInfo:
             return 8.0 + 32.0 / group_size
         if self.name == "int8":
             return 8.0 + 16.0 / in_features
+        if self.name == "int8g":
+            return 8.0 + 16.0 / INT8_GROUP
         return 16.0
 
 
 INT4_SCHEMES = ("int4", "int4f")
-SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int4f", 4), ("int8", 8), ("fp16", 16))}
+SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int4f", 4), ("int8", 8), ("int8g", 8), ("fp16", 16))}
 
 
 # vLLM loads q/k/v as one fused `qkv_proj` and gate/up as one `gate_up_proj`, and so does accel's runtime: one
@@ -178,6 +181,9 @@ def fake_quant(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
     check_scheme(scheme)
     if scheme == "int8":
         return fake_quant_int8(w)
+    if scheme == "int8g":
+        q, scales = quantize_int8_groupwise(w)
+        return dequantize_int8_per_channel(q, scales).to(w.dtype)
     if scheme in INT4_SCHEMES:
         return fake_quant_int4(w, group_size, float_zero=scheme == "int4f")
     return w

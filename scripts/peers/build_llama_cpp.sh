@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench, llama-server, llama-perplexity, llama-quantize and llama-tokenize from the source
+# Build llama.cpp's llama-bench, llama-server, llama-perplexity, llama-quantize, llama-tokenize and llama-imatrix from the source
 # vendored in the llama-cpp-python sdist (PyPI is the one source reachable here), into
 # $ACCEL_HOME/peers/llama.cpp/bin, once per machine (~20 minutes on 2 cores; a second run finds the binaries and returns). Tuned for this CPU
 # (GGML_NATIVE), as a user building llama.cpp would.
@@ -10,7 +10,7 @@ VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 HOME_DIR=${ACCEL_HOME:-$HOME/.cache/accel}
 ROOT="$HOME_DIR/peers/llama.cpp"
 BIN="$ROOT/bin"
-TOOLS=(llama-bench llama-server llama-perplexity llama-quantize llama-tokenize)
+TOOLS=(llama-bench llama-server llama-perplexity llama-quantize llama-tokenize llama-imatrix)
 built() { for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done; }
 if [ -z "${FORCE:-}" ] && built; then
   echo "$BIN"; exit 0

@@ -262,7 +262,7 @@ def test_apply_plan_tied_lm_head_leaves_embedding_untouched():
 
 
 @pytest.mark.parametrize("plan, match", [
-    ({"lm_head": "int3"}, r"'int3' is not a scheme; allowed: \('int8', 'int4'"),
+    ({"lm_head": "int3"}, r"'int3' is not a scheme; allowed: \('int8', 'int8g', 'int4'"),
     ({"model.layers.9.mlp.up_proj": "int8"}, r"does not have; Linear modules are"),
     ({"model.layers.0.input_layernorm": "int8"}, r"LlamaRMSNorm; only nn.Linear"),
     ({"model.layers.0.mlp.up_proj": "int4"}, r"up_proj.*group_size=128.*allowed: \[32, 64\]"),
@@ -319,6 +319,36 @@ def test_int4f_scales_on_an_fp16_grid_stream_as_fp16_and_others_as_fp32():
     x = torch.randn(3, 128, generator=g)
     assert _rel_err(grid(x), x @ grid.dequantized().T) < 5e-4
     assert _rel_err(off_grid(x), x @ off_grid.dequantized().T) < 5e-4
+
+
+@pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("out_f", [100, 96])  # the row layout, the VNNI tiles
+def test_int4_integer_zeros_stream_as_fp16_scale_zero_pairs_with_the_fp32_pairs_results(out_f):
+    """An integer zero point and an fp16 scale (every export's int4) stream as int16 pairs of fp16 bits (scale, zero),
+    half the bytes of fp32 (scale, min) pairs; the kernel forms min = -zero * scale exactly, so every kernel (row,
+    tiles, prefill GEMM, dequantize) gives what the fp32 pairs give, to the bit."""
+    from accel.kernels.linear import Int4WeightOnlyLinear, unpack_int4
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randint(0, 16, (out_f, 128), generator=g)
+    d = (torch.rand(out_f, 2, generator=g) * 0.01 + 1e-3).half().float()
+    zeros = torch.randint(0, 16, (out_f, 2), generator=g).to(torch.uint8)
+    mod = Int4WeightOnlyLinear.from_quantized(q, d, zeros, 64)
+    kind, packed, sm = mod.avx2_operands()
+    assert sm.dtype == torch.int16 and sm.numel() == out_f * 2 * 2
+    fp32 = torch.stack([d, -zeros.float() * d], dim=-1).contiguous()
+    if kind == 4:
+        fp32 = cpu.int4_vnni_layout(q, fp32)[1]
+    linear = cpu.int4_linear_vnni if kind == 4 else cpu.int4_linear
+    x = torch.randn(40, 128, generator=g)
+    for m in (1, 3, 40):  # decode rows, and the prefill GEMM
+        assert torch.equal(linear(x[:m], packed, sm, 64), linear(x[:m], packed, fp32, 64)), m
+    assert _rel_err(mod(x), x @ mod.dequantized().T) < 5e-4
+    rows = cpu.int4_repack(unpack_int4(mod.qweight))
+    pairs = torch.stack([d.half(), zeros.half()], dim=-1).contiguous().view(torch.int16)
+    assert torch.equal(cpu.int4_dequant(rows, pairs, 64, 0, out_f), mod.dequantized())
+    off_grid = Int4WeightOnlyLinear.from_quantized(q, d * 1.0001, zeros, 64)  # scales off fp16: fp32 pairs
+    assert off_grid.avx2_operands()[2].dtype == torch.float32
 
 
 @pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
@@ -584,6 +614,37 @@ def test_int8_kernel_rows_do_not_depend_on_how_many_share_a_decode_call(out_f):
     for m in (1, 2, 3, 5, 7, 16, 31) + ((32, 33, 64, 97) if tiles else ()):
         assert torch.equal(mod(x[:m]), full[:m]), m
         assert torch.equal(mod(x[m - 1:m]), full[m - 1:m]), m
+
+
+@pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("out_f", [100, 96])  # the row layout, the VNNI tiles
+def test_int8g_scales_each_block_of_32_and_a_rows_result_does_not_depend_on_the_call(out_f):
+    """int8g (the GGUF Q8_0 grid): one fp16 scale per row and block of 32 inputs, folded into the block's FMA, in
+    the row kernels, the VNNI tiles and both prefill GEMMs; the module's result is its dequantized weight's."""
+    from accel.kernels.linear import quantize_int8_groupwise
+
+    torch.manual_seed(3)
+    w = torch.randn(out_f, 576) * 0.02
+    w[:, 64:96] *= 50  # one block with a far larger range: a per-row scale would flatten the rest
+    q, s = quantize_int8_groupwise(w)
+    assert s.shape == (out_f, 18) and torch.equal(s, s.half().float())
+    mod = Int8WeightOnlyLinear.from_quantized(q, s)
+    assert mod.group_size == 32 and linear_scheme(mod) == "int8g"
+    deq = mod.dequantized()
+    # within half a step of each block's own scale (plus its fp16 rounding): the small blocks keep their resolution
+    assert ((deq - w).abs() / s.repeat_interleave(32, 1)).max() <= 0.5 + 127.5 * 2.0**-11
+    x = torch.randn(97, 576)
+    full = mod(x)
+    ref = (_i16_blocks(x) @ deq.double().T)
+    assert torch.allclose(full.double(), ref, rtol=1e-5, atol=1e-4 * ref.abs().max().item())
+    tiles = mod.avx2_operands()[0] == 3
+    step = full if tiles else mod(x[:32])  # the row layout: up to 32 rows (a decode / verify step) run the row kernels
+    for m in (1, 2, 3, 7, 16, 31, 32):
+        assert torch.equal(mod(x[:m]), step[:m]), m
+    rows = cpu.int8_linear(x, q, torch.ones(out_f), s.half())  # the row layout's kernels, prefill GEMM at 97 rows
+    assert torch.allclose(rows, full, rtol=1e-5, atol=1e-5 * full.abs().max().item())
+    with pytest.raises(ValueError, match="one per 32 inputs"):
+        Int8WeightOnlyLinear.from_quantized(q, s[:, :9])
 
 
 @pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")

@@ -34,6 +34,17 @@ def test_target_avg_bits_exact_plan():
     assert plan.avg_bits == pytest.approx(19 / 3)
 
 
+def test_bits_a_demotion_overshoots_go_back_to_the_units_that_need_them():
+    # small costs less damage per bit and is demoted first, but big must go too: its 7,000 bits overshoot the
+    # target, and small (700 bits) goes back to 16-bit within it
+    sens = SensitivityResult(metric="kl", group_size=20, candidates=["int8", "fp16"], num_tokens=1, damage={
+        "big": {"int8": 0.01, "fp16": 0.0}, "small": {"int8": 0.0001, "fp16": 0.0}})
+    p, inf = {"big": 1000, "small": 100}, {"big": 16, "small": 16}
+    plan = allocate(sens, Budget(target_avg_bits=10.0), p, Rules(), inf)
+    assert plan.schemes == {"big": "int8", "small": "fp16"}
+    assert plan.avg_bits == pytest.approx((9000 + 1600) / 1100) and plan.estimated_kl == pytest.approx(0.01)
+
+
 def test_max_ppl_increase_uses_log_kl_budget():
     # 1% -> KL budget ln(1.01) = 0.00995: b->int4 (.0115) no longer fits
     plan = allocate(SENS, Budget(max_ppl_increase_pct=1.0), P, Rules(), IN)

@@ -247,8 +247,9 @@ def test_int4f_kernel_module_matches_its_dequantized_weight_on_every_cpu_path():
     assert isinstance(seq[0], Int4WeightOnlyLinear) and seq[0].float_zero
 
 
+@pytest.mark.parametrize("head", ["int8", "int8g"])
 @torch.no_grad()
-def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_measured(tmp_path):
+def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_measured(tmp_path, head):
     import json
 
     from safetensors import safe_open
@@ -261,8 +262,8 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
     model = _saved_tiny(tmp_path, tie_word_embeddings=True)
     names = quantizable_linears(model)  # no 16-bit Linear: the checkpoint then stores no rounded float matrix
     plan = Plan(schemes={n: ("int4", "int8")[i % 2] for i, n in enumerate(names)}, group_size=32, avg_bits=0.0,
-                estimated_kl=0.0, lm_head="int8", tied_table=True)
-    assert plan.measured_schemes()["model.embed_tokens"] == "int8"
+                estimated_kl=0.0, lm_head=head, tied_table=True)
+    assert plan.measured_schemes()["model.embed_tokens"] == head
     with fake_quantized(model, plan.measured_schemes(), 32):
         measured = model(X).logits  # what the held-out check measures: the table's rows at 8 bits in and out
     res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
@@ -272,6 +273,7 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
     groups = config["quantization_config"]["config_groups"]
     assert groups["table"]["targets"] == ["model.embed_tokens", "lm_head"]
     assert groups["table"]["format"] == "int-quantized" and groups["table"]["weights"]["num_bits"] == 8
+    assert groups["table"]["weights"]["strategy"] == ("group" if head == "int8g" else "channel")
     assert all("lm_head" not in g["targets"] for n, g in groups.items() if n != "table")
     with safe_open(str(ck / "model.safetensors"), "pt") as f:
         dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
@@ -284,6 +286,9 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
     torch.testing.assert_close(loaded(X).logits, measured, **KERNEL_TOL)
     runtime = load_model(ck, torch.float32, torch.device("cpu"))
     assert runtime.model.embed_tokens.qweight.data_ptr() == runtime.lm_head.qweight.data_ptr()  # held once
+    assert runtime.lm_head.group_size == (32 if head == "int8g" else None)
+    if head == "int8g":  # one fp16 scale per 32 values of a row, as the GGUF Q8_0 grid
+        assert tuple(runtime.lm_head.scales.shape) == (runtime.lm_head.out_features, runtime.lm_head.in_features // 32)
     ids = X[0]
     torch.testing.assert_close(runtime.model.embed_tokens(ids), hf.model.embed_tokens(ids), atol=0, rtol=0)
     support = loader_support(config)
@@ -296,6 +301,7 @@ def test_the_table_is_tied_only_for_a_tied_int8_lm_head_outside_vllm():
 
     tied, untied = make_tiny_llama(tie_word_embeddings=True), make_tiny_llama(tie_word_embeddings=False)
     assert stores_tied_table(tied, "int8", "transformers") and stores_tied_table(tied, "int8", None)
+    assert stores_tied_table(tied, "int8g", None)
     assert not stores_tied_table(tied, "int8", "vllm")  # vLLM ties only an unquantized table
     assert not stores_tied_table(tied, "fp16", "transformers") and not stores_tied_table(untied, "int8", None)
 

@@ -10,7 +10,8 @@
 //
 // Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
 // VNNI tile layout; 4 int4 in its VNNI tile layout; 2 int4 packed
-// [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]), three tensor indices into `weights` (-1 unused), the INT4 group size,
+// [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]), three tensor indices into
+// `weights` (-1 unused: weight, scale, and INT8's fp16 group scales, int8g, in the weight's layout), the INT4 group size,
 // the bias index (-1: none), out_features. Per layer: input-norm index, pre-MLP-norm index, the qkv, o, gate_up and
 // down specs, then (EXTRA_FIELDS) the q-norm and k-norm indices and the post-attention and post-MLP norm indices
 // (-1: none; Qwen3 has the first two, Gemma 3 all four), the sliding window (0: none), the RoPE table (0: global,
@@ -22,14 +23,16 @@ constexpr int64_t LIN_FIELDS = 7, EXTRA_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_F
 struct DecodeLinear {
   int64_t kind = 0, gs = 0, N = 0;
   torch::Tensor q, scale, bias;  // scale: fp32 [N] (INT8) or the INT4 scale_min (fp32 / fp16)
+  torch::Tensor gscale;  // INT8 group scales (int8g), fp16 [N, K / 32] in the weight's layout; undefined: none
+  const uint16_t* gsp() const { return gscale.defined() ? reinterpret_cast<const uint16_t*>(gscale.data_ptr<at::Half>()) : nullptr; }
 };
 
 static void run_linear(const DecodeLinear& L, const float* x, int64_t M, int64_t K, float* y) {
   const int64_t N = L.N;
   if (L.kind == 0) f32_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
   else if (L.kind == 5) panel_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
-  else if (L.kind == 1) int8_gemm(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N);
-  else if (L.kind == 3) int8_gemm_vnni(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N);
+  else if (L.kind == 1) int8_gemm(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp());
+  else if (L.kind == 3) int8_gemm_vnni(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp());
   else if (L.kind == 4) int4_gemm_vnni_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
   else int4_gemm_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
   if (L.bias.defined()) {
@@ -145,7 +148,12 @@ struct DecodeTensors {
       TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
       d.scale = w[f[2]];
       TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
-                  d.scale.scalar_type() == at::kHalf), "scales: fp32 (INT4 scale_min: fp32 or fp16)");
+                  (d.scale.scalar_type() == at::kHalf || d.scale.scalar_type() == at::kShort)),
+                  "scales: fp32 (INT4 scale_min: fp32 or fp16, or int16 (fp16 scale, zero point) pairs)");
+    }
+    if (f[3] >= 0) {
+      TORCH_CHECK(d.kind == 1 || d.kind == 3, "group scales (the third tensor) are for INT8 kinds 1 and 3 only");
+      d.gscale = weight(w, f[3], at::kHalf);
     }
     if (f[5] >= 0) d.bias = weight(w, f[5], at::kFloat);
     return d;
@@ -192,6 +200,7 @@ struct DecodeTensors {
     TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : d.kind == 5 ? panels * k : n * k), "projection ", j,
                 ": weight of ", d.q.numel(), " elements for [", n, ", ", k, "]");
     if (d.kind == 1 || d.kind == 3) TORCH_CHECK(d.scale.numel() == n, "INT8 scale must be [N]");
+    if (d.gscale.defined()) TORCH_CHECK(k % 32 == 0 && d.gscale.numel() == n * (k / 32), "INT8 group scales: [N, K / 32]");
     if (int4) TORCH_CHECK(d.gs > 0 && k % d.gs == 0 && d.scale.numel() == n * (k / d.gs) * 2, "INT4 scale_min shape");
     if (d.kind == 3) TORCH_CHECK(n % 16 == 0 && k % 32 == 0, "INT8 VNNI layout: N % 16, K % 32");
     if (d.kind == 4) TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && d.gs % 32 == 0, "INT4 VNNI layout shape");

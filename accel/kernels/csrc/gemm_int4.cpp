@@ -25,6 +25,11 @@ static inline void load_pairs8(const uint16_t* p, __m256& s, __m256& m) {
   s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
   m = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
 }
+static inline void load_pairs8(const Z16* p, __m256& s, __m256& m) {  // (scale, zero): min = -zero * scale
+  __m256 z;
+  load_pairs8(reinterpret_cast<const uint16_t*>(p), s, z);
+  m = _mm256_mul_ps(_mm256_set1_ps(-1.f), _mm256_mul_ps(z, s));
+}
 
 // sc[g], mn[g] for a row's G groups from its interleaved (scale, min) pairs
 template <typename S>
@@ -36,7 +41,7 @@ static inline void row_scales(const S* sm, int64_t G, float* sc, float* mn) {
     _mm256_storeu_ps(sc + g, s);
     _mm256_storeu_ps(mn + g, m);
   }
-  for (; g < G; ++g) { sc[g] = f32_of(sm[2 * g]); mn[g] = f32_of(sm[2 * g + 1]); }
+  for (; g < G; ++g) { sc[g] = f32_of(sm[2 * g]); mn[g] = min_of(sm + 2 * g); }
 }
 
 static inline float dot_f32(const float* a, const float* b, int64_t n) {
@@ -116,7 +121,7 @@ static void NAME(const int16_t* xq, const float* xs, int64_t KB, const float* xs
     } else {                                                                                                   \
       for (int m = 0; m < MB; ++m) mterm[m] = 0.f;                                                             \
       for (int64_t g = 0, b = 0; g < G; ++g) {                                                                 \
-        const float ws = f32_of(sm[2 * (n * G + g)]), mn_g = f32_of(sm[2 * (n * G + g) + 1]);                  \
+        const float ws = f32_of(sm[2 * (n * G + g)]), mn_g = min_of(sm + 2 * (n * G + g));                     \
         for (int64_t j = 0; j < bpg; ++j, ++b) {                                                               \
           if (ahead && (b & 3) == 0) _mm_prefetch(ahead + b * 16, _MM_HINT_T0);                                \
           ACCEL_INT4_BLOCK(DOT, b, t0, _mm256_set1_ps(ws * xs[m * KB + b]))                                    \
@@ -182,7 +187,9 @@ static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, 
 // the INT4 GEMM on a scale/min tensor of either dtype
 static void int4_gemm_t(const float* x, int64_t M, int64_t K, const uint8_t* q, const torch::Tensor& sm, int64_t gs,
                         float* y, int64_t N) {
-  if (sm.scalar_type() == at::kHalf)
+  if (sm.scalar_type() == at::kShort)
+    int4_gemm(x, M, K, q, reinterpret_cast<const Z16*>(sm.data_ptr<int16_t>()), gs, y, N);
+  else if (sm.scalar_type() == at::kHalf)
     int4_gemm(x, M, K, q, reinterpret_cast<const uint16_t*>(sm.data_ptr<at::Half>()), gs, y, N);
   else
     int4_gemm(x, M, K, q, sm.data_ptr<float>(), gs, y, N);
@@ -191,8 +198,9 @@ static void int4_gemm_t(const float* x, int64_t M, int64_t K, const uint8_t* q, 
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale_min, int64_t group_size) {
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && q.size(1) * 2 == x.size(1), "shapes: x [M, K], q [N, K / 2]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kByte &&
-              (scale_min.scalar_type() == at::kFloat || scale_min.scalar_type() == at::kHalf),
-              "dtypes: x fp32, q uint8, scale_min fp32 or fp16");
+              (scale_min.scalar_type() == at::kFloat || scale_min.scalar_type() == at::kHalf ||
+               scale_min.scalar_type() == at::kShort),
+              "dtypes: x fp32, q uint8, scale_min fp32 or fp16, or int16 (fp16 scale, zero point) pairs");
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0), gs = group_size;
   TORCH_CHECK(gs % 16 == 0 && K % gs == 0, "group_size must be a multiple of 16 dividing K");
   const int64_t G = K / gs;
@@ -215,7 +223,7 @@ static void int4_dequant_rows(const uint8_t* q, const S* sm, int64_t K, int64_t 
       const uint8_t* row = q + n * (K / 2);
       float* o = out + (n - n0) * K;
       for (int64_t g = 0; g < G; ++g) {
-        const __m256 s = _mm256_set1_ps(f32_of(sm[(n * G + g) * 2])), mn = _mm256_set1_ps(f32_of(sm[(n * G + g) * 2 + 1]));
+        const __m256 s = _mm256_set1_ps(f32_of(sm[(n * G + g) * 2])), mn = _mm256_set1_ps(min_of(sm + (n * G + g) * 2));
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
           const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c / 2));
           const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
@@ -234,7 +242,10 @@ torch::Tensor int4_dequant(torch::Tensor q, torch::Tensor scale_min, int64_t gro
   TORCH_CHECK(0 <= n0 && n0 <= n1 && n1 <= N, "rows out of range");
   q = q.contiguous(); scale_min = scale_min.contiguous();
   auto out = torch::empty({n1 - n0, K}, torch::kFloat);
-  if (scale_min.scalar_type() == at::kHalf)
+  if (scale_min.scalar_type() == at::kShort)
+    int4_dequant_rows(q.data_ptr<uint8_t>(), reinterpret_cast<const Z16*>(scale_min.data_ptr<int16_t>()), K, gs, n0, n1,
+                      out.data_ptr<float>());
+  else if (scale_min.scalar_type() == at::kHalf)
     int4_dequant_rows(q.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scale_min.data_ptr<at::Half>()), K, gs,
                       n0, n1, out.data_ptr<float>());
   else

@@ -64,13 +64,19 @@ static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, boo
   return r;
 }
 
-// MB activation rows (1..4 or 8) against output rows [n0, n1): y[m, n] = scale[n] * sum_b xs[m, b] * dot_b(xq[m], q[n]).
+// Group-wise INT8 ("int8g", the GGUF Q8_0 grid): one fp16 scale per row and block of 32 inputs, `gs` (uint16 bits) in
+// the weight's own layout ([N, K / 32] beside the row layout, [N / 16, K / 32, 16] beside the tile layout), folded
+// into the block's FMA (activation scale x weight scale); scale[n] is then 1. nullptr: per-channel INT8.
+static inline float gscale_at(const uint16_t* gs, int64_t i) { return gs ? _cvtsh_ss(gs[i]) : 1.f; }
+
+// MB activation rows (1..4 or 8) against output rows [n0, n1): y[m, n] = scale[n] * sum_b xs[m, b] * gs[n, b] *
+// dot_b(xq[m], q[n]).
 // Defined twice by this macro: with vpmaddwd + vpaddd (AVX2), and inside a `target` region with vpdpwssd (the
 // VNNI instruction may only appear in code compiled for it; the runtime check picks the version).
 #define ACCEL_DEFINE_TILE_I16(NAME, DOT)                                                                         \
 template <int MB>                                                                                              \
 static void NAME(const int16_t* xq, const float* xs, int64_t KB, int64_t K, const int8_t* q, const float* scale, \
-                 float* y, int64_t N, int64_t n0, int64_t n1) {                                                \
+                 const uint16_t* gs, float* y, int64_t N, int64_t n0, int64_t n1) {                            \
   for (int64_t n = n0; n < n1; ++n) {                                                                          \
     const int8_t* row = q + n * K;                                                                             \
     const char* ahead = n + PF_ROWS_I8 < N ? reinterpret_cast<const char*>(row + PF_ROWS_I8 * K) : nullptr;    \
@@ -82,18 +88,19 @@ static void NAME(const int16_t* xq, const float* xs, int64_t KB, int64_t K, cons
       if (ahead && (k & 63) == 0) _mm_prefetch(ahead + k, _MM_HINT_T0);                                        \
       const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));     \
       const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16))); \
+      const float g = gscale_at(gs, n * KB + k / 32);                                                          \
       for (int m = 0; m < MB; ++m) {                                                                           \
         __m256i a = DOT(_mm256_setzero_si256(), w0,                                                           \
                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + k)));                \
         a = DOT(a, w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + k + 16)));             \
-        tot[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(xs[m * KB + k / 32]), tot[m]);          \
+        tot[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(xs[m * KB + k / 32] * g), tot[m]);      \
       }                                                                                                        \
     }                                                                                                          \
     if (k < K)                                                                                                 \
       for (int m = 0; m < MB; ++m) {                                                                           \
         int32_t a = 0;                                                                                         \
         for (int64_t kk = k; kk < K; ++kk) a += static_cast<int32_t>(row[kk]) * xq[m * K + kk];                \
-        tail[m] = static_cast<float>(a) * xs[m * KB + k / 32];                                                 \
+        tail[m] = static_cast<float>(a) * (xs[m * KB + k / 32] * gscale_at(gs, n * KB + k / 32));              \
       }                                                                                                        \
     const float s = scale[n];                                                                                  \
     for (int m = 0; m < MB; ++m) y[m * N + n] = (hsum256(tot[m]) + tail[m]) * s;                               \
@@ -127,13 +134,13 @@ static inline const char* stream_ahead(const void* p) {
 // every row count, with the prefill GEMMs' numerics.
 constexpr int64_t VNNI_MIN_ROWS = 33;
 static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
-                              float* y, int64_t N);
+                              const uint16_t* gs, float* y, int64_t N);
 
-// y [M, N] = (x [M, K] @ q[N, K]^T) * scale[N]
+// y [M, N] = (x [M, K] @ q[N, K]^T) * scale[N], with the group scales `gs` ([N, K / 32]) where given
 static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp, float* yp,
-                      int64_t N) {
+                      int64_t N, const uint16_t* gs = nullptr) {
   const QuantBlocks xr = quantize_blocks_i16(xp, M, K, false);
-  if (HAS_VNNI && M >= VNNI_MIN_ROWS && K % 32 == 0) return vnni_gemm_i8_rows(xr, M, K, qp, sp, yp, N);
+  if (HAS_VNNI && M >= VNNI_MIN_ROWS && K % 32 == 0) return vnni_gemm_i8_rows(xr, M, K, qp, sp, gs, yp, N);
   // Output rows in tiles of up to 64: a tile's weights (TN x K bytes, <= 32 KB so they stay in L1) are reused by
   // every 4-row block of x, so the weight is streamed from memory once per call whatever M is.
   const int64_t TN = std::clamp<int64_t>(32768 / K / 8 * 8, 8, 64), CR = chunk_rows(M, N, K, TN);
@@ -147,7 +154,7 @@ static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, c
         const int16_t* xm = xr.q.data() + m0 * K;
         const float* xs = xr.scale.data() + m0 * xr.KB;
         float* ym = yp + m0 * N;
-#define ACCEL_TILE_I16(F, R) F<R>(xm, xs, xr.KB, K, qp, sp, ym, N, n0, n1)
+#define ACCEL_TILE_I16(F, R) F<R>(xm, xs, xr.KB, K, qp, sp, gs, ym, N, n0, n1)
         if (HAS_VNNI) {
           switch (mb) {
             case 8: ACCEL_TILE_I16(tile_i16_vnni, 8); break;
@@ -167,7 +174,15 @@ static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, c
   });
 }
 
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale) {
+// The group scales operand: fp16 [N, K / 32] values (in the weight's layout), or empty for per-channel INT8.
+static const uint16_t* group_scales(const torch::Tensor& gs, int64_t N, int64_t K) {
+  if (!gs.defined() || gs.numel() == 0) return nullptr;
+  TORCH_CHECK(K % 32 == 0 && gs.scalar_type() == at::kHalf && gs.is_contiguous() && gs.numel() == N * (K / 32),
+              "group scales: fp16 contiguous, one per output row and block of 32 inputs (K % 32 == 0)");
+  return reinterpret_cast<const uint16_t*>(gs.data_ptr<at::Half>());
+}
+
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor gs) {
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1), "shapes: x [M, K], q [N, K]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
               "dtypes: x fp32, q int8, scale fp32");
@@ -175,6 +190,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale)
   x = x.contiguous(); q = q.contiguous(); scale = scale.contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
   auto y = torch::empty({M, N}, x.options());
-  int8_gemm(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N);
+  int8_gemm(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N,
+            group_scales(gs, N, K));
   return y;
 }

@@ -7,8 +7,18 @@
 // The float `min` form covers integer zero points (min = -zero * scale) and GGUF Q4_1 (scale d, min m) alike.
 // Scales and mins are interleaved per group, sm[n, g] = (scale, min), in fp32 or, where that is exact (a GGUF
 // grid's fp16 d and m), fp16 (uint16 bits): at group 32 the fp32 pair is half as many bytes again as the weights.
+// A third form, `Z16` (int16 storage of fp16 bits), holds (scale, zero point) pairs instead: min = -zero * scale,
+// formed in fp32 where it is read. With an fp16 scale and an integer zero in [0, 15] that product is exact, so an
+// integer-zero-point INT4 (vLLM's W4A16 form) streams 4 bytes per group where fp32 pairs took 8: at group 64,
+// 4.5 bits per weight instead of 5.0 (Q4_K_M's ~4.85).
+struct Z16 { uint16_t h; };
 static inline float f32_of(float v) { return v; }
 static inline float f32_of(uint16_t h) { return _cvtsh_ss(h); }
+static inline float f32_of(Z16 v) { return _cvtsh_ss(v.h); }
+// the min of the (scale, min) or (scale, zero) pair at p
+template <typename S>
+static inline float min_of(const S* p) { return f32_of(p[1]); }
+static inline float min_of(const Z16* p) { return -(_cvtsh_ss(p[1].h) * _cvtsh_ss(p[0].h)); }
 
 // ---- prefill GEMM (AVX512-VNNI) ------------------------------------------------------------------------------
 // At prefill sizes (M >= VNNI_MIN_ROWS) a Linear is compute-bound. The row kernels above form one dot product per
@@ -121,15 +131,19 @@ static inline void store_tile(float* y, int64_t N, int64_t n0, int m, int v, __m
 }
 
 // y [M, N] = x @ (q * scale[n])^T with x already in 16-bit blocks (permute = false); pack(n0, wp) fills the VT-row
-// tile at n0 in `pack_tile`'s layout
-template <typename P>
+// tile at n0 in `pack_tile`'s layout; with group scales (int8g), gscales(n0, g) fills g [K / 32][VT] with the tile's
+// rows' block scales and returns true (false: per-channel)
+template <typename P, typename GS>
 static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const float* scale, float* y, int64_t N,
-                         const P& pack) {
+                         const P& pack, const GS& gscales) {
   parallel_chunks((N + VT - 1) / VT, [&](int64_t c) {
     thread_local std::vector<int32_t> buf;
+    thread_local std::vector<float> gbuf;
     buf.resize(K / 2 * VT);
+    gbuf.assign(K / 32 * VT, 0.f);
     const int64_t n0 = c * VT;
     pack(n0, buf.data());
+    const bool grouped = gscales(n0, gbuf.data());
     __m512 rs[2];
     for (int v = 0; v < 2; ++v) {
       const int64_t n = n0 + v * 16, left = std::min<int64_t>(16, N - n);
@@ -140,8 +154,10 @@ static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const floa
       __m512 acc[MB][2];
       for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
       const float* xs = xr.scale.data() + m0 * xr.KB;
-      vnni_rows<MB>(xr.q.data() + m0 * K, K, buf.data(), acc,
-                    [&](int m, int64_t b, int) { return _mm512_set1_ps(xs[m * xr.KB + b]); });
+      vnni_rows<MB>(xr.q.data() + m0 * K, K, buf.data(), acc, [&](int m, int64_t b, int v) {
+        const __m512 f = _mm512_set1_ps(xs[m * xr.KB + b]);
+        return grouped ? _mm512_mul_ps(f, _mm512_loadu_ps(gbuf.data() + b * VT + v * 16)) : f;
+      });
       for (int m = 0; m < MB; ++m)
         for (int v = 0; v < 2; ++v) store_tile(y + m0 * N, N, n0, m, v, _mm512_mul_ps(acc[m][v], rs[v]));
     };
@@ -149,13 +165,19 @@ static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const floa
   });
 }
 
-// q in the row layout [N, K]
+// q in the row layout [N, K], group scales (if any) [N, K / 32]
 static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
-                              float* y, int64_t N) {
+                              const uint16_t* gs, float* y, int64_t N) {
+  const int64_t KB = K / 32;
   vnni_gemm_i8(xr, M, K, scale, y, N, [&](int64_t n0, int32_t* wp) {
     pack_tile(n0, N, K, wp, [&](int64_t n, int64_t b) {
       return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + n * K + b * 32)));
     });
+  }, [&](int64_t n0, float* g) {
+    if (!gs) return false;
+    for (int64_t i = 0; i < VT && n0 + i < N; ++i)
+      for (int64_t b = 0; b < KB; ++b) g[b * VT + i] = _cvtsh_ss(gs[(n0 + i) * KB + b]);
+    return true;
   });
 }
 
@@ -181,7 +203,7 @@ static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const
 // L1: 0.70x the time at 3-4 rows, 0.83x at 8, 0.90x at 16; INT4's tiles, compute-bound, gained nothing)
 template <int MB, int NT>
 static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB, int64_t K, const int8_t* tile,
-                                 const float* scale, float* y, int64_t N, const char* ahead) {
+                                 const float* scale, const uint16_t* gs, float* y, int64_t N, const char* ahead) {
   constexpr int SPLIT = MB * NT >= 4 ? 1 : MB * NT >= 2 ? 2 : 4;  // independent vpdpwssd chains against its latency
   const int64_t TB = 16 * K;  // bytes per tile
   __m512 acc[MB][NT];
@@ -213,11 +235,16 @@ static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB,
         }
       }
     }
+    __m512 g[NT];  // the tiles' block scales (int8g), or ones
+    for (int u = 0; u < NT; ++u)
+      g[u] = gs ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gs + (u * KB + b) * 16)))
+                : _mm512_set1_ps(1.f);
     for (int m = 0; m < MB; ++m)
       for (int u = 0; u < NT; ++u) {
         __m512i tot = s[m][u][0];
         for (int h = 1; h < SPLIT; ++h) tot = _mm512_add_epi32(tot, s[m][u][h]);
-        acc[m][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(xs[m * KB + b]), acc[m][u]);
+        acc[m][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(_mm512_set1_ps(xs[m * KB + b]), g[u]),
+                                    acc[m][u]);
       }
   }
   for (int u = 0; u < NT; ++u) {
@@ -230,7 +257,7 @@ static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB,
 // to int16 and two `vpdpwssd` of 8 rows each. The same per-row operations as `vnni_tiles_i8` (identical results);
 // at one row the 512-bit widening cost the decode step ~6% (SmolLM2 INT8, whole engine, paired runs).
 static inline void vnni_tile1_i8(const int16_t* xq, const float* xs, int64_t KB, const int8_t* tile,
-                                 const float* scale, float* y, const char* ahead) {
+                                 const float* scale, const uint16_t* gs, float* y, const char* ahead) {
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t b = 0; b < KB; ++b) {
     if (ahead)
@@ -248,15 +275,18 @@ static inline void vnni_tile1_i8(const int16_t* xq, const float* xs, int64_t KB,
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * h))), x);
     }
     const __m256 xb = _mm256_set1_ps(xs[b]);
-    for (int h = 0; h < 2; ++h)
-      acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s[h][0], s[h][1])), xb, acc[h]);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 f = gs ? _mm256_mul_ps(xb, _mm256_cvtph_ps(_mm_loadu_si128(
+                                reinterpret_cast<const __m128i*>(gs + b * 16 + 8 * h)))) : xb;
+      acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s[h][0], s[h][1])), f, acc[h]);
+    }
   }
   for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(acc[h], _mm256_loadu_ps(scale + 8 * h)));
 }
 
 template <int NT>
-static void vnni_pass_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* tile, const float* scale, float* y,
-                         int64_t N, const char* ahead) {
+static void vnni_pass_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* tile, const float* scale,
+                         const uint16_t* gs, float* y, int64_t N, const char* ahead) {
   const int64_t KB = K / 32;
   for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
     mb = std::min<int64_t>(6, M - m0);
@@ -265,16 +295,18 @@ static void vnni_pass_i8(const QuantBlocks& xr, int64_t M, int64_t K, const int8
     float* ym = y + m0 * N;
     const char* pf = m0 == 0 ? ahead : nullptr;
     switch (mb) {
-#define ACCEL_PASS_CASE(R) case R: vnni_tiles_i8<R, NT>(xq, xs, KB, K, tile, scale, ym, N, pf); break;
+#define ACCEL_PASS_CASE(R) case R: vnni_tiles_i8<R, NT>(xq, xs, KB, K, tile, scale, gs, ym, N, pf); break;
       ACCEL_PASS_CASE(6) ACCEL_PASS_CASE(5) ACCEL_PASS_CASE(4) ACCEL_PASS_CASE(3) ACCEL_PASS_CASE(2)
-      default: vnni_tiles_i8<1, NT>(xq, xs, KB, K, tile, scale, ym, N, pf);
+      default: vnni_tiles_i8<1, NT>(xq, xs, KB, K, tile, scale, gs, ym, N, pf);
 #undef ACCEL_PASS_CASE
     }
   }
 }
 
+// group scales (if any) in the tile layout [N / 16, K / 32, 16]
 static void vnni_gemm_i8_tiles(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* qv, const float* scale,
-                               float* y, int64_t N) {
+                               const uint16_t* gs, float* y, int64_t N) {
+  const int64_t KB = K / 32;
   if (M >= VNNI_MIN_ROWS)  // prefill: the GEMM's 32-row x 6-row register tile, packed by widening only
     return vnni_gemm_i8(xr, M, K, scale, y, N, [&](int64_t n0, int32_t* wp) {
       for (int64_t v = 0; v < VT / 16; ++v) {
@@ -283,6 +315,13 @@ static void vnni_gemm_i8_tiles(const QuantBlocks& xr, int64_t M, int64_t K, cons
           _mm512_storeu_si512(wp + kp * VT + v * 16, t * 16 < N ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(
               reinterpret_cast<const __m256i*>(qv + (t * (K / 2) + kp) * 32))) : _mm512_setzero_si512());
       }
+    }, [&](int64_t n0, float* g) {
+      if (!gs) return false;
+      for (int64_t v = 0; v < VT / 16 && (n0 / 16 + v) * 16 < N; ++v)
+        for (int64_t b = 0; b < KB; ++b)
+          _mm512_storeu_ps(g + b * VT + v * 16, _mm512_cvtph_ps(_mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(gs + ((n0 / 16 + v) * KB + b) * 16))));
+      return true;
     });
   const int64_t tiles = N / 16;
   const TileChunks ch = tile_chunks(M, tiles, 16 * K);
@@ -292,14 +331,15 @@ static void vnni_gemm_i8_tiles(const QuantBlocks& xr, int64_t M, int64_t K, cons
       const int8_t* tile = qv + t * 16 * K;
       if (M > 2 && t + 2 <= t1) {  // one or two rows: one tile at a time, a single linear stream through the chunk
         const char* ahead = t + 4 <= t1 ? reinterpret_cast<const char*>(tile + 32 * K) : nullptr;
-        vnni_pass_i8<2>(xr, M, K, tile, scale + t * 16, y + t * 16, N, ahead);
+        vnni_pass_i8<2>(xr, M, K, tile, scale + t * 16, gs ? gs + t * KB * 16 : nullptr, y + t * 16, N, ahead);
         t += 2;
       } else {
         const char* ahead = stream_ahead(tile);
         if (M == 1)
-          vnni_tile1_i8(xr.q.data(), xr.scale.data(), K / 32, tile, scale + t * 16, y + t * 16, ahead);
+          vnni_tile1_i8(xr.q.data(), xr.scale.data(), K / 32, tile, scale + t * 16, gs ? gs + t * KB * 16 : nullptr,
+                        y + t * 16, ahead);
         else
-          vnni_pass_i8<1>(xr, M, K, tile, scale + t * 16, y + t * 16, N, ahead);
+          vnni_pass_i8<1>(xr, M, K, tile, scale + t * 16, gs ? gs + t * KB * 16 : nullptr, y + t * 16, N, ahead);
         t += 1;
       }
     }
@@ -361,7 +401,7 @@ static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t 
     for (int64_t i = 0; i < VT && n0 + i < N; ++i)
       for (int64_t g = 0; g < G; ++g) {
         sc[g * VT + i] = f32_of(sm[((n0 + i) * G + g) * 2]);
-        mn[g * VT + i] = f32_of(sm[((n0 + i) * G + g) * 2 + 1]);
+        mn[g * VT + i] = min_of(sm + ((n0 + i) * G + g) * 2);
       }
   });
 }
@@ -379,6 +419,13 @@ static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t 
 static inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_f32(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+static inline __m512 load16_f32(const Z16* p) { return load16_f32(reinterpret_cast<const uint16_t*>(p)); }
+// a tile's 16 mins of one group from p (its 16 scales, then 16 mins or zero points)
+template <typename S>
+static inline __m512 load16_mins(const S* p) { return load16_f32(p + 16); }
+static inline __m512 load16_mins(const Z16* p) {
+  return _mm512_mul_ps(_mm512_set1_ps(-1.f), _mm512_mul_ps(load16_f32(p + 16), load16_f32(p)));
 }
 
 template <int MB, int NT, typename S>
@@ -434,7 +481,7 @@ static inline void vnni_tiles_i4(const int16_t* xq, const float* xs, const float
   }
   for (int64_t g = 0; g < G; ++g)
     for (int u = 0; u < NT; ++u) {
-      const __m512 mv = load16_f32(tsm + u * SMS + g * 32 + 16);
+      const __m512 mv = load16_mins(tsm + u * SMS + g * 32);
       for (int m = 0; m < MB; ++m) acc[m][u] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[m * G + g]), acc[m][u]);
     }
   for (int u = 0; u < NT; ++u)
@@ -487,7 +534,7 @@ static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t
         if (t >= tiles) continue;
         for (int64_t g = 0; g < G; ++g) {
           _mm512_storeu_ps(sc + g * VT + v * 16, load16_f32(smv + (t * G + g) * 32));
-          _mm512_storeu_ps(mn + g * VT + v * 16, load16_f32(smv + (t * G + g) * 32 + 16));
+          _mm512_storeu_ps(mn + g * VT + v * 16, load16_mins(smv + (t * G + g) * 32));
         }
       }
     });
@@ -513,10 +560,10 @@ static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t
 
 // y [M, N] = (x [M, K] @ q^T) * scale[N], q in the VNNI tile layout (only where HAS_VNNI)
 static void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp,
-                           int64_t N) {
+                           int64_t N, const uint16_t* gs = nullptr) {
   TORCH_CHECK(HAS_VNNI, "the INT8 VNNI tile layout needs AVX512-VNNI");
   TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "the INT8 VNNI tile layout needs N % 16 == 0 and K % 32 == 0");
-  vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false), M, K, qv, sp, yp, N);
+  vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false), M, K, qv, sp, gs, yp, N);
 }
 
 // y [M, N] = sum_k x[m, k] (q[n, k] * scale[n, g] + min[n, g]), q and the scales in the INT4 VNNI tile layout
@@ -532,7 +579,9 @@ static void int4_gemm_vnni(const float* xp, int64_t M, int64_t K, const uint8_t*
 
 static void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv,
                              int64_t gs, float* y, int64_t N) {
-  if (smv.scalar_type() == at::kHalf)
+  if (smv.scalar_type() == at::kShort)
+    int4_gemm_vnni(x, M, K, qv, reinterpret_cast<const Z16*>(smv.data_ptr<int16_t>()), gs, y, N);
+  else if (smv.scalar_type() == at::kHalf)
     int4_gemm_vnni(x, M, K, qv, reinterpret_cast<const uint16_t*>(smv.data_ptr<at::Half>()), gs, y, N);
   else
     int4_gemm_vnni(x, M, K, qv, smv.data_ptr<float>(), gs, y, N);
@@ -541,8 +590,8 @@ static void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t
 torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size) {
   TORCH_CHECK(x.dim() == 2 && qv.dim() == 2 && qv.size(1) * 2 == x.size(1), "shapes: x [M, K], q [N, K / 2]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && qv.scalar_type() == at::kByte &&
-              (smv.scalar_type() == at::kFloat || smv.scalar_type() == at::kHalf),
-              "dtypes: x fp32, q uint8, scale_min fp32 or fp16");
+              (smv.scalar_type() == at::kFloat || smv.scalar_type() == at::kHalf || smv.scalar_type() == at::kShort),
+              "dtypes: x fp32, q uint8, scale_min fp32 or fp16, or int16 (fp16 scale, zero point) pairs");
   const int64_t M = x.size(0), K = x.size(1), N = qv.size(0);
   TORCH_CHECK(group_size > 0 && K % group_size == 0 && smv.numel() == N * (K / group_size) * 2,
               "scale_min must be [N / 16, K / group_size, 2, 16]");
@@ -552,14 +601,15 @@ torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor 
   return y;
 }
 
-torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale) {
+torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale, torch::Tensor gs) {
   TORCH_CHECK(x.dim() == 2 && qv.dim() == 2 && x.size(1) == qv.size(1), "shapes: x [M, K], q [N, K] (tile layout)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && qv.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
               "dtypes: x fp32, q int8, scale fp32");
   x = x.contiguous(); qv = qv.contiguous(); scale = scale.contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = qv.size(0);
   auto y = torch::empty({M, N}, x.options());
-  int8_gemm_vnni(x.data_ptr<float>(), M, K, qv.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N);
+  int8_gemm_vnni(x.data_ptr<float>(), M, K, qv.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N,
+                 group_scales(gs, N, K));
   return y;
 }
 
@@ -586,7 +636,7 @@ static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64
         }
       }
       const __m256 s = _mm256_set1_ps(f32_of(sm[2 * (n * G + g)]));
-      const float mn = f32_of(sm[2 * (n * G + g) + 1]);
+      const float mn = min_of(sm + 2 * (n * G + g));
       for (int m = 0; m < MB; ++m) {
         tot[m] = _mm256_fmadd_ps(s, a[m], tot[m]);
         mterm[m] += mn * xsum[m * G + g];
