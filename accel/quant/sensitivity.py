@@ -228,22 +228,41 @@ FISHER_SAMPLES = 4  # next tokens drawn per position for the Fisher estimate (ba
 def _proxy_damage(model, batches, units, candidates, group_size, progress, given=None):
     """Fisher-weighted output error: KL(P || P_q) ~ 1/2 E_y[(dlog p(y) / dout . dout)^2] per position, with
     dout = dW x the unit's output change and the gradient taken at tokens y drawn from the model itself (the
-    Fisher of the output distribution). Per batch, one forward and FISHER_SAMPLES backward passes collect every
-    Linear's inputs X and output gradients (freed before the next batch: ~3 GB for 1024 tokens of SmolLM2); a unit
-    then costs one product with each candidate's dW (kept across batches)."""
+    Fisher of the output distribution). Per batch, one forward and FISHER_SAMPLES backward passes: the forward hook
+    forms each Linear's output change dW x per candidate (dW from the weight at hand, never kept), and the
+    gradient hook folds each output gradient into its unit's [tokens] sum at once. Neither inputs nor gradients are
+    held: holding them (and every dW across batches) took a Qwen2.5-1.5B-shaped model past 23 GB on 24."""
     names = [m for members in units.values() for m in members]
+    unit_of = {m: u for u, members in units.items() for m in members}
     modules = dict(model.named_modules())
     quantized = [c for c in candidates if c != "fp16"]
-    inputs: dict[str, torch.Tensor] = {}
-    grads: dict[str, list[torch.Tensor]] = {}  # per sample, [N, O]
-    delta: dict[tuple[str, str], torch.Tensor] = {}  # (Linear, scheme) -> dW
+    change: dict[tuple[str, str], torch.Tensor] = {}  # (Linear, scheme) -> dW x on this batch, [N, O]
+    sums: dict[tuple[str, str], list[torch.Tensor]] = {}  # (unit, scheme) -> per sample, the change of log p(y) [N]
+    seen: dict[str, int] = {}  # Linear -> output gradients folded in on this batch (the sample index)
     totals = {u: dict.fromkeys(candidates, 0.0) for u in units}
 
+    def fold(name):
+        def fn(g):
+            k = seen[name] = seen.get(name, -1) + 1
+            g = g.detach().reshape(-1, g.shape[-1]).float()
+            with torch.no_grad():
+                for c in quantized:
+                    v = (change[name, c] * g).sum(-1)  # first-order change of log p(y) from this Linear's outputs
+                    acc = sums.setdefault((unit_of[name], c), [])
+                    if k < len(acc):
+                        acc[k] += v
+                    else:
+                        acc.append(v)
+        return fn
+
     def hook(name):
-        def fn(_mod, args, out):
-            inputs[name] = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-            grads[name] = []
-            out.register_hook(lambda g: grads[name].append(g.detach().reshape(-1, g.shape[-1]).float()))
+        def fn(mod, args, out):
+            with torch.no_grad():
+                x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+                w = mod.weight.float()
+                for c in quantized:
+                    change[name, c] = x @ (quantized_weight(w, name, c, group_size, given).float() - w).T
+            out.register_hook(fold(name))
         return fn
 
     def leaf(_mod, _args, out):  # gradients flow through the activations only, never into the weights
@@ -267,20 +286,13 @@ def _proxy_damage(model, batches, units, candidates, group_size, progress, given
                         logp.gather(1, y).sum().backward(retain_graph=k + 1 < FISHER_SAMPLES)
                     del logits, logp, probs
                 ntok += ids.numel()
-                with torch.no_grad():
-                    for unit, members in units.items():
-                        for c in quantized:
-                            s = 0.0  # [samples, N]: first-order change of log p(y) from every member's output change
-                            for n in members:
-                                if (n, c) not in delta:
-                                    w = modules[n].weight.float()
-                                    delta[n, c] = quantized_weight(w, n, c, group_size, given).float() - w
-                                e = inputs[n] @ delta[n, c].T  # [N, O]
-                                s = s + torch.stack([(e * g).sum(-1) for g in grads[n]])
-                            totals[unit][c] += 0.5 * float(s.pow(2).mean(0).sum())
-                        bar.update(1)
-                inputs.clear()
-                grads.clear()
+                for unit in units:
+                    for c in quantized:
+                        totals[unit][c] += 0.5 * float(torch.stack(sums[unit, c]).pow(2).mean(0).sum())
+                    bar.update(1)
+                change.clear()
+                sums.clear()
+                seen.clear()
     finally:
         for h in handles:
             h.remove()
