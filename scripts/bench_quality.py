@@ -3,7 +3,8 @@ way: `llama-perplexity -c 128 --kl-divergence` (non-overlapping 128-token chunks
 second half of each scored; accel.eval.chunked does the same for the exports).
 
     .venv/bin/python scripts/bench_quality.py runs/default/checkpoint runs/int8/checkpoint \
-        [--model smollm2-135m] [--peers Q8_0,Q4_K_M,Q4_1,Q4_K_M+imatrix,IQ4_XS+imatrix] [--n-ctx 128] [--chunks 150]
+        [--model smollm2-135m] [--peers Q8_0,Q4_K_M,Q4_1,Q4_K_M+imatrix,IQ4_XS+imatrix,shipped] [--n-ctx 128] \
+        [--chunks 150]
 
 A peer `TYPE+imatrix` is quantized from the F32 with an importance matrix, as GGUF publishers make them:
 `llama-imatrix` over the project's calibration text (calibration_data/, never the eval text), then
@@ -35,8 +36,11 @@ PLAIN_TYPES = ("IQ4_XS", "Q3_K_M", "Q2_K")  # quantized from the F32 without one
 IMATRIX_CTX = 128  # llama-imatrix's context: the scoring's
 
 
+SHIPPED = "shipped"  # the registry model's own GGUF: its F32 is the base, so it scores llama.cpp's compute error only
+
+
 def allowed_peers() -> list[str]:
-    return [*PEER_PAIRS, *PLAIN_TYPES, *(t + IMATRIX for t in IMATRIX_TYPES)]
+    return [*PEER_PAIRS, *PLAIN_TYPES, *(t + IMATRIX for t in IMATRIX_TYPES), SHIPPED]
 
 
 def calibration_text(root: Path = ROOT) -> str:
@@ -102,11 +106,19 @@ def peer_rows(model: str, peers: list[str], text: str, n_ctx: int, chunks: int, 
     pairs = [p for p in peers if p in PEER_PAIRS]
     files = make_ggufs(bin_dir, ["fp32"] + [PEER_PAIRS[p] for p in pairs], model, own_file=False)
     assert all(PAIRS[PEER_PAIRS[kind]][2] == kind for kind in pairs)
-    files.update(imatrix_ggufs(bin_dir, files["F32"], [p for p in peers if p not in PEER_PAIRS], threads))
+    if SHIPPED in peers:
+        from bench_peers import accel_home, shipped_type
+
+        from accel.models import get_spec
+
+        files[SHIPPED] = accel_home() / "downloads" / get_spec(model).gguf_file
+        shipped = f"{SHIPPED} {shipped_type(files[SHIPPED])}"
+    files.update(imatrix_ggufs(bin_dir, files["F32"], [p for p in peers if p not in PEER_PAIRS and p != SHIPPED],
+                               threads))
     scores = score_ggufs(bin_dir / LLAMA_PERPLEXITY, files["F32"], {kind: files[kind] for kind in peers}, text,
                          n_ctx, chunks, threads)
-    return [{"name": f"llama.cpp {kind}", "size_mib": model_file_mib(files[kind]), **asdict(s)}
-            for kind, s in scores.items()]
+    return [{"name": f"llama.cpp {shipped if kind == SHIPPED else kind}", "size_mib": model_file_mib(files[kind]),
+             **asdict(s)} for kind, s in scores.items()]
 
 
 def accel_rows(model: str, exports: list[Path], text: str, n_ctx: int, chunks: int) -> tuple[list[dict], float]:

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from accel.draft_training.distill import select_draft_vocab, stop_token_ids
 from accel.draft_training.prompts import build_prompts, chat_ids, load_samples
+from accel.speculative.eagle import draft_layer_config
 
 TEACHER_TOP_M = 20
 
@@ -124,7 +125,7 @@ def model_written_prompts(target_path: str | Path, tokenizer, num_prompts: int, 
                           max_tokens: int = 64, temperature: float = 1.0, top_p: float = 0.95,
                           max_num_seqs: int = 48) -> list[str]:
     """User turns the target writes itself (Magpie, Xu et al. 2024): the chat template up to an open user turn,
-    sampled until the turn ends. Why: the calibration chat pool holds ~200 distinct questions among the first 500
+    sampled until the turn ends (a base model without a template: a paragraph after BOS). Why: the calibration chat pool holds ~200 distinct questions among the first 500
     prompts (many recombined from the same handwritten exchanges), and a draft trained on replies to them reads
     0.52 first-token agreement on held-out calibration prompts but 0.35-0.40 on held-out eval prompts; the
     target's own questions are as many as there is time for and in its own distribution. Unfinished, empty and
@@ -132,10 +133,14 @@ def model_written_prompts(target_path: str | Path, tokenizer, num_prompts: int, 
     from accel.runtime.engine import Engine
     from accel.runtime.sampling_params import SamplingParams
 
-    marker = "\x00USER\x00"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
-    prefix = tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
-    end_ids = tokenizer(text[text.index(marker) + len(marker):], add_special_tokens=False)["input_ids"][:1]
+    if getattr(tokenizer, "chat_template", None):
+        marker = "\x00USER\x00"
+        text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+        prefix = tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
+        end_ids = tokenizer(text[text.index(marker) + len(marker):], add_special_tokens=False)["input_ids"][:1]
+    else:  # a base model (Gemma 3 270M): a paragraph from BOS, ended where `chat_ids` ends a turn
+        prefix = tokenizer("")["input_ids"] or [tokenizer.bos_token_id]
+        end_ids = tokenizer("\n\n", add_special_tokens=False)["input_ids"][:1]
     stop = sorted(set(end_ids) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
     engine = Engine.from_pretrained(target_path, kv_cache_memory_gb=0.25, max_num_seqs=max_num_seqs,
                                     max_waiting=max(1024, num_prompts))
@@ -175,6 +180,14 @@ def attach_teacher(samples: list[FeatureSample], head_rows: Tensor, top_m: int =
         s.top_ids, s.top_logprobs = torch.cat(ids), torch.cat(lps)
 
 
+@torch.no_grad()
+def effective_norm_weight(norm: torch.nn.Module, config) -> Tensor:
+    """The per-channel scale a target's final RMSNorm applies (w for Llama, 1 + w for Gemma), read off the module:
+    an all-ones row has RMS 1, so norm(1) = scale / sqrt(1 + eps). The draft's norm starts from it."""
+    ones = torch.ones(1, config.hidden_size)
+    return (norm(ones)[0] * (1.0 + config.rms_norm_eps) ** 0.5).float()
+
+
 class EagleTrainer(torch.nn.Module):
     """The trainable draft: fc + one transformers Llama decoder layer + norm + K head rows (embedding outside)."""
 
@@ -182,11 +195,7 @@ class EagleTrainer(torch.nn.Module):
         super().__init__()
         from transformers import AutoModel
 
-        cfg = target_config.to_dict()
-        cfg.update(num_hidden_layers=1, tie_word_embeddings=False)
-        cfg.pop("layer_types", None)
-        cfg.pop("architectures", None)
-        config = type(target_config).from_dict(cfg)
+        config = draft_layer_config(target_config)
         self.config = config
         h = config.hidden_size
         self.model = AutoModel.from_config(config)  # LlamaModel; its embedding is unused (dropped below)
@@ -466,7 +475,7 @@ def train_eagle(target_path: str | Path, out_dir: str | Path, *, time_budget_min
     n_held = max(1, int(len(samples) * heldout_fraction))
     held, train = samples[:n_held], samples[n_held:]
     if init_from is None:
-        model = EagleTrainer(target.config, head_rows, target.model.norm.weight.detach().float())
+        model = EagleTrainer(target.config, head_rows, effective_norm_weight(target.model.norm, target.config))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
     model.train()
@@ -509,6 +518,6 @@ def train_eagle(target_path: str | Path, out_dir: str | Path, *, time_budget_min
             | {"seed": seed, "init_from": None if init_from is None else str(init_from)}}
     if history:
         meta["history"] = history
-    save_eagle_draft(out_dir, target.config, model.runtime_state(), vocab_ids, meta, tokenizer_dir=target_path)
+    save_eagle_draft(out_dir, model.config, model.runtime_state(), vocab_ids, meta, tokenizer_dir=target_path)
     log(f"saved to {out_dir}")
     return result

@@ -28,6 +28,7 @@ the request level (never per token), which is what makes it fast enough.
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 
@@ -63,10 +64,17 @@ class AttentionMetadata:
     slot_mapping: Tensor  # [T] long
     prefills: list[PrefillSpan] = field(default_factory=list)
     decode_groups: list[DecodeGroup] = field(default_factory=list)
+    # KV groups 1.. of a hybrid model (`KVLayout`): the same rows over those groups' block tables; this is group 0
+    groups: list[AttentionMetadata] = field(default_factory=list)
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        return self if group == 0 else self.groups[group - 1]
 
 
 class PagedKVCache:
     """One layer's K/V blocks; `dtype=torch.int8` stores symmetric int8 with one fp32 scale per token and head."""
+
+    group = 0  # the KV group whose block table addresses it (`KVLayout`)
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype) -> None:
@@ -80,6 +88,13 @@ class PagedKVCache:
         if self.quantized:
             self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
             self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
+
+    def for_group(self, group: int) -> PagedKVCache:
+        """This cache's tensors addressed by another KV group's table (layers of different groups share tensors:
+        a block belongs to one group at a time)."""
+        view = copy.copy(self)
+        view.group = group
+        return view
 
     def write(self, slots: Tensor, k: Tensor, v: Tensor) -> None:
         """Store k, v [T, kv_heads, head_dim] into the given flat slots [T]."""
@@ -147,6 +162,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
     blocks (a prefix-cache hit on a block being filled in this very step). `window`: a sliding-window layer sees
     only the last `window` positions (None: all).
     """
+    meta = meta.for_group(cache.group)
     cache.write(meta.slot_mapping, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D], contiguous
     num_heads, num_kv = q.shape[1], k.shape[1]
@@ -164,13 +180,19 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
             if p.mask is None:  # fresh K/V: the step's own rows
                 ks, vs = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
             else:
-                kc, vc = cache.gather(p.block_ids)  # [nb*bs, KVH, D]
-                ks = kc[:p.context_len].transpose(0, 1)[None]  # [1, KVH, ctx, D]
-                vs = vc[:p.context_len].transpose(0, 1)[None]
+                # a sliding layer reads from the block of the first query's window on: the blocks before are
+                # given back (`KVCacheManager`), and their table entries are placeholders
+                bs = cache.k.shape[1]
+                first = max(0, p.context_len - p.q_len - window + 1) // bs * bs if window else 0
+                kc, vc = cache.gather(p.block_ids[first // bs:])  # [(nb - first) * bs, KVH, D]
+                ks = kc[:p.context_len - first].transpose(0, 1)[None]  # [1, KVH, ctx - first, D]
+                vs = vc[:p.context_len - first].transpose(0, 1)[None]
             mask = p.mask
             if windowed:
                 band = window_band(p.q_len, p.context_len, window, q.device)
                 mask = band if mask is None else mask & band
+            if p.mask is not None and windowed and first:
+                mask = mask[:, first:]
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=group > 1)
         out[rows] = o[0].transpose(0, 1)
     use_kernel = (q.device.type == "cpu" and q.dtype == torch.float32 and not cache.quantized

@@ -51,7 +51,8 @@ class RuntimeConfig:
     block_size: int = 16
     """Tokens per KV cache block."""
     num_kv_blocks: int | None = None
-    """KV cache blocks; None: as many as kv_cache_memory_gb holds."""
+    """KV cache blocks of every layer (a hybrid model's pool holds as many bytes of its groups' blocks); None: as many
+    as kv_cache_memory_gb holds."""
     kv_cache_memory_gb: float = 1.0
     """KV cache budget in GiB when num_kv_blocks is not set."""
     kv_cache_dtype: Literal["auto", "int8"] = "auto"

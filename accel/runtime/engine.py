@@ -101,7 +101,7 @@ class EngineStats:
     num_running: int
     num_waiting: int
     kv_cache_usage: float  # fraction of blocks held by requests
-    num_kv_blocks: int
+    num_kv_blocks: int  # the pool's blocks (each one KV group's: `KVLayout`)
     prefix_cache_hit_rate: float  # hit tokens / queried tokens over all admissions
     num_preemptions: int
     num_steps: int
@@ -131,15 +131,18 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         p = next(model.parameters())
+        layout = model.kv_layout
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
             budget = config.kv_cache_memory_bytes
             num_blocks = budget // kv_bytes_per_block(model, config.block_size, config.kv_cache_dtype, p.dtype)
+        else:  # blocks of every layer: the pool's blocks are one KV group's (`KVLayout`), as many bytes in all
+            num_blocks = num_blocks * model.num_layers // layout.num_tensors
         if num_blocks < 1:
             raise ValueError(f"the KV cache budget holds {num_blocks} blocks; give it at least one block's bytes")
         max_model_len = config.max_model_len or model.config.max_position_embeddings
         self.max_model_len = max_model_len
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, layout.windows)
         spec = config.speculative or (SpeculativeConfig() if proposer is not None else None)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,

@@ -36,11 +36,12 @@ SPAN_AS_DECODE_MAX_TOKENS = 16
 
 
 def kv_bytes_per_block(model: CausalLM, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
-    """Bytes of K + V for one block across all layers (int8 adds one fp32 scale per token and head)."""
+    """Bytes of K + V for one block of one KV group (`KVLayout`: all layers unless windows differ between them;
+    int8 adds one fp32 scale per token and head)."""
     per_token_head = model.head_dim * (1 if kv_cache_dtype == "int8" else dtype.itemsize)
     if kv_cache_dtype == "int8":
         per_token_head += 4
-    return 2 * model.num_layers * block_size * model.num_kv_heads * per_token_head
+    return 2 * model.kv_layout.num_tensors * block_size * model.num_kv_heads * per_token_head
 
 
 @dataclass
@@ -65,8 +66,13 @@ class ModelRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else self.dtype
-        self.kv_caches = [PagedKVCache(config.num_blocks, config.block_size, model.num_kv_heads, model.head_dim,
-                                       kv_dtype, self.device, self.dtype) for _ in range(model.num_layers)]
+        layout = model.kv_layout
+        self.num_kv_groups = layout.num_groups
+        tensors = [PagedKVCache(config.num_blocks, config.block_size, model.num_kv_heads, model.head_dim,
+                                kv_dtype, self.device, self.dtype) for _ in range(layout.num_tensors)]
+        # one cache per layer: its group's view of the tensor it shares with the same place in other groups
+        self.kv_caches = [tensors[t] if layout.num_groups == 1 else tensors[t].for_group(g)
+                          for g, t in zip(layout.layer_group, layout.layer_tensor)]
         self._generators: dict[str, torch.Generator] = {}
         from accel.kernels import cpu
 
@@ -272,42 +278,47 @@ class ModelRunner:
         bs = self.config.block_size
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
-        prefills: list[PrefillSpan] = []
-        decodes: list[tuple[int, int, list[int]]] = []  # (flat row, context_len, block table), a request's rows adjacent
+        slots: list[list[int]] = [[] for _ in range(self.num_kv_groups)]  # per KV group
+        prefills: list[list[PrefillSpan]] = [[] for _ in range(self.num_kv_groups)]
+        # (flat row, context_len, block tables), a request's rows adjacent
+        decodes: list[tuple[int, int, list[list[int]]]] = []
         sample_rows: list[tuple[int, int]] = []
         for i, r in enumerate(scheduled):
             seq, n = r.seq, r.num_tokens
             start = seq.num_computed_tokens
             q_start, ctx = len(ids), start + n
             ids.extend(seq.token_slice(start, ctx))
-            bt = seq.block_table
+            tables = seq.block_tables
             positions.extend(range(start, ctx))
-            slots.extend(bt[p // bs] * bs + p % bs for p in range(start, ctx))
+            for g, bt in enumerate(tables):
+                slots[g].extend(bt[p // bs] * bs + p % bs for p in range(start, ctx))
             if n == 1:
-                decodes.append((q_start, ctx, seq.block_table))
+                decodes.append((q_start, ctx, tables))
             elif self._paged_decode_kernel and n <= SPAN_AS_DECODE_MAX_TOKENS:
                 # a short span (speculative verify of k+1 tokens, a small prefill chunk): each of its tokens is a
                 # decode row over its own causal context, so it rides the decode kernel with everything else
                 # instead of a gather + masked SDPA call of its own. Its K/V are in the cache before attention.
-                decodes.extend((q_start + j, start + j + 1, seq.block_table) for j in range(n))
+                decodes.extend((q_start + j, start + j + 1, tables) for j in range(n))
             else:
                 num_blocks = -(-ctx // bs)
                 mask = None
                 if start > 0:  # earlier context in the cache: bottom-right aligned causal mask
                     q_pos = torch.arange(start, ctx).unsqueeze(1)  # [q, 1]
                     mask = (torch.arange(ctx).unsqueeze(0) <= q_pos).to(self.device)  # [q, ctx]
-                blocks = torch.tensor(bt[:num_blocks], dtype=torch.long, device=self.device)
-                prefills.append(PrefillSpan(q_start, n, ctx, blocks, mask))
+                for g, bt in enumerate(tables):
+                    blocks = torch.tensor(bt[:num_blocks], dtype=torch.long, device=self.device)
+                    prefills[g].append(PrefillSpan(q_start, n, ctx, blocks, mask))
             if r.samples:
                 sample_rows.append((i, q_start + n - 1))
         dev = self.device
-        meta = AttentionMetadata(slot_mapping=longs(slots, dev), prefills=prefills,
-                                 decode_groups=self._decode_groups(decodes))
-        return longs(ids, dev), longs(positions, dev), meta, sample_rows
+        metas = [AttentionMetadata(slot_mapping=longs(slots[g], dev), prefills=prefills[g],
+                                   decode_groups=self._decode_groups(decodes, g)) for g in range(self.num_kv_groups)]
+        metas[0].groups = metas[1:]
+        return longs(ids, dev), longs(positions, dev), metas[0], sample_rows
 
-    def _decode_groups(self, decodes: list[tuple[int, int, list[int]]]) -> list[DecodeGroup]:
-        """Batch decode rows of similar context length (sorted, split when padding would exceed the ratio).
+    def _decode_groups(self, decodes: list[tuple[int, int, list[list[int]]]], kv_group: int = 0) -> list[DecodeGroup]:
+        """Batch decode rows of similar context length (sorted, split when padding would exceed the ratio), over
+        KV group `kv_group`'s block tables.
 
         With accel's paged decode kernel: one group in request order, each request's rows one span (the
         kernel reads a request's blocks once for all its rows and balances spans over threads itself)."""
@@ -317,9 +328,10 @@ class ModelRunner:
         if self._paged_decode_kernel:
             nb = -(-max(d[1] for d in decodes) // bs)
             rows, offsets = [], [0]
-            for j, (_, ctx, bt) in enumerate(decodes):
+            for j, (_, ctx, tables) in enumerate(decodes):
+                bt = tables[kv_group]
                 rows.append(bt[:nb] + [0] * (nb - min(len(bt), nb)))
-                if j and bt is not decodes[j - 1][2]:  # a new request (rows of one request share its table)
+                if j and tables is not decodes[j - 1][2]:  # a new request (rows of one request share its tables)
                     offsets.append(j)
             offsets.append(len(decodes))
             return [DecodeGroup(token_idx=longs([d[0] for d in decodes]),
@@ -337,7 +349,8 @@ class ModelRunner:
         for g in groups:
             nb = -(-g[-1][1] // bs)
             table = torch.zeros(len(g), nb, dtype=torch.long)
-            for j, (_, _, bt) in enumerate(g):
+            for j, (_, _, tables) in enumerate(g):
+                bt = tables[kv_group]
                 m = min(len(bt), nb)
                 table[j, :m] = torch.tensor(bt[:m], dtype=torch.long)
             ctx = torch.tensor([d[1] for d in g])  # [G]

@@ -23,13 +23,14 @@ def decode_steps(native, sched: SchedulerOutput, kv_caches: list, block_size: in
             stop.append(seq.eos_token_id)
         stops.append(stop)
     # never past a request's own blocks (a padded table entry would point into another request's block)
-    num_steps = min([sched.num_steps] + [len(r.seq.block_table) * bs - p
+    num_steps = min([sched.num_steps] + [len(r.seq.block_tables[0]) * bs - p
                                          for r, p in zip(sched.scheduled, positions)])
     nb = -(-(max(positions) + num_steps) // bs)
-    flat: list[int] = []
-    for r in sched.scheduled:
-        bt = r.seq.block_table[:nb]
-        flat.extend(bt + [0] * (nb - len(bt)))
+    flat: list[int] = []  # [groups, T, nb]
+    for g in range(len(sched.scheduled[0].seq.block_tables)):
+        for r in sched.scheduled:
+            bt = r.seq.block_tables[g][:nb]
+            flat.extend(bt + [0] * (nb - len(bt)))
     tokens = native.steps(kv_caches, ids, positions, flat, nb, num_steps, stops, feature_cache)
     n = len(sched.scheduled)
     return ModelRunnerOutput([r.seq.request_id for r in sched.scheduled], tokens, [None] * n, [None] * n)
@@ -46,7 +47,8 @@ def spec_steps(native, sched: SchedulerOutput, burst: SpecBurst, kv_caches: list
     stop = list(seq.params.stop_token_ids)
     if seq.eos_token_id is not None and not seq.params.ignore_eos:
         stop.append(seq.eos_token_id)
-    tokens, steps = native.spec_steps(kv_caches, seq.token_ids, seq.block_table, burst.max_steps,
+    tokens, steps = native.spec_steps(kv_caches, seq.token_ids, [b for bt in seq.block_tables for b in bt],
+                                      burst.max_steps,
                                       burst.max_new, burst.budget_s, stop, burst.min_n, burst.max_n, burst.guess,
                                       burst.policy)
     return ModelRunnerOutput([seq.request_id], [tokens], [None], [None], spec_steps=steps)
@@ -54,14 +56,15 @@ def spec_steps(native, sched: SchedulerOutput, burst: SpecBurst, kv_caches: list
 
 def native_inputs(scheduled: list[ScheduledRequest], block_size: int) -> tuple[tuple, list[tuple[int, int]]]:
     """What `prepare_inputs` builds for a step on the paged decode kernel alone, as lists for
-    `NativeDecode.step`: (ids, positions, slots, block table [T, nb] flat, nb, context lengths, rows, spans),
-    and the sampling rows. Every row is a decode row over its own causal context; a request's rows are one span."""
+    `NativeDecode.step`: (ids, positions, slots [groups, T] flat, block tables [groups, T, nb] flat, nb, context
+    lengths, rows, spans), and the sampling rows. Every row is a decode row over its own causal context; a
+    request's rows are one span."""
     bs = block_size
+    groups = range(len(scheduled[0].seq.block_tables))
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
+    slots: list[list[int]] = [[] for _ in groups]
     ctx_lens: list[int] = []
-    tables: list[list[int]] = []
     spans = [0]
     sample_rows: list[tuple[int, int]] = []
     for i, r in enumerate(scheduled):
@@ -69,17 +72,20 @@ def native_inputs(scheduled: list[ScheduledRequest], block_size: int) -> tuple[t
         start = seq.num_computed_tokens
         end = start + n
         ids.extend(seq.token_slice(start, end))
-        bt = seq.block_table
         positions.extend(range(start, end))
-        slots.extend(bt[p // bs] * bs + p % bs for p in range(start, end))
+        for g in groups:
+            bt = seq.block_tables[g]
+            slots[g].extend(bt[p // bs] * bs + p % bs for p in range(start, end))
         ctx_lens.extend(range(start + 1, end + 1))
-        tables.append(bt)
         spans.append(len(ids))
         if r.samples:
             sample_rows.append((i, len(ids) - 1))
     nb = -(-max(ctx_lens) // bs)
     flat: list[int] = []
-    for r, bt in zip(scheduled, tables):
-        row = bt[:nb] + [0] * (nb - min(len(bt), nb))
-        flat.extend(row * r.num_tokens)
+    for g in groups:
+        for r in scheduled:
+            bt = r.seq.block_tables[g]
+            row = bt[:nb] + [0] * (nb - min(len(bt), nb))
+            flat.extend(row * r.num_tokens)
+    slots = slots[0] if len(slots) == 1 else [s for grp in slots for s in grp]
     return (ids, positions, slots, flat, nb, ctx_lens, list(range(len(ids))), spans), sample_rows

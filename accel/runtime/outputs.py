@@ -29,10 +29,11 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     num_scheduled_tokens: int
     preempted_request_ids: list[str] = field(default_factory=list)
-    # preemption_mode="swap": request id -> block ids whose K/V move to host memory (before this step's
-    # forward, so the blocks can be reused in this very step) / come back from it (into freshly allocated blocks)
-    swap_out: dict[str, list[int]] = field(default_factory=dict)
-    swap_in: dict[str, list[int]] = field(default_factory=dict)
+    # preemption_mode="swap": request id -> per KV group, (table index, block id) of the blocks whose K/V move to
+    # host memory (before this step's forward, so the blocks can be reused in this very step) / come back from it
+    # (into freshly allocated blocks)
+    swap_out: dict[str, list[list[tuple[int, int]]]] = field(default_factory=dict)
+    swap_in: dict[str, list[list[tuple[int, int]]]] = field(default_factory=dict)
     # decode steps the runner may run in a row (every request one decode row with lookahead KV slots for them); it
     # may stop earlier, and returns every step's token. With a `SpecBurst`: the positions its request may advance
     num_steps: int = 1

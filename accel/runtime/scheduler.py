@@ -66,8 +66,8 @@ class Scheduler:
         self.requests: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.num_steps = 0
-        self._swap_out: dict[str, list[int]] = {}
-        self._swap_in: dict[str, list[int]] = {}
+        self._swap_out: dict[str, list[list[tuple[int, int]]]] = {}  # per KV group (table index, block)
+        self._swap_in: dict[str, list[list[tuple[int, int]]]] = {}
 
     # ---- requests in / out -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -78,7 +78,8 @@ class Scheduler:
             raise ValueError(f"prompt of request {seq.request_id!r} has {seq.num_prompt_tokens} tokens; allowed: "
                              f"fewer than max_model_len={self.config.max_model_len}")
         max_len = min(seq.num_prompt_tokens + seq.params.max_tokens, self.config.max_model_len)
-        need = -(-(max_len + self.config.num_lookahead_tokens) // self.kv.block_size)
+        need = self.kv.max_blocks(max_len + self.config.num_lookahead_tokens,
+                                  self.config.max_num_batched_tokens + self.config.num_lookahead_tokens)
         if need > self.kv.pool.num_blocks:
             raise ValueError(f"request {seq.request_id!r} needs up to {need} KV blocks (prompt {seq.num_prompt_tokens} "
                              f"+ max_tokens {seq.params.max_tokens}) but the pool has {self.kv.pool.num_blocks}; "
@@ -195,8 +196,7 @@ class Scheduler:
 
     def lookahead_fits(self, num_steps: int) -> bool:
         """Whether the free blocks hold num_steps - 1 lookahead slots for every running request now."""
-        bs = self.kv.block_size
-        return sum(max(0, -(-(s.num_computed_tokens + num_steps) // bs) - len(s.block_table))
+        return sum(self.kv.blocks_to_grow(s, s.num_computed_tokens + num_steps)
                    for s in self.running) <= self.kv.pool.num_free_blocks
 
     def _lookahead_for_steps(self, out: list[ScheduledRequest], num_steps: int, preempted: list[Sequence]) -> bool:
@@ -229,8 +229,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         if self.config.preemption_mode == "swap" and seq.num_computed_tokens > 0:
-            num_blocks = -(-seq.num_computed_tokens // self.kv.block_size)
-            self._swap_out[seq.request_id] = seq.block_table[:num_blocks]
+            self._swap_out[seq.request_id] = self.kv.held_blocks(seq, seq.num_computed_tokens)
             seq.swapped = True
         self.kv.free(seq)
         if not seq.swapped:
@@ -261,7 +260,7 @@ class Scheduler:
                     break  # nothing may pass a starved request: it gets the next free blocks
                 continue  # a shorter request behind it may still fit
             if seq.swapped:  # its K/V come back from host memory into the new blocks before the forward
-                self._swap_in[seq.request_id] = seq.block_table[:-(-seq.num_computed_tokens // self.kv.block_size)]
+                self._swap_in[seq.request_id] = self.kv.held_blocks(seq, seq.num_computed_tokens)
                 seq.swapped = False
             else:
                 seq.num_computed_tokens = num_hit_tokens

@@ -87,7 +87,8 @@ class Sequence:
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)  # KV block ids, in order
+    # KV block ids in order, one table per KV group (`KVLayout`; one group unless the model mixes windows)
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     spec_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None

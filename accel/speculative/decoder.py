@@ -136,7 +136,7 @@ class SpecDecoder:
             if k <= 0:
                 continue
             reqs.append(ProposalRequest(seq.token_ids, k, seq.request_id, seq.num_prompt_tokens, seq.params,
-                                        generator_for(seq), seq.block_table, guess=free_row))
+                                        generator_for(seq), seq.block_tables[0], guess=free_row))
             seqs.append(seq)
         if not reqs:
             return {}, {}

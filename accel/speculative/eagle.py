@@ -46,6 +46,31 @@ EAGLE_ARCHITECTURE = "EagleLlamaForCausalLM"
 DEFAULT_CONTEXT_WINDOW = 128
 
 
+def draft_layer_config(target_config):
+    """The draft's config: the target's own, one layer, where the runtime's Llama stack runs the target's layer
+    (Llama, Mistral, Qwen2/3, Phi-3); otherwise (Gemma 3) a Llama layer of the target's widths. Why: the draft
+    reads only the target's table and final features, so its layer need not be the target's kind, and one
+    runtime class (`EagleDraft`, the native step) serves every family."""
+    from transformers import LlamaConfig
+
+    from accel.runtime.models.llama import SUPPORTED_MODEL_TYPES
+
+    if target_config.model_type in SUPPORTED_MODEL_TYPES:
+        cfg = target_config.to_dict()
+        cfg.update(num_hidden_layers=1, tie_word_embeddings=False)
+        cfg.pop("layer_types", None)
+        cfg.pop("architectures", None)
+        return type(target_config).from_dict(cfg)
+    c = target_config
+    return LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                       num_hidden_layers=1, num_attention_heads=c.num_attention_heads,
+                       num_key_value_heads=c.num_key_value_heads,
+                       head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                       rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+                       tie_word_embeddings=False, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
+                       pad_token_id=c.pad_token_id)
+
+
 def is_eagle_draft(path: str | Path) -> bool:
     """True when `path` is an EAGLE-style draft folder (accel_draft.json method "eagle")."""
     meta = Path(path) / DRAFT_META_FILE

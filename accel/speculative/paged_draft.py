@@ -58,7 +58,7 @@ class PagedDraftProposer(Proposer):
                  vocab_ids: list[int] | None = None) -> None:
         self.model = model
         self.runner = ModelRunner(model, RunnerConfig(block_size, num_blocks))
-        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False, windows=model.kv_layout.windows)
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions = int(model.config.max_position_embeddings)
         self.sampler = Sampler()

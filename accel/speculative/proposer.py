@@ -46,8 +46,8 @@ class ProposalRequest:
     params             the request's SamplingParams (None: greedy); a draft model samples with the same
                        processing as the target (accel.runtime.sampler.Sampler.probs).
     generator          the request's generator for seeded sampling (None: the global RNG).
-    block_table        the target's KV block ids for the request (an EAGLE draft reads the target's features
-                       of verified positions by slot; other proposers ignore it).
+    block_table        the target's KV block ids for the request, of its KV group 0 (an EAGLE draft reads the
+                       target's features of verified positions by slot; other proposers ignore it).
     guess              where nothing better matches, a one-token guess is welcome (the engine asks where the
                        extra verify row costs nothing: see `Proposer.free`); n-gram lookup guesses, others ignore it.
     """

@@ -244,7 +244,7 @@ def test_a_burst_never_runs_past_a_requests_own_blocks(tiny_llama_dir):
     rid = engine.add_request([5, 6, 7], greedy)
     engine.step()  # the prompt: positions 0-2 of the request's one block, and its first token
     seq = engine.scheduler.requests[rid]
-    assert len(seq.block_table) == 1 and seq.num_computed_tokens == 3
+    assert len(seq.block_tables[0]) == 1 and seq.num_computed_tokens == 3
     out = engine.runner.execute(SchedulerOutput([ScheduledRequest(seq, 1)], 1, num_steps=30))
     assert out.sampled_token_ids[0] == ref[0].token_ids[1:6]  # positions 3-7: the block's end
 

@@ -114,7 +114,7 @@ def test_preemption_by_recompute_and_resume():
     assert got == {"a": 1} and s.num_preemptions == 1
     b = s.waiting[0]
     assert b.request_id == "b" and b.status == SequenceStatus.PREEMPTED and b.num_computed_tokens == 0
-    assert b.output_token_ids == [7, 7] and b.block_table == []
+    assert b.output_token_ids == [7, 7] and b.block_tables[0] == []
     resumed = []
     while s.has_unfinished():
         got = step(s)
@@ -238,14 +238,14 @@ def test_multi_step_takes_lookahead_slots_only_from_free_blocks_and_only_when_no
     out = s.schedule(num_steps=4)
     assert out.num_steps == 4 and [r.num_tokens for r in out.scheduled] == [1, 1]
     for r in out.scheduled:  # 4 tokens computed in a row from position 3: slots 3..6 -> 2 blocks each
-        assert len(r.seq.block_table) == 2
+        assert len(r.seq.block_tables[0]) == 2
     s.update_from_output(out, ModelRunnerOutput(["a", "b"], [[7, 8, 9, 10], [7, 8]]))  # b stopped early
     assert [q.num_computed_tokens for q in s.running] == [7, 5]
     assert [q.num_tokens for q in s.running] == [8, 6]
     # a burst of 8 needs 2 more blocks for a (positions 7..14) and 1 for b: 2 are free -> one step, no block taken
     out = s.schedule(num_steps=8)
     assert out.num_steps == 1 and not out.preempted_request_ids and len(out.scheduled) == 2
-    assert [len(q.block_table) for q in s.running] == [2, 2] and s.kv.pool.num_free_blocks == 2
+    assert [len(q.block_tables[0]) for q in s.running] == [2, 2] and s.kv.pool.num_free_blocks == 2
     s.update_from_output(out, ModelRunnerOutput(["a", "b"], [[7], [7]]))
     s.add(req("c", 3, t=2))
     out = s.schedule(num_steps=2)  # c is admitted (prefill): not a multi-step batch

@@ -184,7 +184,7 @@ def test_eagle_sampling_returns_draft_distributions(tmp_path, tiny_model_dir):
     engine.step()
     seq = next(s for s in engine.scheduler.running if s.request_id == rid)
     props = proposer.propose([ProposalRequest(seq.token_ids, 2, rid, seq.num_prompt_tokens,
-                                              SamplingParams(temperature=0.8, top_k=20), None, seq.block_table)])
+                                              SamplingParams(temperature=0.8, top_k=20), None, seq.block_tables[0])])
     q = props.probs[0]
     assert q.shape == (len(props.token_ids[0]), 320)
     torch.testing.assert_close(q.sum(-1), torch.ones(q.shape[0]))
@@ -199,9 +199,9 @@ def test_swap_keeps_the_features_of_preempted_requests(tiny_model_dir):
     runner.enable_feature_cache()
     feats = runner.feature_cache.view(runner.config.num_blocks, runner.config.block_size, -1)
     feats[3] = 7.0
-    runner.swap({"a": [3]}, {})
+    runner.swap({"a": [[(0, 3)]]}, {})  # group 0, table index 0: block 3
     feats[3] = 0.0
-    runner.swap({}, {"a": [5]})
+    runner.swap({}, {"a": [[(0, 5)]]})
     assert bool((feats[5] == 7.0).all())
 
 
@@ -478,3 +478,55 @@ def test_ngram_first_with_an_eagle_draft_keeps_outputs_exact_and_counts_each_sou
     sampled = SamplingParams(max_tokens=12, temperature=0.8, seed=3)
     outs, engine = _run(tiny_model_dir, prompts, sampled, spec)
     assert [len(o) for o in outs] == [12] * len(prompts) and engine.stats().spec_decode.num_drafts > 0
+
+
+def _tiny_gemma_base_dir(path):
+    """A tiny random Gemma 3 base model (no chat template), its norms and biases perturbed off their zeros."""
+    import transformers
+    from tests.conftest import make_tiny_tokenizer
+    from tests.runtime.test_families import family_config
+
+    tok = make_tiny_tokenizer()
+    tok.chat_template = None
+    config = family_config("gemma3")
+    config.update(dict(vocab_size=320, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.pad_token_id))
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.3)
+    hf.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_a_gemma_target_trains_a_llama_layer_draft_that_keeps_outputs_exact(tmp_path):
+    """Gemma 3 (no Llama layer, a base model without a chat template): the draft is a Llama layer of Gemma's
+    widths whose norm starts at Gemma's 1 + w; the target writes paragraphs for prompts; speculation is exact."""
+    from accel.draft_training.eagle_train import effective_norm_weight, model_written_prompts, train_eagle
+
+    gemma = _tiny_gemma_base_dir(tmp_path / "gemma")
+    target = _target(gemma)
+    m = EagleTrainer(target.config, target.lm_head.weight.detach()[:64], effective_norm_weight(
+        target.model.norm, target.config))
+    assert m.config.model_type == "llama" and m.config.head_dim == 32 and m.config.num_key_value_heads == 1
+    assert torch.allclose(m.model.norm.weight, 1.0 + target.model.norm.weight, atol=1e-6)
+
+    from transformers import AutoTokenizer
+
+    turns = model_written_prompts(gemma, AutoTokenizer.from_pretrained(gemma), 24,
+                                  deadline=time.monotonic() + 60, max_tokens=32)
+    assert len(set(turns)) == len(turns) and all(len(t) >= 8 for t in turns)
+
+    res = train_eagle(gemma, tmp_path / "draft", time_budget_minutes=0.25, calibration_dir=_fox_calibration(tmp_path),
+                      num_prompts=9, max_new_tokens=8, draft_vocab_size=64, progress=False)
+    assert res.num_steps > 0
+    assert json.loads((tmp_path / "draft" / "config.json").read_text())["model_type"] == "llama"
+    params = SamplingParams(max_tokens=16, temperature=0)
+    ref, _ = _run(gemma, PROMPTS, params)
+    spec = _alone(tmp_path / "draft", adaptive=False, num_speculative_tokens=3, disable_above_batch_size=None,
+                  max_step_rows=None)
+    out, engine = _run(gemma, PROMPTS, params, spec)
+    assert out == ref and engine.stats().spec_decode.num_draft_tokens > 0

@@ -15,9 +15,10 @@
 // the bias index (-1: none), out_features. Per layer: input-norm index, pre-MLP-norm index, the qkv, o, gate_up and
 // down specs, then (EXTRA_FIELDS) the q-norm and k-norm indices and the post-attention and post-MLP norm indices
 // (-1: none; Qwen3 has the first two, Gemma 3 all four), the sliding window (0: none), the RoPE table (0: global,
-// 1: the local one, `set_local_rope`) and the activation (0: SiLU, 1: tanh GELU); the last int is the final norm's
-// index.
-constexpr int64_t LIN_FIELDS = 7, EXTRA_FIELDS = 7, LAYER_FIELDS = 2 + 4 * LIN_FIELDS + EXTRA_FIELDS;
+// 1: the local one, `set_local_rope`), the activation (0: SiLU, 1: tanh GELU) and the KV group (its block table
+// and slots among a step's groups: a hybrid model's layers of different windows hold different blocks, `KVLayout`);
+// the last int is the final norm's index.
+constexpr int64_t LIN_FIELDS = 7, EXTRA_FIELDS = 8, LAYER_FIELDS = 2 + 4 * LIN_FIELDS + EXTRA_FIELDS;
 
 // One projection of the spec, its tensors resolved once (`DecodeTensors`).
 struct DecodeLinear {
@@ -61,9 +62,10 @@ struct DecodeTensors {
     torch::Tensor norm1, norm2;
     DecodeLinear lin[4];  // qkv, o, gate_up, down
     torch::Tensor q_norm, k_norm, post_attn, post_mlp;  // undefined: none
-    int64_t window = 0, rope = 0, act = 0;
+    int64_t window = 0, rope = 0, act = 0, group = 0;
   };
   std::vector<Layer> layers;
+  int64_t num_groups = 1;  // KV groups: a step's slots and block tables come as [num_groups * rows]
   torch::Tensor final_norm;
   DecodeLinear head;
   bool has_head = false;
@@ -89,9 +91,10 @@ struct DecodeTensors {
       for (int j = 0; j < 4; ++j)
         if (e[j] >= 0) *opt[j] = weight(w, e[j], at::kFloat);
       TORCH_CHECK(y.q_norm.defined() == y.k_norm.defined(), "q and k norms: both or neither");
-      y.window = e[4]; y.rope = e[5]; y.act = e[6];
-      TORCH_CHECK(y.window >= 0 && (y.rope == 0 || y.rope == 1) && (y.act == 0 || y.act == 1),
-                  "layer ", l, ": window >= 0, rope table 0 or 1, activation 0 (SiLU) or 1 (tanh GELU)");
+      y.window = e[4]; y.rope = e[5]; y.act = e[6]; y.group = e[7];
+      TORCH_CHECK(y.window >= 0 && (y.rope == 0 || y.rope == 1) && (y.act == 0 || y.act == 1) && y.group >= 0,
+                  "layer ", l, ": window >= 0, rope table 0 or 1, activation 0 (SiLU) or 1 (tanh GELU), group >= 0");
+      num_groups = std::max(num_groups, y.group + 1);
       layers.push_back(y);
     }
     final_norm = weight(w, spec.back(), at::kFloat);
@@ -315,13 +318,17 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
               KVH, ", ", D, "]");
   cos = cos.contiguous(); sin_signed = sin_signed.contiguous();
   TORCH_CHECK(cos.numel() == T * D && sin_signed.numel() == T * D, "cos / sin: [T, head_dim]");
+  const int64_t NG = dw.num_groups;
   auto sl = slots.to(at::kLong).contiguous();
-  TORCH_CHECK(sl.numel() == T, "one slot per row");
+  TORCH_CHECK(sl.numel() == NG * T, "one slot per row and KV group");
   const int64_t* slp = sl.data_ptr<int64_t>();
   const int64_t cache_slots = L ? k_caches[0].size(0) * k_caches[0].size(1) : 0;
-  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(slp[t] >= 0 && slp[t] < cache_slots, "slot ", slp[t], " outside the cache");
-  const AttnPlan ap = plan_attention(H, D, k_caches[0], block_tables, context_lens, rows, spans);
-  TORCH_CHECK(ap.G == T, "one block-table row per step row");
+  for (int64_t t = 0; t < NG * T; ++t)
+    TORCH_CHECK(slp[t] >= 0 && slp[t] < cache_slots, "slot ", slp[t], " outside the cache");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == NG * T, "one block-table row per step row and KV group");
+  std::vector<AttnPlan> plans;
+  for (int64_t g = 0; g < NG; ++g)
+    plans.push_back(plan_attention(H, D, k_caches[0], block_tables.narrow(0, g * T, T), context_lens, rows, spans));
   auto opts = x.options();
   auto qkv = torch::empty({T, QKV}, opts), attn = torch::empty({T, H, D}, opts), gu = torch::empty({T, 2 * I}, opts);
   auto y = torch::empty({T, Hd}, opts), out = torch::empty({T, Hd}, opts);
@@ -358,6 +365,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
     std::memcpy(res, xp, T * Hd * sizeof(float));
     for (int64_t l = 0; l < L; ++l) {
       const DecodeTensors::Layer& ly = dw.layers[l];
+      const AttnPlan& ap = plans[ly.group];
+      const int64_t* lslp = slp + ly.group * T;  // this layer's group's slots
       // input norm: layer 0 normalizes the embedding (the residual stream starts as a copy of it); later layers
       // first add the previous MLP output to the stream (vLLM's fused_add_rms_norm)
       rms_rows(block_out, l == 0 ? nullptr : res, ly.norm1.data_ptr<float>(), h, T, Hd, eps, l > 0);
@@ -373,8 +382,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
         if (ly.rope == 1) rope_raw(qp, T, QKV, cos_l.data_ptr<float>(), sin_l.data_ptr<float>(), H + KVH, D);
         else rope_raw(qp, T, QKV, cp, sp, H + KVH, D);
         for (int64_t t = 0; t < T; ++t) {
-          std::memcpy(kc[l] + slp[t] * W, qp + t * QKV + H * D, W * sizeof(float));
-          std::memcpy(vc[l] + slp[t] * W, qp + t * QKV + (H + KVH) * D, W * sizeof(float));
+          std::memcpy(kc[l] + lslp[t] * W, qp + t * QKV + H * D, W * sizeof(float));
+          std::memcpy(vc[l] + lslp[t] * W, qp + t * QKV + (H + KVH) * D, W * sizeof(float));
         }
       }
       if (n > 1) tl_team.team->barrier();
@@ -437,10 +446,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_step(
     std::vector<int64_t> spans, std::vector<int64_t> logit_rows, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, double eps, double scale) {
   TORCH_CHECK(dw.has_tables, "set_tables first");
-  const int64_t T = static_cast<int64_t>(ids.size());
-  TORCH_CHECK(nb > 0 && static_cast<int64_t>(block_table.size()) == T * nb, "block_table: T x nb ints");
+  const int64_t T = static_cast<int64_t>(ids.size()), NG = dw.num_groups;
+  TORCH_CHECK(nb > 0 && static_cast<int64_t>(block_table.size()) == NG * T * nb, "block_table: groups x T x nb ints");
   return decode_layers(long_view(ids), long_view(positions), torch::Tensor(), dw, long_view(slots),
-                       long_view(block_table).view({T, nb}), long_view(context_lens), long_view(rows), long_view(spans),
+                       long_view(block_table).view({NG * T, nb}), long_view(context_lens), long_view(rows), long_view(spans),
                        long_view(logit_rows), num_heads, num_kv_heads, head_dim, eps, scale);
 }
 
@@ -463,20 +472,21 @@ std::vector<std::vector<int64_t>> decode_steps(
               "features: fp32 [cache slots, hidden], contiguous");
   TORCH_CHECK(T > 0 && static_cast<int64_t>(positions.size()) == T && static_cast<int64_t>(stop_ids.size()) == T,
               "one position and one stop list per row");
-  TORCH_CHECK(nb > 0 && static_cast<int64_t>(block_table.size()) == T * nb, "block_table: T x nb ints");
+  const int64_t NG = dw.num_groups;
+  TORCH_CHECK(nb > 0 && static_cast<int64_t>(block_table.size()) == NG * T * nb, "block_table: groups x T x nb ints");
   TORCH_CHECK(num_steps >= 1, "num_steps must be >= 1, got ", num_steps);
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(positions[t] >= 0 && positions[t] + num_steps <= nb * BS, "row ", t, ": positions ", positions[t],
                 " + ", num_steps, " steps exceed its block table");
-  std::vector<int64_t> slots(T), ctx(T), rows(T), spans(T + 1);
+  std::vector<int64_t> slots(NG * T), ctx(T), rows(T), spans(T + 1);
   for (int64_t t = 0; t <= T; ++t) spans[t] = t;
   for (int64_t t = 0; t < T; ++t) rows[t] = t;
-  auto table = long_view(block_table).view({T, nb});
+  auto table = long_view(block_table).view({NG * T, nb});
   std::vector<std::vector<int64_t>> out(T);
   for (int64_t s = 0; s < num_steps; ++s) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t p = positions[t];
-      slots[t] = block_table[t * nb + p / BS] * BS + p % BS;
+      for (int64_t g = 0; g < NG; ++g) slots[g * T + t] = block_table[(g * T + t) * nb + p / BS] * BS + p % BS;
       ctx[t] = p + 1;
     }
     auto res = decode_layers(long_view(ids), long_view(positions), torch::Tensor(), dw, long_view(slots), table,

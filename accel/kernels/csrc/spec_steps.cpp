@@ -80,8 +80,10 @@ std::tuple<std::vector<int64_t>, std::vector<std::vector<double>>> spec_steps(
   TORCH_CHECK(!dw.k_caches.empty(), "bind_caches first");
   TORCH_CHECK(!history.empty() && !block_table.empty(), "a history and a block table");
   TORCH_CHECK(1 <= min_n && min_n <= max_n, "1 <= min_n <= max_n");
-  const int64_t BS = dw.k_caches[0].size(1), nb = static_cast<int64_t>(block_table.size()), cap = nb * BS;
-  auto table = long_view(block_table).view({1, nb});
+  const int64_t NG = dw.num_groups, BS = dw.k_caches[0].size(1);
+  TORCH_CHECK(static_cast<int64_t>(block_table.size()) % NG == 0, "block_table: one table per KV group");
+  const int64_t nb = static_cast<int64_t>(block_table.size()) / NG, cap = nb * BS;
+  auto table = long_view(block_table).view({NG, 1, nb});
   std::vector<int64_t> tokens, draft, ids, pos, slots, ctx, rows, spans{0, 0};
   std::vector<std::vector<double>> records;
   const auto start = std::chrono::steady_clock::now();
@@ -107,16 +109,16 @@ std::tuple<std::vector<int64_t>, std::vector<std::vector<double>>> spec_steps(
     const int64_t T = 1 + static_cast<int64_t>(draft.size());
     ids.assign(1, history.back());
     ids.insert(ids.end(), draft.begin(), draft.end());
-    pos.resize(T); slots.resize(T); ctx.resize(T); rows.resize(T);
+    pos.resize(T); slots.resize(NG * T); ctx.resize(T); rows.resize(T);
     for (int64_t r = 0; r < T; ++r) {
       pos[r] = p + r;
-      slots[r] = block_table[(p + r) / BS] * BS + (p + r) % BS;
+      for (int64_t g = 0; g < NG; ++g) slots[g * T + r] = block_table[g * nb + (p + r) / BS] * BS + (p + r) % BS;
       ctx[r] = p + r + 1;
       rows[r] = r;
     }
     spans[1] = T;
     auto res = decode_layers(long_view(ids), long_view(pos), torch::Tensor(), dw, long_view(slots),
-                             table.expand({T, nb}).contiguous(), long_view(ctx), long_view(rows), long_view(spans),
+                             table.expand({NG, T, nb}).reshape({NG * T, nb}), long_view(ctx), long_view(rows), long_view(spans),
                              long_view(rows), num_heads, num_kv_heads, head_dim, eps, scale);
     const int64_t* am = std::get<2>(res).data_ptr<int64_t>();
     int64_t a = 0;

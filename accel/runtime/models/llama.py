@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from accel.kernels import cpu
 from accel.runtime.attention import AttentionMetadata, PagedKVCache
+from accel.runtime.kv_cache_manager import KVLayout
 from accel.runtime.models.layers import MLP, Attention, RMSNorm, rope_cos_sin, signed_sin
 from accel.runtime.models.native import NativeDecode
 
@@ -70,6 +71,11 @@ class CausalLM(nn.Module):
     @property
     def num_layers(self) -> int:
         return len(self.model.layers)
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """The layers' KV groups (by sliding window; one group unless windows differ between layers)."""
+        return KVLayout.of([layer.self_attn.window for layer in self.model.layers])
 
     def checkpoint_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """The checkpoint's tensors under this tree's names: Phi-3's fused qkv_proj and gate_up_proj split into

@@ -66,7 +66,8 @@ class NativeDecode:
             return len(weights) - 1
 
         local_rope = False
-        for layer in model.model.layers:
+        layer_group = model.kv_layout.layer_group
+        for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             mods = [getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj]
             lins = [_native_linear(m, add) for m in mods]
@@ -85,7 +86,7 @@ class NativeDecode:
             rope = 1 if getattr(layer, "attention_type", "full_attention") == "sliding_attention" else 0
             local_rope |= rope == 1
             spec += [add(n.weight) if n is not None else -1 for n in norms]
-            spec += [attn.window or 0, rope, list(FUSED_ACTIVATIONS).index(mlp.act)]
+            spec += [attn.window or 0, rope, list(FUSED_ACTIVATIONS).index(mlp.act), layer_group[i]]
         spec.append(add(model.model.norm.weight))
         native = cls(model, weights, spec)
         head = _native_linear(model.lm_head, add)  # None: the lm_head runs as its module (compute_logits)
@@ -123,6 +124,12 @@ class NativeDecode:
         """x [T, hidden] or token ids [T]; cos / sin [T, 1, D], or positions [T] and None (`inputs`) ->
         (final hidden [T, hidden], logits of `logit_rows` [R, vocab], their argmax [R]; R = 0 without them)."""
         g = meta.decode_groups[0]
+        slots, tables = meta.slot_mapping, g.block_table
+        if meta.groups:  # KV groups stacked: slots [groups * T], tables [groups * T, nb]
+            others = [m.decode_groups[0].block_table for m in meta.groups]
+            nb = max(t.shape[1] for t in [tables] + others)
+            slots = torch.cat([slots] + [m.slot_mapping for m in meta.groups])
+            tables = torch.cat([torch.nn.functional.pad(t, (0, nb - t.shape[1])) for t in [tables] + others])
         self._bind(kv_caches)
         if sin is None:  # positions: the rows come from the tables
             cos, sin = cos, _NO_FLOATS
@@ -130,7 +137,7 @@ class NativeDecode:
             cos, sin = cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1)
         return cpu.decode_layers(
             x.contiguous(), cos, sin, self.tensors,
-            meta.slot_mapping, g.block_table, g.context_lens,
+            slots, tables, g.context_lens,
             g.token_idx, g.spans if g.spans is not None else _NO_ROWS,
             longs(logit_rows) if logit_rows else _NO_ROWS, self.num_heads,
             self.num_kv_heads, self.head_dim, self.eps, self.scale)
