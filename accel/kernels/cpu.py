@@ -281,7 +281,7 @@ def decode_layers(x: Tensor, cos: Tensor, sin_signed: Tensor, tensors, slots: Te
                   num_kv_heads: int, head_dim: int, eps: float, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Every decoder layer of a decode step in one call -> (final hidden [T, hidden], logits [R, vocab] of the R
     `logit_rows` by the head set on `tensors` ([0, 0] when R = 0), each logit row's argmax [R]); `tensors` from
-    `decode_tensors`, caches bound. With `.set_tables(embed, cos, sin_signed, embed_scale)` done, x may be token ids [T] and cos
+    `decode_tensors`, caches bound. With `.set_tables(embed, cos, sin_signed, embed_scale, embed_scales)` done, x may be token ids [T] and cos
     positions [T] (long; sin_signed then unused). Call only when `available()`."""
     return _module().decode_layers(x, cos, sin_signed, tensors, slots, block_tables, context_lens, rows, spans,
                                    logit_rows, num_heads, num_kv_heads, head_dim, eps, scale)

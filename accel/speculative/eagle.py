@@ -119,9 +119,10 @@ class EagleDraft(CausalLM):
         return torch.cat([emb, features.to(emb.dtype)], dim=-1), cos, sin
 
 
-def load_eagle_draft(path: str | Path, embed_weight: Tensor, dtype: torch.dtype, device: torch.device
+def load_eagle_draft(path: str | Path, embedding: nn.Module, dtype: torch.dtype, device: torch.device
                      ) -> tuple[EagleDraft, list[int]]:
-    """Load an EAGLE draft folder onto `device`, sharing the target's input embedding; returns (model, vocab_ids)."""
+    """Load an EAGLE draft folder onto `device`, sharing the target's input embedding module (an INT8 table stays
+    INT8: a draft of Gemma 3 would otherwise hold a 670 MB fp32 copy); returns (model, vocab_ids)."""
     from transformers import AutoConfig
 
     path = Path(path)
@@ -129,21 +130,23 @@ def load_eagle_draft(path: str | Path, embed_weight: Tensor, dtype: torch.dtype,
         raise ValueError(f"{path} is not an EAGLE draft folder ({DRAFT_META_FILE} with method 'eagle' missing)")
     config = AutoConfig.from_pretrained(path)
     vocab_ids = [int(i) for i in json.loads((path / DRAFT_META_FILE).read_text())["vocab_ids"]]
-    if tuple(embed_weight.shape) != (config.vocab_size, config.hidden_size):
+    shape = (embedding.num_embeddings, embedding.embedding_dim)
+    if shape != (config.vocab_size, config.hidden_size):
         raise ValueError(f"EAGLE draft {path} expects a target embedding of shape "
-                         f"({config.vocab_size}, {config.hidden_size}); the target has {tuple(embed_weight.shape)}")
+                         f"({config.vocab_size}, {config.hidden_size}); the target has {shape}")
     with torch.device("meta"):
         model = EagleDraft(config, len(vocab_ids))
+        model.model.embed_tokens = nn.Module()  # the target's comes in below: no table of the draft's own
     model = model.to_empty(device=device).to(dtype)
-    model.model.embed_tokens.weight = nn.Parameter(embed_weight, requires_grad=False)
     state = load_file(str(path / "model.safetensors"), device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if m != "model.embed_tokens.weight"]
     unexpected = [u for u in unexpected if "rotary_emb" not in u]
     if missing or unexpected:
         raise ValueError(f"EAGLE draft {path} does not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.init_rope(device, dtype)
-    return model.eval().requires_grad_(False), vocab_ids
+    model = model.eval().requires_grad_(False)
+    model.model.embed_tokens = embedding  # after requires_grad_: the target's module is the target's
+    return model, vocab_ids
 
 
 def save_eagle_draft(out_dir: str | Path, config, state: dict[str, Tensor], vocab_ids: list[int], meta: dict,
@@ -216,7 +219,7 @@ class EagleProposer(PagedDraftProposer):
         if quant_scheme not in (None, "int8"):
             raise ValueError(f"quant_scheme={quant_scheme!r} is invalid for an EAGLE draft; allowed: None, int8")
         p = next(target_model.parameters())
-        model, vocab_ids = load_eagle_draft(path, target_model.model.embed_tokens.weight.detach(), p.dtype, p.device)
+        model, vocab_ids = load_eagle_draft(path, target_model.model.embed_tokens, p.dtype, p.device)
         if quant_scheme is not None:
             from accel.speculative.paged_draft import quantize_draft
 

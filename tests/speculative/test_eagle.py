@@ -80,7 +80,7 @@ def test_trainer_and_runtime_draft_compute_the_same_features(tmp_path, tiny_mode
     target, trainer, folder = _save(tmp_path, tiny_model_dir, vocab)
     assert is_eagle_draft(folder) and not is_eagle_draft(tiny_model_dir)
     embed = target.get_input_embeddings().weight.detach()
-    draft, vocab_ids = load_eagle_draft(folder, embed, torch.float32, torch.device("cpu"))
+    draft, vocab_ids = load_eagle_draft(folder, target.get_input_embeddings(), torch.float32, torch.device("cpu"))
     assert vocab_ids == vocab
     tokens = list(range(3, 40))
     feats = torch.randn(len(tokens), 64)
@@ -101,9 +101,9 @@ def test_trainer_and_runtime_draft_compute_the_same_features(tmp_path, tiny_mode
 def test_load_refuses_a_target_of_another_shape(tmp_path, tiny_model_dir):
     _, _, folder = _save(tmp_path, tiny_model_dir, list(range(0, 320, 2)))
     with pytest.raises(ValueError, match="embedding of shape"):
-        load_eagle_draft(folder, torch.zeros(100, 64), torch.float32, torch.device("cpu"))
+        load_eagle_draft(folder, torch.nn.Embedding(100, 64), torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="not an EAGLE draft"):
-        load_eagle_draft(tiny_model_dir, torch.zeros(320, 64), torch.float32, torch.device("cpu"))
+        load_eagle_draft(tiny_model_dir, torch.nn.Embedding(320, 64), torch.float32, torch.device("cpu"))
 
 
 def _alone(folder, **kw):

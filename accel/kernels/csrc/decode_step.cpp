@@ -72,6 +72,7 @@ struct DecodeTensors {
   DecodeLinear in_proj;  // an EAGLE draft's fc over [embedding ; feature]: x [T, in] -> [T, hidden] first
   bool has_in_proj = false;
   torch::Tensor embed, cos, sin_signed;  // set_tables: the step's inputs from token ids and positions
+  torch::Tensor embed_scales;  // an INT8 embedding's scales (empty for fp32)
   bool has_tables = false;
   double embed_scale = 1.0;  // the embedding rows are multiplied by it (Gemma: sqrt(hidden))
   torch::Tensor cos_local, sin_local;  // set_local_rope: the table of layers whose rope field is 1
@@ -115,13 +116,24 @@ struct DecodeTensors {
   }
 
   // the input embedding [vocab, hidden] and RoPE tables [positions, head_dim] (cos, signed sin): decode_layers then
-  // takes token ids and positions and gathers the rows itself
-  void set_tables(torch::Tensor e, torch::Tensor c, torch::Tensor s, double scale) {
+  // takes token ids and positions and gathers the rows itself. The embedding is fp32, or an INT8 table (a tied
+  // lm_head's own integers) with fp32 scales `es`, [vocab] or one per 32 values [vocab, hidden / 32], whose
+  // gathered rows are dequantized here. Why: a dequantized fp32 copy of Gemma 3's 262k table is 670 MB.
+  void set_tables(torch::Tensor e, torch::Tensor c, torch::Tensor s, double scale, torch::Tensor es) {
     TORCH_CHECK(!has_in_proj, "an input projection's step takes its x, not token ids");
-    for (const auto& t : {e, c, s})
+    for (const auto& t : {c, s})
       TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.scalar_type() == at::kFloat, "tables: fp32 contiguous 2-D");
+    TORCH_CHECK(e.dim() == 2 && e.is_contiguous() && (e.scalar_type() == at::kFloat || e.scalar_type() == at::kChar),
+                "embedding: fp32 or int8, contiguous 2-D");
+    if (e.scalar_type() == at::kChar) {
+      TORCH_CHECK(es.scalar_type() == at::kFloat && es.is_contiguous() && es.dim() >= 1 && es.size(0) == e.size(0) &&
+                      (es.dim() == 1 || (es.dim() == 2 && es.size(1) * 32 == e.size(1))),
+                  "INT8 embedding scales: fp32 [vocab] or [vocab, hidden / 32]");
+    } else {
+      TORCH_CHECK(es.numel() == 0, "embedding scales go with an INT8 table only");
+    }
     TORCH_CHECK(c.sizes() == s.sizes(), "cos and sin tables: the same shape");
-    embed = e; cos = c; sin_signed = s; embed_scale = scale;
+    embed = e; embed_scales = es; cos = c; sin_signed = s; embed_scale = scale;
     has_tables = true;
   }
 
@@ -271,6 +283,25 @@ static torch::Tensor gather_rows(const DecodeTensors& dw, const torch::Tensor& t
   return out;
 }
 
+// the embedding rows of token ids idx [T], as fp32 [T, hidden] (an INT8 table's rows dequantized)
+static torch::Tensor gather_embed(const DecodeTensors& dw, torch::Tensor idx) {
+  if (dw.embed.scalar_type() == at::kFloat) return gather_rows(dw, dw.embed, idx, "token id");
+  idx = idx.contiguous();
+  TORCH_CHECK(idx.dim() == 1, "token ids: [T]");
+  const int64_t T = idx.numel(), n = dw.embed.size(0), w = dw.embed.size(1), G = w / 32;
+  auto out = torch::empty({T, w}, dw.embed.options().dtype(at::kFloat));
+  const int64_t* ip = idx.data_ptr<int64_t>();
+  const bool grouped = dw.embed_scales.dim() == 2;
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(ip[t] >= 0 && ip[t] < n, "token id ", ip[t], " outside the table's ", n, " rows");
+    const int8_t* q = dw.embed.data_ptr<int8_t>() + ip[t] * w;
+    const float* s = dw.embed_scales.data_ptr<float>() + ip[t] * (grouped ? G : 1);
+    float* o = out.data_ptr<float>() + t * w;
+    for (int64_t j = 0; j < w; ++j) o[j] = static_cast<float>(q[j]) * s[grouped ? j / 32 : 0];
+  }
+  return out;
+}
+
 // Every decoder layer of a decode step (T <= 32 rows, all on the paged decode kernel) in one call, on one team of
 // threads for the whole step (see `Team`). Each thread keeps its own residual stream, normed input and SwiGLU
 // output (identical copies, computed redundantly: a few KB, cheaper than a barrier); the Linears' and attention's
@@ -293,7 +324,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == L, "bind_caches first");
   const int64_t H = num_heads, KVH = num_kv_heads, D = head_dim;
   if (x.scalar_type() == at::kLong) {
-    x = gather_rows(dw, dw.embed, x, "token id");
+    x = gather_embed(dw, x);
     if (dw.embed_scale != 1.0) x.mul_(static_cast<float>(dw.embed_scale));  // in fp32, as the module path
   }
   torch::Tensor cos_l, sin_l;  // this step's rows of the local table, where a layer uses it

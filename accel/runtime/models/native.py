@@ -99,9 +99,17 @@ class NativeDecode:
                 return None
             native.tensors.set_input_proj(weights, proj)
         else:
-            tables = [model.model.embed_tokens.weight, model.cos, model.sin_signed]
-            if all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2 for t in tables):
-                native.tensors.set_tables(*(t.contiguous() for t in tables), getattr(model, "embed_scale", 1.0))
+            from accel.kernels.linear import Int8Embedding
+
+            table = model.model.embed_tokens
+            # an INT8 table's own integers and scales (its `.weight` would be a dequantized fp32 copy)
+            embed, embed_scales = ((table.qweight, table.scales) if isinstance(table, Int8Embedding)
+                                   else (table.weight, _NO_FLOATS))
+            tables = [model.cos, model.sin_signed]
+            if (all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2 for t in tables)
+                    and embed.dtype in (torch.float32, torch.int8) and getattr(table, "embed_scale", None) is None):
+                native.tensors.set_tables(embed.contiguous(), *(t.contiguous() for t in tables),
+                                          getattr(model, "embed_scale", 1.0), embed_scales.contiguous())
                 if local_rope:
                     native.tensors.set_local_rope(*(t.contiguous() for t in model.tables["sliding_attention"]))
                 native.has_tables = True
