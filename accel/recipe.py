@@ -176,7 +176,7 @@ class QuantizationConfig(Strict):
         # the nominal floor of the cheapest candidate; accel.preflight checks the exact one on the model's shapes
         target = self.budget.target_avg_bits
         g = max(self.int4_group_sizes)
-        floors = {"int4": 4 + 20 / g, "int4f": 8 + 32 / g, "int8": 8.0, "fp16": 16.0}  # as stored (schemes.py)
+        floors = {"int4": 4 + 20 / g, "int4f": 4 + 32 / g, "int8": 8.0, "fp16": 16.0}  # as stored (schemes.py)
         cheapest = min(self.candidates, key=floors.__getitem__)
         if target is not None and target < floors[cheapest]:
             raise ValueError(f"budget.target_avg_bits {target} is unreachable with candidates {self.candidates}: "

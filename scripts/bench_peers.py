@@ -10,7 +10,8 @@ for its own type: SmolLM2's Q4_1, Gemma 3's Q4_K_M):
   int4 / Q4_1   (accel int4f g32: the Q4_1 grid exactly)    int4km / Q4_K_M (accel int4 g64, about the same bytes
                 per weight as llama.cpp's k-quant)
   --exports DIR:TYPE  an accel export (what `accel optimize` wrote; loaded as stored, served with `accel serve DIR`)
-                next to a llama.cpp GGUF type; its pair is named after the run folder
+                next to a llama.cpp GGUF type (those above, IQ4_XS, Q3_K_M or Q2_K); its pair is named after the run
+                folder
 Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares the same minute of the machine):
   inprocess   batch-1 decode tok/s: accel's Engine (128 tokens after a 4-token prompt, timed from the first token)
               vs llama-bench tg128 (-p 0 -n 128)
@@ -54,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # int4km takes group 64: 5.0 bits per weight with its fp32 scale and min, next to Q4_K_M's ~4.9 (group 32 is 6.0)
 PAIRS = {"fp32": (None, 32, "F32"), "int8": ("int8", 32, "Q8_0"), "int4": ("int4f", 32, "Q4_1"),
          "int4km": ("int4", 64, "Q4_K_M")}
+OTHER_TYPES = ("IQ4_XS", "Q3_K_M", "Q2_K")  # llama-quantize types an export may stand beside (no importance matrix:
+# speed does not depend on one; scripts/bench_quality.py scores them with and without)
 SECTIONS = ("inprocess", "http", "throughput")
 EXPORTS: dict[str, tuple[Path, str]] = {}  # pair name -> (export folder, GGUF type), from --exports
 
@@ -64,7 +67,7 @@ def gguf_type(pair: str) -> str:
 
 def parse_exports(spec: str) -> dict[str, tuple[Path, str]]:
     """'DIR:TYPE,...' -> {run name: (DIR, TYPE)}; a bad entry names itself and what is allowed."""
-    kinds = {k for _, _, k in PAIRS.values()}
+    kinds = {k for _, _, k in PAIRS.values()} | set(OTHER_TYPES)
     out = {}
     for item in filter(None, spec.split(",")):
         path, _, kind = item.rpartition(":")

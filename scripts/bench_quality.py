@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEER_PAIRS = {"Q8_0": "int8", "Q4_K_M": "int4km", "Q4_1": "int4", "F32": "fp32"}  # GGUF type -> bench_peers pair
 IMATRIX = "+imatrix"
 IMATRIX_TYPES = ("Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "IQ3_XXS")  # llama-quantize types an importance matrix serves
-PLAIN_TYPES = ("IQ4_XS", "Q3_K_M", "Q2_K")  # quantized from the F32 without one (IQ3_XXS requires one)
+from bench_peers import OTHER_TYPES as PLAIN_TYPES  # noqa: E402  quantized from the F32 without one (IQ3_XXS requires one)
 IMATRIX_CTX = 128  # llama-imatrix's context: the scoring's
 
 

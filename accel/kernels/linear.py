@@ -182,7 +182,8 @@ def int4_from_compressed_tensors(
     """compressed-tensors "pack-quantized" 4-bit tensors -> canonical (q [out, in], scales [out, G], zeros [out, G]).
 
     weight_packed int32 [out, ceil(in / 8)] (signed values + 8, lowest nibble first); weight_scale [out, G];
-    weight_zero_point: None for symmetric (zero point 0 -> ours 8) or int32 [ceil(out / 8), G] packed along dim 0.
+    weight_zero_point: None for symmetric (zero point 0 -> ours 8), int32 [ceil(out / 8), G] packed along dim 0, or
+    float [out, G] unpacked (int4f's `block` strategy, accel.quant.quantize): zeros are then fp32, an int4f module.
     Activation ordering (`weight_g_idx`) is not supported: GPTQ with actorder must be exported without it.
     """
     out_f, in_f = (int(v) for v in weight_shape)
@@ -190,6 +191,8 @@ def int4_from_compressed_tensors(
     scales = weight_scale.float().reshape(out_f, -1)
     if weight_zero_point is None:
         zeros = torch.full_like(scales, 8, dtype=torch.uint8)
+    elif weight_zero_point.is_floating_point():
+        zeros = weight_zero_point.float().reshape(scales.shape) + 8.0
     else:
         zeros = _unpack_int32_nibbles(weight_zero_point, dim=0)[:out_f]
     return q, scales, zeros

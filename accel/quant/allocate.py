@@ -207,17 +207,23 @@ def allocate(
     missing = [n for n in names if n not in param_counts]
     if missing:
         raise ValueError(f"param_counts lacks {missing[:3]}{'...' if len(missing) > 3 else ''}")
-    cands = _ordered(sensitivity.candidates)
+    by_g = sensitivity.by_group_size()
+    cands = _ordered({s for r in by_g.values() for s in r.candidates})
     default_gs = sensitivity.group_size
-    sizes = sorted(sensitivity.by_group_size())
+    sizes = sorted(by_g)
     in_features = in_features or {n: default_gs for n in names}  # only int8 metadata depends on it (tiny)
 
     def bits(u, s, g):
         return sum(SCHEME_INFO[s].bits_per_weight(in_features[m], g) * param_counts[m] for m in units[u])
 
+    def at(s, only):  # the group sizes whose measurement has scheme s (int4f joins only where exact: plan.py)
+        if s not in INT4_SCHEMES:
+            return [default_gs]
+        return [g for g in sizes if s in by_g[g].candidates] or (sizes if only else [])
+
     def options(u, only=None):  # (scheme, group size, damage, bits), most bits first
         out = [(s, g, _damage(sensitivity, u, s, g), bits(u, s, g))
-               for s in (cands if only is None else [only]) for g in (sizes if s in INT4_SCHEMES else [default_gs])]
+               for s in (cands if only is None else [only]) for g in at(s, only)]
         return sorted(out, key=lambda o: -o[3])
 
     fixed = apply_overrides({u: "" for u in units}, rules.overrides, units)

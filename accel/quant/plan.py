@@ -72,12 +72,12 @@ def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int
                     ) -> tuple[list[str], float | None]:
     """The candidates with the float-zero-point "int4f" added where it reproduces the weights far better than an
     integer zero point: weights already on a float-min grid (GGUF Q4_1 / Q4_K releases) are exact at int4f and ~8%
-    off at int4. It is stored in an int8 container (8 + 32/g bits, accel.quant.schemes), so it joins as a lossless
-    fallback between int8 and fp16 (9 bits instead of 16 at g32), never in place of int4. Not when the export must
-    load in vLLM (no float-zero-point kernel). Returns (candidates, int4f error / int4 error over the quantizable
-    Linears, None when not compared)."""
+    off at int4. It costs 4 + 32/g bits (5 at g32, accel.quant.schemes), between int4 and int8, and joins beside
+    int4 (the allocator weighs both per unit) where the recipe allows 4 bits. Not when the export must load in vLLM
+    (no float-zero-point kernel). Returns (candidates, int4f error / int4 error over the quantizable Linears, None
+    when not compared)."""
     cands = list(candidates)
-    if "int4f" in cands or export_target == "vllm" or not any(s in cands for s in ("int8", "fp16")):
+    if "int4f" in cands or "int4" not in cands or export_target == "vllm":
         return cands, None
     err_int = err_float = 0.0
     for name in quantizable_linears(model):

@@ -12,10 +12,12 @@ Formats written (what vLLM and transformers read; see accel/export/compatibility
   format only ("int-quantized" means weights *and* activations to its parser).
 - int4 = "pack-quantized" 4-bit, group-wise asymmetric: `weight_packed` [out, in/8], `weight_scale` [out, G],
   packed int32 `weight_zero_point`, `weight_shape`.
-- int4f = "int-quantized" with 4-bit args and `zp_dtype: float16` (int8 container holding values in [-8, 7],
-  `weight_scale` [out, G], fp16 `weight_zero_point` [out, G]): compressed-tensors' pack-quantized compressor packs
-  zero points as 4-bit integers and would destroy float ones, so the unpacked format is the only lossless
-  compressed-tensors form. transformers decompresses it; vLLM has no kernel for float zero points.
+- int4f = "pack-quantized" 4-bit with `zp_dtype: float16` and `strategy: block`, `block_structure: [1, g]` (one
+  group of g inputs per block): `weight_packed` [out, in/8], fp16 `weight_scale` and `weight_zero_point` [out, G].
+  compressed-tensors packs a *group* strategy's zero points as 4-bit integers (destroying float ones) but leaves a
+  block strategy's as they are, and dequantizes both alike: 4 + 32/g bits per weight, where the int8 container
+  ("int-quantized", which llm-compressor writes and `pack_int4f` rewrites) took 8 + 32/g. transformers decompresses
+  it bit for bit; vLLM has no kernel for float zero points.
 
 The lm_head's scheme is written into the checkpoint like any Linear's; when it is tied to the embeddings,
 llm-compressor unties it first (the embedding table stays 16-bit), so every loader runs the same lm_head. With
@@ -294,13 +296,54 @@ def tie_int8_table(folder: str | Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
+def pack_int4f(folder: str | Path) -> int:
+    """Rewrite int4f's int8 containers (4-bit values, fp16 scale and zero point per group; "int-quantized" as
+    llm-compressor saves them) as 4-bit `weight_packed` under a `block` [1, g] strategy (see the module doc): the
+    same values, half the bytes. Returns the bytes saved."""
+    import json
+
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    groups = [g for g in cfg.get("quantization_config", {}).get("config_groups", {}).values()
+              if g.get("format") == "int-quantized" and g["weights"]["num_bits"] == 4
+              and "float" in str(g["weights"].get("zp_dtype") or "")]
+    if not groups:
+        return 0
+    targets = {t for g in groups for t in g["targets"]}
+    saved = 0
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as src:
+            metadata, state = src.metadata(), {k: src.get_tensor(k) for k in src.keys()}
+        here = [t for t in targets if f"{t}.weight" in state]
+        for t in here:
+            q = state.pop(f"{t}.weight")
+            state[f"{t}.weight_packed"] = pack_to_int32(q, 4)
+            state[f"{t}.weight_shape"] = torch.tensor(tuple(q.shape))
+            saved += q.numel() // 2
+        if here:
+            save_file(state, str(f), metadata=metadata)
+    for g in groups:
+        w = g["weights"]
+        g["format"] = "pack-quantized"
+        w.update(strategy="block", block_structure=[1, w["group_size"]], group_size=None)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return saved
+
+
 def save_checkpoint(model: nn.Module, plan: Plan, out_dir: str | Path, processor=None) -> Path:
     """Write the compressed-tensors checkpoint (+ tokenizer, + the plan as accel_plan.json); weights the plan leaves
-    unquantized are stored at 16 bits (`store_16bit`), a tied INT8 table once (`tie_int8_table`)."""
+    unquantized are stored at 16 bits (`store_16bit`), int4f packed to 4 bits (`pack_int4f`), a tied INT8 table
+    once (`tie_int8_table`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, save_compressed=True)
     store_16bit(out)
+    pack_int4f(out)
     if plan.tied_table:
         tie_int8_table(out)
     if processor is not None:

@@ -10,9 +10,8 @@ Glossary
     int8: 8 + 16 / in_features   (one fp16 scale per output row)
     int8g: 8 + 16 / 32           (one fp16 scale per 32 inputs: the lm_head / tied table only, recipe.HeadScheme)
     int4: 4 + 20 / group_size    (one fp16 scale + one 4-bit zero point, packed eight to an int32, per group)
-    int4f: 8 + 32 / group_size   (4-bit values in an int8 container, one fp16 scale + one fp16 zero point per
-                                  group: compressed-tensors packs zero points as integers, so float ones are
-                                  stored unpacked; in accel's runtime memory it is 4 + 32 / group_size)
+    int4f: 4 + 32 / group_size   (one fp16 scale + one fp16 zero point per group, stored unpacked: see
+                                  accel.quant.quantize.pack_int4f)
     fp16: 16
 - average bits: the parameter-count-weighted mean over the quantizable Linears (the lm_head follows the recipe's
   rule and is reported apart; the embedding table at 16 bits, or once with an INT8
@@ -38,10 +37,10 @@ from accel.kernels.linear import (INT8_GROUP, dequantize_int4_groupwise, dequant
 from accel.kernels.loader import TABLE  # noqa: F401  (the quant modules import it from here)
 """The embedding table (Llama family naming); tied to the lm_head in small models."""
 
-SCHEMES = ("int4", "int8", "int8g", "int4f", "fp16")
+SCHEMES = ("int4", "int4f", "int8", "int8g", "fp16")
 """From cheapest to most expensive as stored: allocation demotes towards the left, fallback promotes towards the
-right. int4f sits above int8 because it is only a candidate where it is exact (a float-min grid, see
-accel.quant.plan.int4_candidates): a lossless fallback at half fp16's bytes."""
+right. int4f is a candidate only where it is far better than int4 (weights on a float-min grid, see
+accel.quant.plan.int4_candidates), where it is exact at 5 bits (g32)."""
 
 # The Linears of a decoder block that weight-only quantization targets (Llama family naming).
 _BLOCK_LINEAR = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)$")
@@ -57,7 +56,7 @@ class SchemeInfo:
         if self.name == "int4":
             return 4.0 + 20.0 / group_size
         if self.name == "int4f":
-            return 8.0 + 32.0 / group_size
+            return 4.0 + 32.0 / group_size
         if self.name == "int8":
             return 8.0 + 16.0 / in_features
         if self.name == "int8g":

@@ -104,21 +104,42 @@ def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_the
     assert calibration_batches(None, plan, train, draw_recipe)[1] is None
 
 
-def test_int4f_joins_as_a_lossless_fallback_where_the_weights_sit_on_a_float_min_grid_unless_vllm_must_load_them():
+def test_int4f_joins_int4_where_the_weights_sit_on_a_float_min_grid_unless_vllm_must_load_them():
     from accel.quant.plan import int4_candidates
     from tests.quant.test_quantize import _q4_1_grid
 
     grid = make_tiny_llama(initializer_range=0.1)
     _q4_1_grid(grid)  # every Linear on a GGUF Q4_1 grid (fp16 d and min per 32), as SmolLM2's release is
     cands, ratio = int4_candidates(grid, ["int4", "int8", "fp16"], 32, "transformers")
-    assert cands == ["int4", "int8", "fp16", "int4f"] and ratio < 0.01  # int4 stays: int4f is stored at 9 bits
-    assert int4_candidates(grid, ["int8", "fp16"], 32, None)[0] == ["int8", "fp16", "int4f"]
+    assert cands == ["int4", "int8", "fp16", "int4f"] and ratio < 0.01
+    assert int4_candidates(grid, ["int4"], 32, None)[0] == ["int4", "int4f"]
+    assert int4_candidates(grid, ["int8", "fp16"], 32, None) == (["int8", "fp16"], None)  # the recipe asked no 4 bits
     assert int4_candidates(grid, ["int4", "int8"], 32, "vllm") == (["int4", "int8"], None)  # no float-zero kernel
     assert int4_candidates(grid, ["int4f", "int4"], 32, None) == (["int4f", "int4"], None)  # asked for
-    assert int4_candidates(grid, ["int4"], 32, None) == (["int4"], None)  # nothing it could stand in for
+    assert int4_candidates(grid, ["int4", "int8"], 64, None)[1] > 0.5  # a grid of 32 is not one of 64
     plain = make_tiny_llama(initializer_range=0.1)  # gaussian weights: the float zero point gains little
     cands, ratio = int4_candidates(plain, ["int4", "int8"], 32, "transformers")
     assert cands == ["int4", "int8"] and 0.5 < ratio < 1.0
+
+
+def test_int4f_is_offered_only_at_the_group_sizes_where_it_was_measured():
+    """int4f joins the group-32 measurement only (exact there); the allocator must not read its missing group-64
+    damage as zero. At 5 bits it undercuts int8 wherever it is exact."""
+    from accel.quant.allocate import Budget, allocate
+    from accel.quant.sensitivity import SensitivityResult, with_group_sizes
+
+    at64 = SensitivityResult(metric="kl", group_size=64, candidates=["int4", "int8"], num_tokens=1,
+                             damage={"a": {"int4": 0.5, "int8": 0.01}, "b": {"int4": 0.4, "int8": 0.01}})
+    at32 = SensitivityResult(metric="kl", group_size=32, candidates=["int4", "int8", "int4f"], num_tokens=1,
+                             damage={"a": {"int4": 0.3, "int8": 0.01, "int4f": 0.0},
+                                     "b": {"int4": 0.2, "int8": 0.01, "int4f": 0.0}})
+    counts = {"a": 64 * 64, "b": 64 * 64}
+    plan = allocate(with_group_sizes([at64, at32]), Budget(target_avg_bits=5.0), counts,
+                    in_features={"a": 64, "b": 64})
+    assert plan.schemes == {"a": "int4f", "b": "int4f"} and plan.sizes()["a"] == 32 and plan.estimated_kl == 0.0
+    plan = allocate(with_group_sizes([at64, at32]), Budget(target_avg_bits=4.7), counts,
+                    in_features={"a": 64, "b": 64})  # room for one int4f unit: b, which loses less at int4
+    assert plan.schemes == {"a": "int4f", "b": "int4"} and plan.sizes()["b"] == 64
 
 
 def test_the_allocator_chooses_each_units_int4_group_size():

@@ -220,7 +220,17 @@ def test_int4f_float_zero_point_is_lossless_on_q4_1_weights_and_loads_in_runtime
 
     qc = json.loads((ck / "config.json").read_text())["quantization_config"]
     groups = {g["weights"]["num_bits"]: g for g in qc["config_groups"].values()}
-    assert groups[4]["format"] == "int-quantized" and groups[4]["weights"]["zp_dtype"] == "torch.float16"
+    w4 = groups[4]["weights"]  # packed to 4 bits, fp16 zero points left as they are (a block strategy)
+    assert groups[4]["format"] == "pack-quantized" and w4["zp_dtype"] == "torch.float16"
+    assert (w4["strategy"], w4["block_structure"], w4["group_size"]) == ("block", [1, 32], None)
+    from safetensors import safe_open
+
+    with safe_open(str(next(ck.glob("*.safetensors"))), "pt") as f:
+        packed = f.get_tensor("model.layers.0.self_attn.k_proj.weight_packed")
+        zp = f.get_tensor("model.layers.0.self_attn.k_proj.weight_zero_point")
+    k = model.model.layers[0].self_attn.k_proj
+    assert packed.dtype == torch.int32 and packed.numel() * 8 == k.weight.numel()  # 4 bits a weight
+    assert zp.dtype == torch.float16 and zp.shape == (k.out_features, k.in_features // 32)
     loaded = load_hf_model(ck)
     q = loaded.model.layers[0].self_attn.k_proj
     assert isinstance(q, Int4WeightOnlyLinear) and q.float_zero and linear_scheme(q) == "int4f"
