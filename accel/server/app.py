@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hmac
-import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -35,7 +34,6 @@ from accel.server.protocol import (
     CompletionRequest,
     ModelCard,
     ModelList,
-    ignored_fields,
     invalid,
 )
 
@@ -68,6 +66,8 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str | None, str]:
     others = sorted({p for p in (_clean_loc(err["loc"]) for err in errors) if p != param} - {None})
     if errors[0]["type"] == "missing":
         message = f"{param}: this field is required"
+    elif errors[0]["type"] == "extra_forbidden":
+        message = f"{param}: unknown field; this server honours or refuses every field it knows, and not this one"
     else:
         message = f"{param or 'body'}: {errors[0].get('input')!r:.80} is invalid: " + "; or ".join(msgs)
     if others:
@@ -108,11 +108,6 @@ async def parse_body(request: Request, model_cls):
             raise invalid(f"the request body is not valid JSON: {err['msg']}") from e
         param, message = describe_validation_errors(e.errors())
         raise invalid(message, param) from e
-    if log.isEnabledFor(logging.DEBUG):
-        with contextlib.suppress(Exception):
-            extra = ignored_fields(req, json.loads(text))
-            if extra:
-                log.debug("ignored unknown request fields: %s", extra)
     return req
 
 

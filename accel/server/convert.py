@@ -14,6 +14,9 @@ from accel.runtime.sampling_params import MAX_STOP_STRINGS, SEED_MAX, SEED_MIN, 
 from accel.server.metrics import spec_counters
 from accel.speculative.stats import SpecDecodeStats
 from accel.server.protocol import (
+    MESSAGE_UNSUPPORTED,
+    NO_OP,
+    UNSUPPORTED,
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -27,10 +30,28 @@ MAX_N = 16  # choices per request; each is a separate engine request sharing the
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]; the engine would take more, the API does not
 
 
-def check_model(requested: str, served: list[str]) -> None:
+def check_model(requested: str | None, served: list[str]) -> str:
+    """The model a request names, or the served one where it names none (vLLM's fallback); 404 for another."""
+    if requested is None:
+        return served[0]
     if requested not in served:
         raise APIError(404, f"the model {requested!r} does not exist; this server serves {served}",
                        "invalid_request_error", "model")
+    return requested
+
+
+def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """A 400 naming the first OpenAI field the request sets that this server does not honour (protocol.UNSUPPORTED),
+    so that no field is silently ignored."""
+    for name in UNSUPPORTED:
+        value = getattr(req, name, None)
+        if value is not None and value not in NO_OP.get(name, ()):
+            raise invalid(f"{name} is not supported by this server yet; omit it", name)
+    for i, m in enumerate(getattr(req, "messages", ())):
+        for name in MESSAGE_UNSUPPORTED:
+            if getattr(m, name) is not None:
+                raise invalid(f"messages[{i}].{name}: tool calls are not supported by this server yet; omit it",
+                              f"messages.{i}.{name}")
 
 
 def _check_common(req: CompletionRequest | ChatCompletionRequest) -> None:

@@ -178,7 +178,8 @@ class OpenAIHandlers:
 
     # ---- /v1/completions -----------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request):
-        convert.check_model(req.model, self.names)
+        model = convert.check_model(req.model, self.names)
+        convert.check_supported(req)  # before any tokenizing
         ids = await self._on_tokenizer_thread(convert.completion_prompt_ids, req, self.engine.tokenizer,
                                               self._max_prompt_chars)
         params = convert.sampling_params(
@@ -191,7 +192,7 @@ class OpenAIHandlers:
         created = int(time.time())
 
         def chunk(choices: list[CompletionChoice], usage=None) -> CompletionResponse:
-            return CompletionResponse(id=rid, created=created, model=req.model, choices=choices, usage=usage)
+            return CompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
 
         def choice(i: int, text: str, out=None) -> CompletionChoice:
             done = out is not None and out.finished
@@ -223,7 +224,8 @@ class OpenAIHandlers:
 
     # ---- /v1/chat/completions ------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request):
-        convert.check_model(req.model, self.names)
+        model = convert.check_model(req.model, self.names)
+        convert.check_supported(req)  # before any tokenizing
         ids = await self._on_tokenizer_thread(convert.chat_prompt_ids, req, self.engine.tokenizer,
                                               self._max_prompt_chars)
         requested, param = ((req.max_completion_tokens, "max_completion_tokens")
@@ -238,7 +240,7 @@ class OpenAIHandlers:
             def chunk(i: int | None, delta: DeltaMessage | None = None, finish_reason=None,
                       usage=None) -> ChatCompletionChunk:
                 choices = [] if i is None else [ChatStreamChoice(index=i, delta=delta, finish_reason=finish_reason)]
-                return ChatCompletionChunk(id=rid, created=created, model=req.model, choices=choices, usage=usage)
+                return ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
 
             texts = [convert.sse_text_template(lambda text, i=i: chunk(i, DeltaMessage(content=text)))
                      for i in range(req.n)]
@@ -262,7 +264,7 @@ class OpenAIHandlers:
         if outs is None:
             return Response(status_code=CLIENT_CLOSED)
         return ChatCompletionResponse(
-            id=rid, created=created, model=req.model, usage=convert.usage(outs),
+            id=rid, created=created, model=model, usage=convert.usage(outs),
             choices=[ChatChoice(index=i, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
                                 stop_reason=o.stop_reason) for i, o in enumerate(outs)])
 

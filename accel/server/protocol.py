@@ -2,10 +2,9 @@
 
 Requests are parsed in strict JSON mode: `"max_tokens": "16"` or `"n": 1.5` is a 400, not a silent coercion.
 
-Unknown fields are IGNORED (not rejected), as OpenAI-compatible servers such as vLLM do by default: clients and
-SDKs routinely send fields we have no use for (`user`, `parallel_tool_calls`, `service_tier`, ...) and rejecting
-them would break those clients. The price is that a typo (`max_token`) is silently ignored; the server logs
-the ignored names at debug level (see `ignored_fields`).
+No field is silently ignored: an unknown field is a 400 naming it and the fields allowed there (pydantic's
+`extra="forbid"`), and an OpenAI field this server does not honour yet (`UNSUPPORTED`) is declared so that
+`convert.check_supported` refuses it by name with the same status. `model` may be omitted (the served model).
 
 vLLM extensions accepted on both endpoints: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
 stop_token_ids, priority (lower value = more important, vLLM's convention), seed.
@@ -23,7 +22,7 @@ from accel.runtime.sampling_params import MAX_STOP_STRINGS
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Request):
@@ -33,7 +32,7 @@ class StreamOptions(_Request):
 class _SamplingFields(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI + vLLM extensions)."""
 
-    model: str
+    model: str | None = None  # None: the served model, as vLLM does
     temperature: float | None = None  # None: 1.0, OpenAI's default
     top_p: float | None = None
     n: int = 1
@@ -68,6 +67,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     suffix: str | None = None
     best_of: int | None = None
+    logit_bias: Any = None  # refused by name while unsupported (convert.check_supported)
 
 
 class TextContentPart(_Request):
@@ -79,6 +79,9 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    # declared only to be refused by name while tool calls are unsupported (convert.check_supported)
+    tool_calls: Any = None
+    tool_call_id: Any = None
 
     def text(self) -> str:
         if self.content is None:
@@ -96,6 +99,22 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
+    # OpenAI fields declared only to be refused by name while unsupported (convert.check_supported)
+    logit_bias: Any = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
 
 
 # ---- responses ---------------------------------------------------------------------------------------------
@@ -234,13 +253,17 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param)
 
 
+UNSUPPORTED = ("logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
+               "function_call", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
+               "store", "metadata", "service_tier")
+"""OpenAI request fields refused by name when set, except to a value that asks for nothing (`NO_OP`)."""
+NO_OP = {"tool_choice": ("none",), "store": (False,), "service_tier": ("auto", "default"),
+         "parallel_tool_calls": (True, False)}  # parallel_tool_calls means nothing without tools (refused)
+MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id")
+
+
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def ignored_fields(model: BaseModel, raw: dict) -> list[str]:
-    """Top-level field names the client sent that the schema does not know (ignored, see module docstring)."""
-    return sorted(k for k in raw if k not in type(model).model_fields)
 
 
 __all__ = [
@@ -248,5 +271,5 @@ __all__ = [
     "SpecDecodeUsage", "UsageInfo", "PromptTokensDetails", "CompletionChoice", "CompletionResponse",
     "AssistantMessage", "ChatChoice", "ChatCompletionResponse", "DeltaMessage", "ChatStreamChoice",
     "ChatCompletionChunk", "ModelCard", "ModelList", "ErrorInfo", "ErrorResponse", "APIError", "invalid",
-    "random_id", "ignored_fields",
+    "random_id", "UNSUPPORTED",
 ]

@@ -28,7 +28,18 @@ CASES = [
     ("not_an_object", C, b"[1, 2]", 400, None),
     ("empty_body", C, b"", 400, None),
     ("invalid_utf8", C, b'{"model": "fake-model", "prompt": "\xff\xfe"}', 400, None),
-    ("missing_model", C, {"prompt": "abc"}, 400, "model"),
+    ("unknown_field", C, cmpl(frobnicate=True), 400, "frobnicate"),
+    ("unknown_stream_option", C, cmpl(stream=True, stream_options={"include_usage": True, "x": 1}), 400,
+     "stream_options.x"),
+    ("unknown_message_field", CHAT, chat(messages=[{"role": "user", "content": "hi", "x": 1}]), 400,
+     "messages.0.x"),
+    ("logit_bias_unsupported", C, cmpl(logit_bias={"5": 10}), 400, "logit_bias"),
+    ("chat_logit_bias_unsupported", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias"),
+    ("response_format_unsupported", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("tools_unsupported", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("tool_choice_required", CHAT, chat(tool_choice="required"), 400, "tool_choice"),
+    ("assistant_tool_calls", CHAT, chat(messages=[{"role": "user", "content": "hi"}, {
+        "role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]), 400, "messages.1.tool_calls"),
     ("missing_prompt", C, {"model": MODEL}, 400, "prompt"),
     ("unknown_model", C, cmpl(model="gpt-9"), 404, "model"),
     ("max_tokens_string", C, cmpl(max_tokens="16"), 400, "max_tokens"),
@@ -112,9 +123,19 @@ def test_engine_still_serves_after_the_whole_table(server, http):
     assert server.engine.kv.num_held_blocks() == 0 and server.async_engine.num_in_flight == 0
 
 
-def test_unknown_fields_are_ignored(http):
-    r = http.post(C, json=cmpl(max_tokens=2, user="u1", frobnicate=True))
-    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "He"
+def test_model_may_be_omitted_and_fields_asking_nothing_are_honoured(http):
+    body = {k: v for k, v in cmpl(max_tokens=2, user="u1").items() if k != "model"}
+    r = http.post(C, json=body)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "He" and r.json()["model"] == MODEL
+    body = {k: v for k, v in chat(max_tokens=2, tool_choice="none", store=False).items() if k != "model"}
+    r = http.post(CHAT, json=body)
+    assert r.status_code == 200 and r.json()["model"] == MODEL
+
+
+def test_an_unknown_field_is_refused_with_its_name(http):
+    r = http.post(C, json=cmpl(max_token=2))  # a typo is not silently ignored
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_token"
+    assert "unknown field" in r.json()["error"]["message"]
 
 
 def test_oversized_body_is_a_413(http):
