@@ -30,6 +30,7 @@ from accel.server.handlers import CLIENT_CLOSED, OpenAIHandlers
 from accel.server.metrics import ServerMetrics
 from accel.server.protocol import (
     APIError,
+    MAX_MESSAGES,
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
@@ -100,6 +101,9 @@ async def parse_body(request: Request, model_cls):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise invalid(f"the request body is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})") from e
+    roles = raw.count(b'"role"') if model_cls is ChatCompletionRequest else 0  # C speed: ~1 ms for 4 MiB
+    if roles > MAX_MESSAGES:
+        raise invalid(f"{roles} messages were sent; allowed: at most {MAX_MESSAGES}", "messages")
     try:
         req = model_cls.model_validate_json(text)
     except ValidationError as e:

@@ -226,6 +226,7 @@ class OpenAIHandlers:
     async def chat(self, req: ChatCompletionRequest, request: Request):
         model = convert.check_model(req.model, self.names)
         convert.check_supported(req)  # before any tokenizing
+        convert.check_message_count(req, self.engine.max_model_len)
         ids = await self._on_tokenizer_thread(convert.chat_prompt_ids, req, self.engine.tokenizer,
                                               self._max_prompt_chars)
         requested, param = ((req.max_completion_tokens, "max_completion_tokens")

@@ -21,6 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from accel.runtime.sampling_params import MAX_STOP_STRINGS
 
 
+MAX_MESSAGES = 8192
+"""Messages per chat request: 8,000 parse in ~17 ms; 100,000 empty ones took 0.6-1.1 s of the event loop in pydantic
+(which validates every item before it checks the length), so `app.parse_body` counts them in the raw bytes first."""
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -94,7 +99,7 @@ class ChatMessage(_Request):
 class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions; the prompt is the tokenizer's chat template applied to `messages`."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = None  # None: the rest of the context (OpenAI's behaviour)
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     logprobs: bool = False
@@ -267,7 +272,7 @@ def random_id(prefix: str) -> str:
 
 
 __all__ = [
-    "MAX_STOP_STRINGS", "StreamOptions", "CompletionRequest", "ChatMessage", "ChatCompletionRequest",
+    "MAX_STOP_STRINGS", "MAX_MESSAGES", "StreamOptions", "CompletionRequest", "ChatMessage", "ChatCompletionRequest",
     "SpecDecodeUsage", "UsageInfo", "PromptTokensDetails", "CompletionChoice", "CompletionResponse",
     "AssistantMessage", "ChatChoice", "ChatCompletionResponse", "DeltaMessage", "ChatStreamChoice",
     "ChatCompletionChunk", "ModelCard", "ModelList", "ErrorInfo", "ErrorResponse", "APIError", "invalid",
