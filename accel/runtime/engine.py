@@ -92,6 +92,10 @@ class RequestOutput:
     num_cached_tokens: int = 0
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # SamplingParams.prompt_logprobs: per prompt token, its raw logprob (None for the first, which nothing predicts)
+    # and its top-k alternatives; complete once the prompt is
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     spec_decode: SpecDecodeStats | None = None  # None unless the request was verified against drafts
     error: str | None = None  # finish_reason "error": what failed (this request only; the others go on)
 
@@ -119,6 +123,16 @@ class _RequestState:
     num_reported: int = 0
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=lambda: [None])
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=lambda: [None])
+
+    def add_prompt_logprobs(self, first: int, logprobs: list[float], top: list | None) -> None:
+        """Prompt tokens first.. scored by a step; a recomputed (preempted) prefix is not recorded twice."""
+        skip = len(self.prompt_logprobs) - first
+        if skip < 0:
+            raise RuntimeError(f"prompt logprobs from position {first}, {len(self.prompt_logprobs)} recorded")
+        self.prompt_logprobs.extend(logprobs[skip:])
+        self.prompt_top_logprobs.extend((top or [[]] * len(logprobs))[skip:])
 
 
 class Engine:
@@ -211,9 +225,7 @@ class Engine:
         bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are invalid; allowed: integers in [0, {vocab})")
-        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"stop_token_ids {bad[:5]} are invalid; allowed: integers in [0, {vocab})")
+        params.check_vocab(vocab)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         seq = Sequence(request_id, token_ids, params, priority=priority, eos_token_id=self.eos_token_id)
         self.runner.add_request(seq)
@@ -267,6 +279,9 @@ class Engine:
         elif self.spec is not None and sched.num_steps == 1:  # a burst of plain decode steps verified nothing
             self.spec.observe(sched, out, self.clock() - t0)
         by_id = dict(zip(out.request_ids, range(len(out.request_ids))))
+        for rid, scored in zip(out.request_ids, out.prompt_logprobs):  # every prompt chunk's, sampling or not
+            if scored is not None and rid in self._states:
+                self._states[rid].add_prompt_logprobs(*scored)
         for seq in touched:
             st = self._states[seq.request_id]
             i = by_id[seq.request_id]
@@ -341,6 +356,8 @@ class Engine:
             metrics=seq.metrics, num_cached_tokens=seq.num_cached_prompt_tokens,
             logprobs=list(st.logprobs) if seq.params.logprobs is not None else None,
             top_logprobs=list(st.top_logprobs) if seq.params.logprobs else None,
+            prompt_logprobs=list(st.prompt_logprobs) if seq.params.prompt_logprobs is not None else None,
+            prompt_top_logprobs=list(st.prompt_top_logprobs) if seq.params.prompt_logprobs else None,
             spec_decode=seq.spec if seq.spec.num_drafts else None)
 
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],

@@ -139,8 +139,8 @@ class KVCacheManager:
         Takes no references: pass the blocks to `allocate_slots`.
         """
         groups = range(len(self.windows))
-        if not self.enable_prefix_caching or seq.num_computed_tokens > 0:
-            return [[] for _ in groups], 0
+        if not self.enable_prefix_caching or seq.num_computed_tokens > 0 or seq.params.prompt_logprobs is not None:
+            return [[] for _ in groups], 0  # prompt logprobs need every prompt position's logits computed
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hashes = self._block_hashes(seq, max_blocks)
         found: list[list[KVBlock | None]] = []

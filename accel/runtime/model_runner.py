@@ -21,7 +21,7 @@ from accel.runtime.models import CausalLM, longs
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, SpecBurst
 from accel.runtime.host_swap import HostSwap
 from accel.runtime.native_steps import decode_steps, native_inputs, spec_steps
-from accel.runtime.sampler import Sampler, plain_greedy
+from accel.runtime.sampler import Sampler, plain_greedy, token_logprobs
 from accel.runtime.token_choice import sample, verify
 from accel.runtime.sequence import Sequence
 
@@ -168,6 +168,10 @@ class ModelRunner:
             logit_rows.extend(range(last - len(sched.scheduled[i].spec_token_ids), last + 1))
         num_verify = len(logit_rows)
         logit_rows.extend(row for _, row in sample_rows)
+        prompt_rows = self._prompt_rows(sched.scheduled)  # (scheduled index, first row, first position, rows)
+        num_sampled = len(logit_rows)
+        for _, row, _, n in prompt_rows:
+            logit_rows.extend(range(row, row + n))
         if native is not None:
             hidden, logits, argmax = native.step(self.kv_caches, *step_inputs, logit_rows)
         else:
@@ -199,13 +203,15 @@ class ModelRunner:
                 rows_of(js), [spec[j] for j in js], draft_probs or {},
                 verify_argmax if len(js) == len(spec) else None))
             failed.update(bad)
-            for (i, _), tokens in zip(spec_rows, verified):
-                sampled[i] = tokens or []
+            for (i, _), row in zip(spec_rows, verified):
+                if row is not None:
+                    sampled[i], logprobs[i], top[i] = row
         if sample_rows:
             idx = [i for i, _ in sample_rows]
             # [N, V]; no slice op when nothing was verified (the common decode step: each op costs ~10 us cold)
-            sample_logits = logits[num_verify:] if num_verify else logits
-            sample_argmax = argmax[num_verify:] if argmax is not None and num_verify else argmax
+            sample_logits = logits[num_verify:num_sampled] if num_verify or prompt_rows else logits
+            sample_argmax = (argmax[num_verify:num_sampled] if argmax is not None and (num_verify or prompt_rows)
+                             else argmax)
             seqs = [sched.scheduled[i].seq for i in idx]
             rows, bad = self._per_request(seqs, lambda js: self._sample(
                 sample_logits if len(js) == len(seqs) else sample_logits[js], [seqs[j] for j in js],
@@ -214,7 +220,30 @@ class ModelRunner:
             for i, row in zip(idx, rows):
                 if row is not None:
                     sampled[i], logprobs[i], top[i] = row
-        return ModelRunnerOutput(request_ids, sampled, logprobs, top, failed)
+        scored: list = [None] * len(sched.scheduled)
+        start = num_sampled
+        for i, _, pos, n in prompt_rows:
+            seq = sched.scheduled[i].seq
+            targets = seq.prompt_token_ids[pos + 1:pos + 1 + n]
+            scored[i] = (pos + 1, *token_logprobs(logits[start:start + n], targets,
+                                                         seq.params.prompt_logprobs))
+            start += n
+        return ModelRunnerOutput(request_ids, sampled, logprobs, top, failed, prompt_logprobs=scored)
+
+    @staticmethod
+    def _prompt_rows(scheduled: list[ScheduledRequest]) -> list[tuple[int, int, int, int]]:
+        """Requests asking for prompt logprobs whose chunk holds prompt positions that predict a prompt token:
+        (scheduled index, flat row of the first, its position, how many). Rows are laid out request by request,
+        each chunk's rows in order (`prepare_inputs`, `native_inputs`)."""
+        out, row = [], 0
+        for i, r in enumerate(scheduled):
+            seq = r.seq
+            start = seq.num_computed_tokens
+            n = min(start + r.num_tokens, seq.num_prompt_tokens - 1) - start
+            if seq.params.prompt_logprobs is not None and n > 0:
+                out.append((i, row, start, n))
+            row += r.num_tokens
+        return out
 
     def max_decode_steps(self, running: list[Sequence], num_steps: int, max_model_len: int) -> int:
         """How many decode steps in a row (`SchedulerOutput.num_steps`) the running batch may take: 1 unless the

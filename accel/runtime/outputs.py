@@ -88,5 +88,8 @@ class ModelRunnerOutput:
     logprobs: list[list[float] | None] = field(default_factory=list)
     top_logprobs: list[list[list[tuple[int, float]]] | None] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    # per scheduled request asking for prompt logprobs: (position of the first prompt token scored, its raw logprobs,
+    # their top-k alternatives or None); a step scores the prompt tokens its chunk predicts
+    prompt_logprobs: list[tuple[int, list[float], list | None] | None] = field(default_factory=list)
     # a `SpecBurst`'s verify steps: [length asked, drafted, accepted, guess (0/1), propose seconds, step seconds] each
     spec_steps: list[list[float]] | None = None

@@ -9,7 +9,7 @@ the batch).
 Processing order (the same for `__call__` and `probs`, so the speculative-decoding rejection sampler sees
 target and draft distributions processed identically):
 
-    raw logits ─► penalties (repetition on prompt+output, presence/frequency on output)
+    raw logits ─► + logit_bias ─► penalties (repetition on prompt+output, presence/frequency on output)
                ─► / temperature ─► top-k ─► top-p ─► min-p ─► softmax ─► draw
 
 Glossary:
@@ -77,6 +77,8 @@ class _RowParams:
     repetition: Tensor  # [N] float, 1.0 where off
     presence: Tensor  # [N] float
     frequency: Tensor  # [N] float
+    bias_ids: Tensor | None  # [N, L] long: each row's biased token ids (padded with its first, bias 0), or None
+    bias: Tensor | None  # [N, L] float
     greedy_rows: tuple[bool, ...]  # the same flags on the host: branching on them never waits for the device
     any_penalty: bool
     any_temperature: bool  # some row's temperature != 1.0
@@ -96,8 +98,8 @@ def has_penalty(params: SamplingParams | None) -> bool:
 
 
 def plain_greedy(params: SamplingParams | None) -> bool:
-    """Greedy without penalties: the token is the raw logits' argmax."""
-    return is_greedy(params) and not has_penalty(params)
+    """Greedy without penalties or a logit bias: the token is the raw logits' argmax."""
+    return is_greedy(params) and not has_penalty(params) and not (params is not None and params.logit_bias)
 
 
 def _row_params(params: list[SamplingParams], vocab_size: int, device: torch.device) -> _RowParams:
@@ -112,6 +114,12 @@ def _row_params(params: list[SamplingParams], vocab_size: int, device: torch.dev
     pres = [p.presence_penalty for p in params]
     freq = [p.frequency_penalty for p in params]
     temperature = [1.0 if g else p.temperature for g, p in zip(greedy, params)]
+    biased = [sorted(p.logit_bias.items()) for p in params]
+    bias_ids = bias = None
+    if any(biased):
+        _check_token_ids([[t for t, _ in b] for b in biased], vocab_size, "logit_bias")
+        bias_ids = _padded([[t for t, _ in b] for b in biased], 0, device=device)
+        bias = _padded([[float(v) for _, v in b] for b in biased], 0.0, dtype=torch.float32, device=device)
     return _RowParams(
         greedy=t(greedy, torch.bool),
         temperature=t(temperature, torch.float32),
@@ -121,6 +129,8 @@ def _row_params(params: list[SamplingParams], vocab_size: int, device: torch.dev
         repetition=t(rep, torch.float32),
         presence=t(pres, torch.float32),
         frequency=t(freq, torch.float32),
+        bias_ids=bias_ids,
+        bias=bias,
         greedy_rows=tuple(greedy),
         any_penalty=any(r != 1.0 for r in rep) or any(x != 0.0 for x in pres + freq),
         any_temperature=any(x != 1.0 for x in temperature),
@@ -138,10 +148,10 @@ def _padded(rows: list[list], pad: list | int, dtype: torch.dtype = torch.long,
     return torch.tensor(data, dtype=dtype, device=device)
 
 
-def _check_token_ids(rows: list[list[int]], vocab_size: int) -> None:
+def _check_token_ids(rows: list[list[int]], vocab_size: int, what: str = "token id") -> None:
     for i, r in enumerate(rows):
         if r and (min(r) < 0 or max(r) >= vocab_size):
-            raise ValueError(f"row {i} has a token id outside [0, {vocab_size}): {r}")
+            raise ValueError(f"row {i} has a {what} outside [0, {vocab_size}): {r}")
 
 
 def apply_penalties(
@@ -312,6 +322,8 @@ class Sampler:
     def _process(
         logits: Tensor, rp: _RowParams, prompt_token_ids: list[list[int]], output_token_ids: list[list[int]]
     ) -> Tensor:
+        if rp.bias is not None:  # padding adds 0 to the row's first id
+            logits = logits.scatter_add(1, rp.bias_ids, rp.bias)
         if rp.any_penalty:
             logits = apply_penalties(logits, rp.repetition, rp.presence, rp.frequency, prompt_token_ids,
                                      output_token_ids)
@@ -367,3 +379,15 @@ def _top_logprobs(logp: Tensor, params: list[SamplingParams]) -> list[list[tuple
     values, ids = logp.topk(k_max, dim=-1)  # [N, k_max], descending
     values, ids = values.tolist(), ids.tolist()
     return [list(zip(ids[i][: p.logprobs or 0], values[i][: p.logprobs or 0])) for i, p in enumerate(params)]
+
+
+def token_logprobs(logits: Tensor, targets: list[int], k: int) -> tuple[list[float], list | None]:
+    """Raw logprobs of tokens `targets` [n] under the logits of the positions before them [n, V], and each
+    position's top-k (token id, logprob) when k > 0: prompt tokens (`SamplingParams.prompt_logprobs`), a verify
+    span's accepted tokens."""
+    logp = logits.float().log_softmax(dim=-1)
+    chosen = logp.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0].tolist()
+    if not k:
+        return chosen, None
+    values, ids = logp.topk(k, dim=-1)
+    return chosen, [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]

@@ -12,10 +12,15 @@ Semantics follow vLLM / the OpenAI API:
   seed                  per-request generator: the same seed gives the same tokens whatever else is in the batch;
                         a signed 64-bit integer (what torch.Generator.manual_seed takes, and vLLM's range)
   logprobs is None      no logprobs; 0 = logprob of the sampled token only; k = plus the top-k alternatives
+  prompt_logprobs       None: none; k: the raw logprob of every prompt token after the first (and its top-k
+                        alternatives), for scoring (OpenAI's echo + logprobs); such a prompt skips the prefix cache
+  logit_bias            {token id: bias} added to the raw logits before everything else (OpenAI's; -100 / 100
+                        in effect ban / force a token); applies to greedy rows too
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
@@ -26,6 +31,7 @@ SAMPLING_EPS = 1e-5
 # 0.0 in float32, so the division gives inf and the probabilities NaN).
 MIN_REPETITION_PENALTY = 0.01
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range: [-100, 100]
 
 
 @dataclass
@@ -44,6 +50,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if 0.0 < self.temperature < SAMPLING_EPS:
@@ -68,10 +76,23 @@ class SamplingParams:
              f"None or an integer in [{SEED_MIN}, {SEED_MAX}]"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"None or an integer in [0, {MAX_LOGPROBS}]"),
+            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+             f"None or an integer in [0, {MAX_LOGPROBS}]"),
+            ("logit_bias", all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                               and isinstance(b, (int, float)) and math.isfinite(b) and abs(b) <= LOGIT_BIAS_MAX
+                               for t, b in self.logit_bias.items()),
+             f"{{token id (an integer >= 0): a finite number in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}]}}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"sampling parameter {name}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """The token ids the parameters name (stop_token_ids, logit_bias) against the model's vocabulary."""
+        for what, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias token ids", list(self.logit_bias))):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{what} {bad[:5]} are invalid; allowed: integers in [0, {vocab_size})")
 
     @property
     def greedy(self) -> bool:

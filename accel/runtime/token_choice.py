@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from accel.runtime.outputs import ScheduledRequest
-from accel.runtime.sampler import Sampler, plain_greedy, row_argmax
+from accel.runtime.sampler import Sampler, plain_greedy, row_argmax, token_logprobs
 from accel.runtime.sequence import Sequence
 
 
@@ -37,8 +37,10 @@ def sample(sampler: Sampler, logits: Tensor, seqs: list[Sequence], generator_of:
 
 def verify(sampler: Sampler, logits: Tensor, spec: list[tuple[ScheduledRequest, int]],
            draft_probs: dict[str, Tensor | None], generator_of: Callable, argmax: Tensor | None = None
-           ) -> list[list[int]]:
-    """Verify the draft tokens of requests scheduled with them; returns accepted drafts + 1 token each.
+           ) -> list[tuple[list[int], list | None, list | None]]:
+    """Verify the draft tokens of requests scheduled with them: (accepted drafts + 1 token, their logprobs, their
+    top logprobs) each, the logprobs raw from the target's rows (what decoding without drafts reports) or None
+    where the request asks for none.
 
     A request with n drafts computed n + 1 query rows ending at its sampling row; `logits` holds those rows of
     every request in `spec`, in order ([sum(n + 1), V]):
@@ -79,7 +81,23 @@ def verify(sampler: Sampler, logits: Tensor, spec: list[tuple[ScheduledRequest, 
             res = rejection_sample(d, [n], q, probs[start:start + n + 1][None], [generator_of(r.seq)])
             out.append(res.output_token_ids[0])
         start += n + 1
-    return out
+    return [(tokens, *_row_logprobs(logits, start, tokens, r.seq.params.logprobs))
+            for tokens, start, (r, _) in zip(out, _starts(spec), spec)]
+
+
+def _starts(spec: list[tuple[ScheduledRequest, int]]) -> list[int]:
+    starts, at = [], 0
+    for r, _ in spec:
+        starts.append(at)
+        at += len(r.spec_token_ids) + 1
+    return starts
+
+
+def _row_logprobs(logits: Tensor, start: int, tokens: list[int], k: int | None) -> tuple[list | None, list | None]:
+    """Raw logprobs of `tokens` at rows start.. of a verify span (each accepted position's own row), and the top-k."""
+    if k is None or not tokens:
+        return None, None
+    return token_logprobs(logits[start:start + len(tokens)], tokens, k)
 
 
 def mask_early_stop(logits: Tensor, seqs: list[Sequence], num_outputs: list[int] | None = None) -> bool:

@@ -98,8 +98,6 @@ def completion_prompt_ids(req: CompletionRequest, tokenizer, max_chars: int | No
         raise invalid("suffix is not supported by this server", "suffix")
     if req.best_of not in (None, 1):
         raise invalid(f"best_of={req.best_of} is not supported; allowed: 1", "best_of")
-    if req.logprobs is not None:
-        raise invalid("logprobs is not supported by this server yet; omit it", "logprobs")
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
@@ -133,8 +131,8 @@ def check_message_count(req: ChatCompletionRequest, max_model_len: int) -> None:
 def chat_prompt_ids(req: ChatCompletionRequest, tokenizer, max_chars: int | None = None) -> list[int]:
     """The chat template of the tokenizer applied to the messages, with the assistant's turn opened."""
     _check_common(req)
-    if req.logprobs or req.top_logprobs:
-        raise invalid("logprobs is not supported by this server yet; omit it", "logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise invalid("this model has no chat template; use /v1/completions", "messages")
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
@@ -170,19 +168,103 @@ def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_
 _PARAM_RE = re.compile(r"sampling parameter (\w+)=")
 
 
+def logit_bias(req: CompletionRequest | ChatCompletionRequest) -> dict[int, float]:
+    """OpenAI's `logit_bias` ({"token id": bias}) as {int: float}; a key that is not a token id is a 400 (the
+    values and the ids' range are the engine's checks: SamplingParams, Engine.add_request)."""
+    out: dict[int, float] = {}
+    for key, bias in (req.logit_bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise invalid(f"logit_bias key {key!r} is invalid; allowed: a token id written as a decimal integer "
+                          f"string (\"50256\")", "logit_bias")
+        out[int(key)] = bias
+    return out
+
+
+def logprobs_wanted(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """SamplingParams.logprobs of a request: None (none), or the number of alternatives beside the sampled token
+    (completions: `logprobs`; chat: `top_logprobs` when `logprobs` is true)."""
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
+
+
+def _token_texts(tokenizer, ids: list[int]) -> list[str]:
+    """Each token's own text (a token that is part of a UTF-8 character decodes to U+FFFD, as in vLLM)."""
+    if tokenizer is None:
+        return [f"<{t}>" for t in ids]
+    return [tokenizer.decode([t]) for t in ids]
+
+
+def completion_logprobs(tokenizer, ids: list[int], logprobs: list[float], top: list | None,
+                        offset: int) -> dict:
+    """The legacy completions `logprobs` object of tokens `ids`: tokens, token_logprobs, top_logprobs (each
+    position's alternatives and the sampled token, as vLLM gives them), text_offset (from `offset`)."""
+    texts = _token_texts(tokenizer, ids)
+    offsets = []
+    for t in texts:
+        offsets.append(offset)
+        offset += len(t)
+    tops = []
+    for j, alts in enumerate(top if top is not None else [[] for _ in ids]):
+        alt_texts = _token_texts(tokenizer, [a for a, _ in alts])
+        tops.append({**dict(zip(alt_texts, (lp for _, lp in alts))), texts[j]: logprobs[j]})
+    return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer, ids: list[int], logprobs: list[float], top: list | None) -> dict:
+    """The chat `logprobs` object of tokens `ids`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    texts = _token_texts(tokenizer, ids)
+    content = []
+    for j, (text, lp) in enumerate(zip(texts, logprobs)):
+        alts = top[j] if top is not None else []
+        alt_texts = _token_texts(tokenizer, [a for a, _ in alts])
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")),
+                        "top_logprobs": [{"token": t, "logprob": a_lp, "bytes": list(t.encode("utf-8"))}
+                                         for t, (_, a_lp) in zip(alt_texts, alts)]})
+    return {"content": content}
+
+
+def prompt_logprobs(tokenizer, out) -> dict:
+    """The completions `logprobs` object of an echoed prompt: its first token has none (nothing predicts it)."""
+    ids = out.prompt_token_ids
+    lps = [0.0 if x is None else x for x in out.prompt_logprobs]
+    top = out.prompt_top_logprobs
+    obj = completion_logprobs(tokenizer, ids, lps, None if top is None else [t or [] for t in top], 0)
+    obj["token_logprobs"][0] = None
+    obj["top_logprobs"][0] = None
+    return obj
+
+
+def join_logprobs(first: dict, then: dict) -> dict:
+    """Two completions `logprobs` objects one after the other (the echoed prompt's, the completion's)."""
+    return {k: first[k] + then[k] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+
+
+def new_logprobs(out, reported: int) -> tuple[list[int], list[float], list | None]:
+    """The tokens of an engine output after the first `reported`, with their logprobs and alternatives."""
+    top = out.top_logprobs[reported:] if out.top_logprobs is not None else None
+    return out.token_ids[reported:], (out.logprobs or [])[reported:], top
+
+
 def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
     """SamplingParams from the request; the engine's own validation errors become 400s naming the field."""
     top_k = None if req.top_k in (None, 0, -1) else req.top_k
+    bias = logit_bias(req)
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, min_p=req.min_p,
             repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop_list(),
-            stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
+            stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
+            logit_bias=bias, logprobs=logprobs_wanted(req),
+            prompt_logprobs=req.logprobs if isinstance(req, CompletionRequest) and req.echo else None)
     except ValueError as e:
         m = _PARAM_RE.search(str(e))
-        raise invalid(str(e), m.group(1) if m else None) from e
+        param = m.group(1) if m else None
+        if param == "logprobs" and isinstance(req, ChatCompletionRequest):  # the chat API's name for the count
+            param = "top_logprobs"
+        raise invalid(str(e), param) from e
 
 
 def usage(outs: list) -> UsageInfo:

@@ -190,13 +190,15 @@ class OpenAIHandlers:
         rid = random_id("cmpl")
         streams = await self.admit_n(ids, params, rid, req.priority, req.n)
         created = int(time.time())
+        tok = self.engine.tokenizer
 
         def chunk(choices: list[CompletionChoice], usage=None) -> CompletionResponse:
             return CompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
 
-        def choice(i: int, text: str, out=None) -> CompletionChoice:
+        def choice(i: int, text: str, out=None, logprobs=None) -> CompletionChoice:
             done = out is not None and out.finished
-            return CompletionChoice(index=i, text=text, finish_reason=out.finish_reason if done else None,
+            return CompletionChoice(index=i, text=text, logprobs=logprobs,
+                                    finish_reason=out.finish_reason if done else None,
                                     stop_reason=out.stop_reason if done else None)
 
         if req.stream:
@@ -204,12 +206,23 @@ class OpenAIHandlers:
 
             async def events():
                 last: dict[int, object] = {}
-                for i in range(req.n if echo else 0):
+                reported, offsets = [0] * req.n, [len(echo)] * req.n
+                scored = params.prompt_logprobs is not None  # the echo goes out with its logprobs, once computed
+                for i in range(req.n if echo and not scored else 0):
                     yield texts[i](echo)
                 async for i, out in merged(streams):
+                    if scored and i not in last:
+                        lp = await self._on_tokenizer_thread(convert.prompt_logprobs, tok, out)
+                        yield convert.sse(chunk([choice(i, echo, None, lp)]))
                     last[i] = out
-                    if out.finished:
-                        yield convert.sse(chunk([choice(i, out.text_delta, out)]))
+                    lp = None
+                    if params.logprobs is not None and len(out.token_ids) > reported[i]:
+                        lp = await self._on_tokenizer_thread(
+                            convert.completion_logprobs, tok, *convert.new_logprobs(out, reported[i]), offsets[i])
+                        reported[i] = len(out.token_ids)
+                        offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                    if out.finished or lp is not None:
+                        yield convert.sse(chunk([choice(i, out.text_delta, out, lp)]))
                     elif out.text_delta:
                         yield texts[i](out.text_delta)
                 if _include_usage(req) and len(last) == req.n:
@@ -220,7 +233,15 @@ class OpenAIHandlers:
         outs = await collect(streams, request)
         if outs is None:
             return Response(status_code=CLIENT_CLOSED)
-        return chunk([choice(i, echo + o.text, o) for i, o in enumerate(outs)], usage=convert.usage(outs))
+        lps = [None] * len(outs)
+        if params.logprobs is not None:
+            lps = [await self._on_tokenizer_thread(convert.completion_logprobs, tok, *convert.new_logprobs(o, 0),
+                                                   len(echo)) for o in outs]
+            if params.prompt_logprobs is not None:
+                lps = [convert.join_logprobs(await self._on_tokenizer_thread(convert.prompt_logprobs, tok, o), lp)
+                       for o, lp in zip(outs, lps)]
+        return chunk([choice(i, echo + o.text, o, lp) for i, (o, lp) in enumerate(zip(outs, lps))],
+                     usage=convert.usage(outs))
 
     # ---- /v1/chat/completions ------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request):
@@ -237,10 +258,12 @@ class OpenAIHandlers:
         streams = await self.admit_n(ids, params, rid, req.priority, req.n)
         created = int(time.time())
 
+        tok = self.engine.tokenizer
         if req.stream:
             def chunk(i: int | None, delta: DeltaMessage | None = None, finish_reason=None,
-                      usage=None) -> ChatCompletionChunk:
-                choices = [] if i is None else [ChatStreamChoice(index=i, delta=delta, finish_reason=finish_reason)]
+                      usage=None, logprobs=None) -> ChatCompletionChunk:
+                choices = [] if i is None else [ChatStreamChoice(index=i, delta=delta, finish_reason=finish_reason,
+                                                                 logprobs=logprobs)]
                 return ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
 
             texts = [convert.sse_text_template(lambda text, i=i: chunk(i, DeltaMessage(content=text)))
@@ -248,11 +271,17 @@ class OpenAIHandlers:
 
             async def events():
                 last: dict[int, object] = {}
+                reported = [0] * req.n
                 for i in range(req.n):
                     yield convert.sse(chunk(i, DeltaMessage(role="assistant", content="")))
                 async for i, out in merged(streams):
                     last[i] = out
-                    if out.text_delta:
+                    if params.logprobs is not None and len(out.token_ids) > reported[i]:
+                        lp = await self._on_tokenizer_thread(convert.chat_logprobs, tok,
+                                                             *convert.new_logprobs(out, reported[i]))
+                        reported[i] = len(out.token_ids)
+                        yield convert.sse(chunk(i, DeltaMessage(content=out.text_delta), logprobs=lp))
+                    elif out.text_delta:
                         yield texts[i](out.text_delta)
                     if out.finished:
                         yield convert.sse(chunk(i, DeltaMessage(), out.finish_reason))
@@ -264,16 +293,22 @@ class OpenAIHandlers:
         outs = await collect(streams, request)
         if outs is None:
             return Response(status_code=CLIENT_CLOSED)
+        lps = [None] * len(outs)
+        if params.logprobs is not None:
+            lps = [await self._on_tokenizer_thread(convert.chat_logprobs, tok, *convert.new_logprobs(o, 0))
+                   for o in outs]
         return ChatCompletionResponse(
             id=rid, created=created, model=model, usage=convert.usage(outs),
-            choices=[ChatChoice(index=i, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
-                                stop_reason=o.stop_reason) for i, o in enumerate(outs)])
+            choices=[ChatChoice(index=i, message=AssistantMessage(content=o.text), logprobs=lp,
+                                finish_reason=o.finish_reason, stop_reason=o.stop_reason)
+                     for i, (o, lp) in enumerate(zip(outs, lps))])
 
 
 def _engine_error_param(message: str) -> str:
     """The request field an engine ValueError is about (its messages name the field first, or max_tokens)."""
-    if message.startswith("stop_token_ids"):
-        return "stop_token_ids"
+    for field in ("stop_token_ids", "logit_bias"):
+        if message.startswith(field):
+            return field
     return "max_tokens" if "max_tokens" in message else "prompt"
 
 

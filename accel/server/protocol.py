@@ -6,6 +6,10 @@ No field is silently ignored: an unknown field is a 400 naming it and the fields
 `extra="forbid"`), and an OpenAI field this server does not honour yet (`UNSUPPORTED`) is declared so that
 `convert.check_supported` refuses it by name with the same status. `model` may be omitted (the served model).
 
+OpenAI's logprobs (completions: `logprobs` k, with `echo` the prompt's too; chat: `logprobs` + `top_logprobs`) are the
+raw log-softmax of the model's logits, speculating or not; `logit_bias` ({"token id": [-100, 100]}) is added to
+the raw logits of greedy and sampled requests alike.
+
 vLLM extensions accepted on both endpoints: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
 stop_token_ids, priority (lower value = more important, vLLM's convention), seed.
 """
@@ -56,6 +60,7 @@ class _SamplingFields(_Request):
     min_tokens: int = 0
     stop_token_ids: list[int] | None = None
     priority: int = 0
+    logit_bias: dict[str, float] | None = None  # {token id as a string: bias in [-100, 100]}, OpenAI's form
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -72,7 +77,6 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     suffix: str | None = None
     best_of: int | None = None
-    logit_bias: Any = None  # refused by name while unsupported (convert.check_supported)
 
 
 class TextContentPart(_Request):
@@ -105,7 +109,6 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     # OpenAI fields declared only to be refused by name while unsupported (convert.check_supported)
-    logit_bias: Any = None
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
@@ -258,7 +261,7 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param)
 
 
-UNSUPPORTED = ("logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
+UNSUPPORTED = ("response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
                "function_call", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
                "store", "metadata", "service_tier")
 """OpenAI request fields refused by name when set, except to a value that asks for nothing (`NO_OP`)."""

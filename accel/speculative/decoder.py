@@ -10,8 +10,8 @@
 The draft length per request comes from `AdaptiveSpeculation` (Leviathan's formula on the request's recent
 acceptance, off above `disable_above_batch_size` running requests) and is capped so that accepted drafts plus
 the bonus token never pass max_tokens or the model length. The scheduler owns the step's row budget
-(`draft_budget`); `SpecDecoder` decides who gets it: the requests with the best recent acceptance first. Requests that ask for logprobs are not drafted
-(their per-token logprobs would need every verified position's distribution; not implemented).
+(`draft_budget`); `SpecDecoder` decides who gets it: the requests with the best recent acceptance first. A drafted request's logprobs are the target's,
+from each accepted position's own verify row.
 
 `SpecDecoder` knows the running requests the engine hands it and the proposer it was built with; it never sees
 the engine, the scheduler or the runner, and the proposer reports its own cost (forwards run, catch-up) in the
@@ -122,8 +122,8 @@ class SpecDecoder:
         batch = len(running)
         reqs, seqs = [], []
         max_len = self.max_model_len
-        # still prefilling, or wants per-token logprobs: not drafted
-        eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1 and s.params.logprobs is None
+        # still prefilling: not drafted
+        eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1
                     and s.request_id not in self._undraftable]
         lengths = self.adaptive.lengths([s.request_id for s in eligible], batch)
         free_row = self._free_row(batch)

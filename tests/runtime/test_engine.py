@@ -200,3 +200,30 @@ def test_detokenizer_stream_matches_the_decode_window():
             slow.update([t])
             assert fast.output_text == slow.output_text
     assert streamed > 30
+
+
+@pytest.mark.parametrize("chunk", [4096, 7])  # one prefill, or chunks of 7 tokens
+def test_prompt_logprobs_are_transformers_log_softmax_of_every_prompt_token(tiny_llama_dir, chunk):
+    """SamplingParams.prompt_logprobs (OpenAI's echo + logprobs): the raw logprob of each prompt token after the
+    first, over chunked prefill, beside requests that do not ask, with a prefix-cache hit ready to be (not) used."""
+    from accel.runtime.engine import Engine
+    from accel.runtime.sampling_params import SamplingParams
+
+    path, hf = tiny_llama_dir
+    prompt = [1] + [(7 * i) % 200 + 3 for i in range(40)]
+    engine = Engine.from_pretrained(path, num_kv_blocks=256, block_size=4, max_num_batched_tokens=chunk)
+    engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0))  # caches the prompt's blocks
+    scored = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3)
+    outs = engine.generate([prompt, prompt[:20]], [scored, SamplingParams(max_tokens=2, temperature=0)])
+    with torch.no_grad():
+        logp = hf(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+    want = logp[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    got = outs[0].prompt_logprobs
+    assert got[0] is None and len(got) == len(prompt)
+    torch.testing.assert_close(torch.tensor(got[1:]), want, atol=1e-4, rtol=0)
+    top = outs[0].prompt_top_logprobs
+    assert top[0] is None and all(len(t) == 3 for t in top[1:])
+    torch.testing.assert_close(torch.tensor([[v for _, v in t] for t in top[1:]]), logp[:-1].topk(3).values,
+                               atol=1e-4, rtol=0)
+    assert outs[1].prompt_logprobs is None
+    assert outs[0].num_cached_tokens == 0  # scored from scratch, the cache notwithstanding

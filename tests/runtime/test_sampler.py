@@ -198,3 +198,32 @@ def test_processed_logprobs_follow_the_sampled_distribution():
     assert out.logprobs[0].item() == pytest.approx(math.log({1: 2 / 3, 2: 1 / 3}[chosen]), abs=1e-5)
     assert out.top_logprobs[0][2] == (0, NEG)
     assert out.logprobs[1].item() == 0.0
+
+
+def test_logit_bias_is_added_to_the_raw_logits_of_its_row_only_greedy_or_sampled():
+    torch.manual_seed(3)
+    logits = torch.randn(4, 50)
+    top = logits.argmax(-1)
+    params = [SamplingParams(temperature=0.0, logit_bias={int(top[0]): -100.0}),
+              SamplingParams(temperature=0.0, logit_bias={11: 100.0}),
+              SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.7, seed=1, logit_bias={11: 3.0, 12: -2.5})]
+    out = _call(logits, params, [None, None, None, torch.Generator().manual_seed(1)])
+    assert int(out.token_ids[0]) == int(logits[0].clone().index_fill_(0, top[0], -1e9).argmax())
+    assert int(out.token_ids[1]) == 11 and int(out.token_ids[2]) == int(top[2])
+    probs = Sampler().probs(logits, params, [[]] * 4, [[]] * 4)
+    biased = logits[3].clone()
+    biased[11] += 3.0
+    biased[12] -= 2.5
+    torch.testing.assert_close(probs[3], (biased / 0.7).softmax(-1))  # what rejection sampling verifies against
+    assert float(probs[1, 11]) == 1.0
+
+
+@pytest.mark.parametrize("bias, allowed", [({-1: 1.0}, "integer >= 0"), ({3: 100.5}, "[-100, 100]"),
+                                           ({3: float("nan")}, "finite"), ({3: float("inf")}, "finite")])
+def test_logit_bias_outside_openais_range_is_refused(bias, allowed):
+    with pytest.raises(ValueError, match="logit_bias") as e:
+        SamplingParams(logit_bias=bias)
+    assert allowed in str(e.value)
+    with pytest.raises(ValueError, match=r"logit_bias token ids \[60\]"):
+        SamplingParams(logit_bias={60: 1.0}).check_vocab(50)

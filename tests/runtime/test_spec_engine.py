@@ -104,7 +104,7 @@ def test_greedy_identical_with_speculation(tiny_llama_dir, draft_dir, refs16, ba
     engine = Engine(load_model(path, torch.float32, torch.device("cpu")),
                     EngineConfig(model=str(path), block_size=4, speculative=spec, **BATCHES[batch]),
                     proposer=proposer)
-    # a mixed batch: every 4th request wants logprobs (never drafted), every 5th stops earlier
+    # a mixed batch: every 4th request wants logprobs (drafted too), every 5th stops earlier
     params = [SamplingParams(max_tokens=12 if i % 5 else 7, temperature=0, ignore_eos=True,
                              logprobs=0 if i % 4 == 3 else None) for i in range(len(prompts))]
     outs = engine.generate(prompts, params)
@@ -118,7 +118,7 @@ def test_greedy_identical_with_speculation(tiny_llama_dir, draft_dir, refs16, ba
         assert stats.num_accepted_tokens < stats.num_draft_tokens  # rejections happened (rollback exercised)
     if batch.startswith("preemption"):
         assert engine.stats().num_preemptions > 0
-    assert all(o.spec_decode is None for o, p in zip(outs, params) if p.logprobs is not None)
+    assert all(len(o.logprobs) == len(o.token_ids) for o, p in zip(outs, params) if p.logprobs is not None)
     assert engine.kv.num_held_blocks() == 0
     assert isinstance(engine.spec.proposer, NgramFirstProposer) == (method == "lookup-first")
     draft = getattr(engine.spec.proposer, "draft", engine.spec.proposer)  # NgramFirstProposer wraps the model
@@ -318,8 +318,8 @@ def _chi_square_ok(counts: torch.Tensor, expected_p: torch.Tensor, n: int) -> tu
     return stat, crit
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
-def test_sampled_output_follows_the_target_distribution(tmp_path, method):
+@pytest.mark.parametrize("method, bias", [("draft", {}), ("ngram", {}), ("draft", {3: 1.5, 4: -100.0})])
+def test_sampled_output_follows_the_target_distribution(tmp_path, method, bias):
     cfg = tiny_config(vocab_size=V, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.1)
     hf = make_hf_model(cfg, seed=11)
     hf.save_pretrained(tmp_path / "target")
@@ -330,12 +330,14 @@ def test_sampled_output_follows_the_target_distribution(tmp_path, method):
                                     max_num_batched_tokens=8192, max_waiting=4096,
                                     speculative=spec)
     n = 3000
-    params = [SamplingParams(max_tokens=4, ignore_eos=True, seed=i, **SAMPLED) for i in range(n)]
+    params = [SamplingParams(max_tokens=4, ignore_eos=True, seed=i, logit_bias=bias, **SAMPLED) for i in range(n)]
     outs = engine.generate([PROMPT] * n, params)
     tokens = torch.tensor([o.token_ids for o in outs])  # [n, 4]
     stats = engine.stats().spec_decode
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # both acceptance and rejection happened
-    exact = _exact_joint(hf, SamplingParams(max_tokens=4, **SAMPLED), 4)  # [V, V, V, V]
+    exact = _exact_joint(hf, SamplingParams(max_tokens=4, logit_bias=bias, **SAMPLED), 4)  # [V, V, V, V]
+    if bias:
+        assert not (tokens == 4).any()  # banned, drafted or not
     for dims, marginal in (((1, 2), exact.sum((0, 3))), ((2, 3), exact.sum((0, 1)))):
         counts = torch.zeros(V, V)
         counts.index_put_((tokens[:, dims[0]], tokens[:, dims[1]]), torch.ones(n), accumulate=True)
@@ -355,3 +357,62 @@ def test_quantized_self_draft_keeps_greedy_output(tiny_llama_dir, refs16, scheme
     assert [o.token_ids for o in outs] == refs[:6]
     # a quantized copy of the target agrees often (int4 with group 64 on a random 64-wide model: less so)
     assert engine.stats().spec_decode.acceptance_rate > (0.5 if scheme == "int8" else 0.1)
+
+
+def test_logit_bias_steers_greedy_rows_alike_with_and_without_speculation(tiny_llama_dir, refs16):
+    """logit_bias (OpenAI's: added to the raw logits) bans (-100) or forces (+100) tokens of greedy rows in a mixed
+    batch; drafts of the unbiased continuation are verified against the biased target, so speculation changes
+    nothing."""
+    path, _ = tiny_llama_dir
+    prompts, refs = refs16
+
+    def params(i: int) -> SamplingParams:
+        bias = {refs[i][0]: -100.0} if i % 3 == 0 else {7: 100.0} if i % 3 == 1 else {}
+        return SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logit_bias=bias)
+
+    ps = [params(i) for i in range(len(prompts))]
+    outs = {}
+    for name, spec, proposer in (("plain", None, None), ("oracle", _spec("ngram"), OracleProposer(prompts, refs))):
+        engine = Engine(load_model(path, torch.float32, torch.device("cpu")),
+                        EngineConfig(model=str(path), block_size=4, num_kv_blocks=512, speculative=spec),
+                        proposer=proposer)
+        outs[name] = [o.token_ids for o in engine.generate(prompts, ps)]
+    assert outs["oracle"] == outs["plain"]
+    for i, toks in enumerate(outs["plain"]):
+        if i % 3 == 0:
+            assert toks[0] != refs[i][0]
+        elif i % 3 == 1:
+            assert toks == [7] * 8
+        else:
+            assert toks == refs[i][:8]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_drafted_requests_report_the_targets_logprobs(tiny_llama_dir, refs16, temperature):
+    """Logprobs of a drafted request are the target's raw ones at each accepted position (from its verify row), as
+    decoding without drafts reports them; rejections and bonus tokens included."""
+    path, _ = tiny_llama_dir
+    prompts, refs = refs16
+    params = [SamplingParams(max_tokens=10, temperature=temperature, seed=i, ignore_eos=True, logprobs=2)
+              for i in range(len(prompts))]
+    outs = {}
+    for name, spec, proposer in (("plain", None, None), ("oracle", _spec("ngram"), OracleProposer(prompts, refs))):
+        engine = Engine(load_model(path, torch.float32, torch.device("cpu")),
+                        EngineConfig(model=str(path), block_size=4, num_kv_blocks=512, speculative=spec),
+                        proposer=proposer)
+        outs[name] = engine.generate(prompts, params)
+        if spec is not None:
+            stats = engine.stats().spec_decode
+            assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    if temperature == 0.0:
+        assert [o.token_ids for o in outs["oracle"]] == [o.token_ids for o in outs["plain"]]
+        for a, b in zip(outs["oracle"], outs["plain"]):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+            assert [[t for t, _ in x] for x in a.top_logprobs] == [[t for t, _ in x] for x in b.top_logprobs]
+    # sampled or not: each reported logprob is the target's at that position given the tokens before it
+    _, hf = tiny_llama_dir
+    for p, o in zip(prompts, outs["oracle"]):
+        with torch.no_grad():
+            logp = hf(torch.tensor([p + o.token_ids])).logits[0, len(p) - 1:-1].float().log_softmax(-1)
+        want = logp.gather(1, torch.tensor(o.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(o.logprobs), want, atol=1e-4, rtol=0)

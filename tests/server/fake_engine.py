@@ -98,6 +98,7 @@ class FakeEngine:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are invalid; allowed: integers in [0, {self.vocab_size})")
+        params.check_vocab(self.vocab_size)
         if len(self.waiting) >= self.max_waiting:
             raise QueueFullError(f"request {request_id!r} rejected: the waiting queue is full")
         self.waiting.append(_Req(request_id, ids, params, priority, RequestMetrics(time.monotonic())))
