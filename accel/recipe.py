@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from accel.runtime.config import STRICT, RuntimeConfig
 from accel.speculative.config import SpeculativeConfig
 
-Scheme = Literal["int4", "int4f", "int8", "fp16"]
-"""int4: integer zero point (vLLM-loadable W4A16); int4f: float zero point per group (GGUF Q4_1 form, lossless on
-Q4_1-sourced weights; transformers and accel load it, vLLM does not); fp16 = the model's 16-bit dtype, or fp32 where
-the device prefers it."""
+Scheme = Literal["int4", "int4f", "int5", "int8", "int8g", "fp16"]
+"""int4: integer zero point (vLLM-loadable W4A16); int4f: float zero point per group (GGUF Q4_1 / Q4_K form, lossless
+on weights from such a release; transformers and accel load it, vLLM does not); int5: symmetric 5-bit per 32 (GGUF
+Q5_0 form, 5.5 bits; not vLLM); int8: per output channel; int8g: per 32 inputs (GGUF Q8_0 form); fp16 = the model's
+16-bit dtype, or fp32 where the device prefers it."""
 HeadScheme = Literal["int4", "int4f", "int8", "int8g", "fp16"]
 """The lm_head's (and a tied table's): a Scheme, or int8g = INT8 with one fp16 scale per 32 inputs (the GGUF Q8_0
 grid, 8.5 bits): a 262k-row table whose rows span 100x in range loses to one scale per row (Gemma 3 270M, every
@@ -134,6 +135,9 @@ class QuantizationConfig(Strict):
     budget: BudgetConfig = BudgetConfig()
     sensitivity: SensitivityConfig = SensitivityConfig()
     lm_head: HeadScheme = "int8"
+    lm_head_group_size: Literal[32, 64, 128] = 32
+    """Inputs per fp16 scale of an int8g lm_head (and tied table): 32 keeps a GGUF Q8_0 table exact; 128 stores a
+    quarter of its scales (Gemma 3's 262k table: 15.7 MB less, the scales being stored twice; KLD +0.0008)."""
     overrides: dict[str, Scheme] = {}
     """regex on module names -> scheme, applied after allocation (e.g. 'layers\\.0\\.': fp16)."""
     gptq_dampening: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.01
@@ -176,12 +180,20 @@ class QuantizationConfig(Strict):
         # the nominal floor of the cheapest candidate; accel.preflight checks the exact one on the model's shapes
         target = self.budget.target_avg_bits
         g = max(self.int4_group_sizes)
-        floors = {"int4": 4 + 20 / g, "int4f": 4 + 32 / g, "int8": 8.0, "fp16": 16.0}  # as stored (schemes.py)
+        floors = {"int4": 4 + 20 / g, "int4f": 4 + 32 / g, "int5": 5.5, "int8": 8.0, "int8g": 8.5,
+                  "fp16": 16.0}  # as stored (schemes.py)
         cheapest = min(self.candidates, key=floors.__getitem__)
         if target is not None and target < floors[cheapest]:
             raise ValueError(f"budget.target_avg_bits {target} is unreachable with candidates {self.candidates}: "
                              f"{cheapest}, the cheapest, costs {floors[cheapest]:g} bits per weight or more; allowed: "
                              f">= {floors[cheapest]:g}, or a cheaper candidate")
+        return self
+
+    @model_validator(mode="after")
+    def _head_group(self) -> QuantizationConfig:
+        if self.lm_head_group_size != 32 and self.lm_head != "int8g":
+            raise ValueError(f"lm_head_group_size {self.lm_head_group_size} applies to an int8g lm_head only; "
+                             f"lm_head is {self.lm_head!r}: set lm_head: int8g, or leave lm_head_group_size at 32")
         return self
 
     @field_validator("overrides")

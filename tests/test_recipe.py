@@ -44,7 +44,7 @@ BROKEN = [
     # (recipe, substrings the error must contain)
     ({"quantizaton": {}}, ["quantizaton", "unknown field", "did you mean 'quantization'"]),
     ({"quantization": {"int4_group_size": 100}}, ["quantization.int4_group_size", "100", "32, 64 or 128"]),
-    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "'int4', 'int4f', 'int8' or 'fp16'"]),
+    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "'int4', 'int4f', 'int5', 'int8', 'int8g' or 'fp16'"]),
     ({"quantization": {"budget": {"max_mean_kl": 0.1, "target_avg_bits": 5}}},
      ["quantization.budget", "exactly one budget"]),
     ({"quantization": {"budget": {"max_mean_kl": -1}}}, ["quantization.budget.max_mean_kl", "-1", "greater than 0"]),
@@ -181,3 +181,13 @@ def test_distill_prompt_count_scales_with_a_longer_eagle_budget():
     assert DistillConfig(kind="layers", time_budget_minutes=80).resolved("num_prompts") == 256
     assert default_num_prompts("eagle", 120) == 4800
     assert DistillConfig().resolved("learning_rate") == 1e-3
+
+
+def test_lm_head_group_size_applies_to_an_int8g_head_only():
+    from accel.recipe import Recipe
+
+    base = {"name": "x", "model": {"path": "m"}}
+    ok = Recipe.model_validate({**base, "quantization": {"lm_head": "int8g", "lm_head_group_size": 128}})
+    assert ok.quantization.lm_head_group_size == 128
+    with pytest.raises(ValueError, match="lm_head_group_size 64 applies to an int8g lm_head only; lm_head is 'int8'"):
+        Recipe.model_validate({**base, "quantization": {"lm_head": "int8", "lm_head_group_size": 64}})

@@ -89,8 +89,10 @@ def _vllm_refuses(w: dict, activations, fmt: str | None) -> str | None:
 
 
 def _accel_refuses(w: dict, fmt: str | None) -> str | None:
-    if w.get("type", "int") != "int" or w.get("num_bits") not in (4, 8):
-        return f"{w.get('num_bits')}-bit {w.get('type')} weights: accel's kernels are INT4 and INT8"
+    if w.get("type", "int") != "int" or w.get("num_bits") not in (4, 5, 8):
+        return f"{w.get('num_bits')}-bit {w.get('type')} weights: accel's kernels are INT4 and INT8 (INT5 as INT8)"
+    if w.get("num_bits") == 5 and (not w.get("symmetric") or fmt != "pack-quantized"):
+        return "5-bit weights load symmetric and pack-quantized only (int5)"
     if fmt not in ("pack-quantized", "int-quantized"):
         return f"format {fmt!r}: accel reads pack-quantized and int-quantized"
     return None

@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from accel.kernels import cpu
 
-SCHEMES = ("int8", "int8g", "int4", "int4f", "fp16", "bf16", "fp32")
+SCHEMES = ("int8", "int8g", "int4", "int4f", "fp16", "bf16", "fp32")  # what a runtime --quant may ask for
 INT4_SCHEMES = ("int4", "int4f")  # int4f: float (not integer) zero point per group, see quantize_int4_groupwise
 FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -109,15 +109,102 @@ def dequantize_int8_per_channel(q: Tensor, scales: Tensor) -> Tensor:
 
 def quantize_int8_groupwise(w: Tensor, group_size: int = INT8_GROUP) -> tuple[Tensor, Tensor]:
     """Symmetric RTN per group of `group_size` inputs (int8g): w [out, in] -> (q int8 [out, in], scales fp32
-    [out, in / g]), scale = the group's absmax / 127.5 rounded to fp16, as compressed-tensors' group strategy stores
-    it (`quantize_int8_per_channel` per group)."""
+    [out, in / g]): a group already on a grid of int8 codes keeps it (`grid_fit`: a GGUF Q8_0 table is stored
+    bit for bit), any other scale = the group's absmax / 127.5 rounded to fp16, as compressed-tensors' group
+    strategy stores it (`quantize_int8_per_channel` per group)."""
+    return quantize_symmetric_groupwise(w, group_size, 8)
+
+
+def quantize_symmetric_groupwise(w: Tensor, group_size: int, bits: int) -> tuple[Tensor, Tensor]:
+    """Symmetric group-wise RTN at `bits` (int8g, int5): codes in [-2^(b-1), 2^(b-1) - 1], w ~ q * scale. Each
+    group on a grid of such codes keeps that grid (`grid_fit`; its scale may be negative, as a GGUF Q5_0 block's
+    is when its largest value is positive); any other gets compressed-tensors' min-max scale, absmax /
+    ((2^b - 1) / 2), rounded to fp16."""
     _check_weight(w)
     if w.shape[1] % group_size:
-        raise ValueError(f"int8g needs in_features divisible by {group_size}; got {w.shape[1]}")
+        raise ValueError(f"{bits}-bit groups of {group_size} do not divide in_features {w.shape[1]}")
     g = w.float().reshape(w.shape[0], -1, group_size)
-    scales = fp16_scale(g.abs().amax(dim=2) / 127.5)  # [out, G]
-    q = torch.round(g / scales[..., None]).clamp_(-128, 127).to(torch.int8).reshape(w.shape)
+    grid, _, found = grid_fit(w, group_size, bits, symmetric=True)
+    scales = fp16_scale(torch.where(found, grid, g.abs().amax(dim=2) / ((2 ** bits - 1) / 2)))  # [out, G]
+    lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    q = torch.round(g / scales[..., None]).clamp_(lo, hi).to(torch.int8).reshape(w.shape)
     return q, scales
+
+
+INT5_GROUP = 32  # int5: the GGUF Q5_0 block
+
+
+def quantize_int5_groupwise(w: Tensor) -> tuple[Tensor, Tensor]:
+    """int5: symmetric 5-bit codes in [-16, 15] per group of 32 inputs with an fp16 scale (the GGUF Q5_0 form,
+    5.5 bits a weight as stored): w [out, in] -> (q int8 [out, in], scales fp32 [out, in / 32]). The runtime holds
+    the codes as int8g (`Int8WeightOnlyLinear`, 8 bits in memory); the checkpoint packs them to 5 bits."""
+    return quantize_symmetric_groupwise(w, INT5_GROUP, 5)
+
+
+def per_block_scales(scales: Tensor, in_features: int) -> Tensor:
+    """Group-wise int8 scales [out, in / g] for any g that is a multiple of INT8_GROUP -> the kernels' [out, in / 32]
+    (each repeated g / 32 times); per-channel scales pass unchanged."""
+    if scales.dim() != 2 or scales.shape[1] == 1:
+        return scales
+    g = in_features // scales.shape[1]
+    if g % INT8_GROUP or g * scales.shape[1] != in_features:
+        raise ValueError(f"group-wise int8 scales {tuple(scales.shape)} do not divide {in_features} inputs into groups "
+                         f"of a multiple of {INT8_GROUP}")
+    return scales.repeat_interleave(g // INT8_GROUP, dim=1) if g != INT8_GROUP else scales
+
+
+GRID_TOLERANCE = 1e-3  # |w / scale - its nearest code|, in codes: fp32 rounding of a dequantized grid is ~1e-6
+_GRID_ROWS = 8192  # rows searched at once (bounds the [rows, G, g] fp32 temporaries of a 262k-row table)
+
+
+@torch.no_grad()
+def grid_fit(w: Tensor, group_size: int, bits: int, symmetric: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Per group of `group_size` inputs of w [out, in], whether its values already lie on a grid of 2^bits codes:
+    (scale [out, G], offset [out, G], found [out, G] bool), w = offset + scale * k for integers k in [0, 2^b - 1]
+    (offset = the group's min), or symmetric: offset 0 and k in [-2^(b-1), 2^(b-1) - 1] (scale negative where the
+    codes fit only mirrored). Weights dequantized from a quantized release are on such grids: GGUF Q8_0 / Q5_0
+    blocks (symmetric, 8 / 5 bits), Q4_0 / Q4_1 / Q4_K sub-blocks (a float min, 4 bits), and re-rounding them
+    with any other scale (min-max's) loses what the release kept. Candidates: the smallest gap between the group's
+    values over k = 1..4 (codes left unused), and the min-max scales. Pure search, no fitting: a group off every
+    grid is reported not found (callers round it with their own rule)."""
+    out_f, in_f = w.shape
+    n_groups = in_f // group_size
+    scale = torch.zeros(out_f, n_groups)
+    offset = torch.zeros(out_f, n_groups)
+    found = torch.zeros(out_f, n_groups, dtype=torch.bool)
+    lo_code, hi_code = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if symmetric else (0, 2 ** bits - 1)
+    for r0 in range(0, out_f, _GRID_ROWS):
+        wg = w[r0:r0 + _GRID_ROWS].float().reshape(-1, n_groups, group_size)  # [R, G, g]
+        base = torch.zeros_like(wg[..., :1]) if symmetric else wg.amin(-1, keepdim=True)
+        vals = torch.cat([wg, base], -1) if symmetric else wg  # a symmetric grid holds 0
+        gaps = vals.sort(-1).values.diff(dim=-1)
+        delta = torch.where(gaps > 0, gaps, torch.inf).amin(-1, keepdim=True)  # [R, G, 1]
+        amax = wg.abs().amax(-1, keepdim=True)
+        cands = [delta / k for k in range(1, 5)]
+        if symmetric:
+            signed_max = torch.gather(wg, -1, wg.abs().argmax(-1, keepdim=True))
+            cands += [amax / hi_code, -signed_max / lo_code]
+        else:
+            cands.append((wg.amax(-1, keepdim=True) - base) / hi_code)
+        best, ok_any = torch.zeros_like(delta), torch.zeros_like(delta, dtype=torch.bool)
+        for s in cands:
+            s = torch.where(torch.isfinite(s) & (s != 0), s, torch.ones_like(s))  # a constant group: any scale
+            r = (wg - base) / s
+            k = r.round()
+            ok = ((r - k).abs() <= GRID_TOLERANCE).all(-1, keepdim=True)
+            k_lo, k_hi = k.amin(-1, keepdim=True), k.amax(-1, keepdim=True)
+            fits = (k_lo >= lo_code) & (k_hi <= hi_code)
+            if symmetric:
+                mirrored = (-k_hi >= lo_code) & (-k_lo <= hi_code)
+                s = torch.where(fits, s, -s)
+                fits |= mirrored
+            ok &= fits & ~ok_any
+            best = torch.where(ok, s, best)
+            ok_any |= ok
+        scale[r0:r0 + _GRID_ROWS] = best.squeeze(-1)
+        offset[r0:r0 + _GRID_ROWS] = base.squeeze(-1)
+        found[r0:r0 + _GRID_ROWS] = ok_any.squeeze(-1)
+    return scale, offset, found
 
 
 def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False,
@@ -140,13 +227,16 @@ def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False
     lo = wg.amin(dim=-1).clamp(max=0.0)  # [out, G]
     hi = wg.amax(dim=-1).clamp(min=0.0)
     exact = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).eps)
+    if float_zero:  # a group already on a 16-code grid (GGUF Q4_1 / Q4_K) keeps it: `grid_fit`
+        grid, offset, found = grid_fit(w, group_size, 4, symmetric=False)
+        exact, lo = torch.where(found, grid, exact), torch.where(found, offset, lo)
     if float_zero and float_dtype == torch.float32:  # computed on the codes' own [0, 15] range: no fp32 shift by 8
-        zeros = torch.clamp(-lo / exact, 0, 15)  # [out, G]
+        zeros = -lo / exact  # [out, G]
         q = torch.clamp(torch.round(wg / exact[..., None] + zeros[..., None]), 0, 15)
         return q.reshape(out_f, in_f).to(torch.uint8), exact, zeros
     if float_zero:
         scales = fp16_scale(exact)
-        zp = torch.clamp(-8 - lo / exact, -8, 7).half().float()  # [out, G]
+        zp = (-8 - lo / exact).half().float()  # [out, G]
         q = torch.clamp(torch.round(wg / scales[..., None] + zp[..., None]), -8, 7)
     else:
         scales = fp16_scale(exact)
@@ -209,6 +299,15 @@ def int8_from_compressed_tensors(weight_packed: Tensor, weight_shape: tuple[int,
     shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=weight_packed.device)  # [4]
     fields = (weight_packed.unsqueeze(-1) >> shifts) & 0xFF  # [out, in/4, 4]
     return (fields.reshape(weight_packed.shape[0], -1)[:, :in_f] - 128).to(torch.int8).contiguous()
+
+
+def int5_from_compressed_tensors(weight_packed: Tensor, weight_shape: tuple[int, int] | Tensor) -> Tensor:
+    """compressed-tensors "pack-quantized" 5-bit weights (32 values in five int32 words, no padding bits) -> int8
+    codes [out, in] in [-16, 15]: the library's own unpacking, so what it packed is what accel runs."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    out_f, in_f = (int(v) for v in weight_shape)
+    return unpack_from_int32(weight_packed, 5, torch.Size((out_f, in_f))).contiguous()
 
 
 def _unpack_int32_nibbles(packed: Tensor, dim: int) -> Tensor:
@@ -467,8 +566,12 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         if qweight.dim() != 2:
             raise ValueError(f"qweight must be [out, in] values in [0, 15]; got shape {tuple(qweight.shape)}")
         out_f, in_f = qweight.shape
-        if int(qweight.min()) < 0 or int(qweight.max()) > 15 or int(zeros.min()) < 0 or int(zeros.max()) > 15:
-            raise ValueError("int4 qweight and zeros must hold values in [0, 15]")
+        # integer zeros are codes; float ones (int4f) any offset: a grid kept from a release may lie off 0 entirely
+        if int(qweight.min()) < 0 or int(qweight.max()) > 15 or \
+                not zeros.is_floating_point() and (int(zeros.min()) < 0 or int(zeros.max()) > 15):
+            raise ValueError("int4 qweight (and integer zeros) must hold values in [0, 15]")
+        if zeros.is_floating_point() and not bool(torch.isfinite(zeros).all()):
+            raise ValueError("int4f zeros must be finite")
         kwargs.setdefault("float_zero", zeros.is_floating_point())
         m = cls(in_f, out_f, group_size=group_size, bias=bias is not None, **kwargs).to(qweight.device)
         if scales.shape != m.scales.shape or zeros.shape != m.zeros.shape:

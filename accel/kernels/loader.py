@@ -57,9 +57,14 @@ def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int |
         if f"{prefix}.weight_g_idx" in state:
             raise ValueError(f"{prefix}: activation-ordered groups (weight_g_idx) are not supported by accel kernels")
         packed, shape = state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_shape"]
-        if int(shape[1]) == 4 * packed.shape[1]:  # four values per int32: 8-bit
-            w = kernels.int8_from_compressed_tensors(packed, shape)
-            return kernels.Int8WeightOnlyLinear.from_quantized(w, state[f"{prefix}.weight_scale"], bias=bias)
+        bits = packed.shape[1] * 32 // int(shape[1])  # dense packing: ceil(in * bits / 32) words a row
+        if bits in (5, 8):  # int5 (5-bit codes, held as int8g) or int8 / int8g
+            w = (kernels.int8_from_compressed_tensors(packed, shape) if bits == 8 else
+                 kernels.int5_from_compressed_tensors(packed, shape))
+            scale = kernels.per_block_scales(state[f"{prefix}.weight_scale"], int(shape[1]))
+            return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)
+        if bits != 4:
+            raise ValueError(f"{prefix}: {bits}-bit packed weights have no accel kernel; allowed: 4, 5, 8 bits")
         q, scales, zeros = kernels.int4_from_compressed_tensors(
             state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
             state.get(f"{prefix}.weight_zero_point"))
@@ -70,7 +75,7 @@ def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int |
     if w is None and prefix == "lm_head":  # a tied table: the lm_head's integers are the embedding's
         w = state[f"{TABLE}.weight"]
     if prefix == TABLE:
-        return kernels.Int8Embedding(w, state[f"{prefix}.weight_scale"])
+        return kernels.Int8Embedding(w, kernels.per_block_scales(state[f"{prefix}.weight_scale"], w.shape[1]))
     if w.dtype != torch.int8:
         raise ValueError(f"{prefix}.weight is {w.dtype}; expected int8 for an int-quantized layer")
     scale = state[f"{prefix}.weight_scale"]
@@ -83,6 +88,7 @@ def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int |
         zeros = zeros if zp.is_floating_point() else zeros.to(torch.uint8)
         return kernels.Int4WeightOnlyLinear.from_quantized(q, scale.float(), zeros,
                                                            group_size or w.shape[1] // scale.shape[1], bias=bias)
+    scale = kernels.per_block_scales(scale, w.shape[1])
     return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)  # per channel, or group-wise (int8g)
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from accel.quant.schemes import (INT4_SCHEMES, SCHEME_INFO, SCHEMES, GroupSizes, check_scheme, expand_units,
-                                 fake_quantized, group_size_of)
+from accel.quant.schemes import (HEAD, INT4_SCHEMES, INT8_GROUP, SCHEME_INFO, SCHEMES, TABLE, GroupSizes,
+                                 check_scheme, expand_units, fake_quantized, group_size_of)
 from accel.quant.sensitivity import SensitivityResult, kl_sum
 
 
@@ -67,10 +67,11 @@ class Rules:
 
     lm_head: str = "int8"
     overrides: dict[str, str] = field(default_factory=dict)
+    lm_head_group_size: int = INT8_GROUP
 
     @classmethod
     def from_config(cls, cfg) -> Rules:
-        return cls(lm_head=cfg.lm_head, overrides=dict(cfg.overrides))
+        return cls(lm_head=cfg.lm_head, overrides=dict(cfg.overrides), lm_head_group_size=cfg.lm_head_group_size)
 
 
 @dataclass
@@ -93,13 +94,17 @@ class Plan:
     tied_table: bool = False
     """A tied model's embedding table is stored once, at the INT8 lm_head's integers (accel.quant.quantize
     .tie_int8_table), instead of a 16-bit table beside the lm_head; the held-out check measures it that way."""
+    lm_head_group_size: int = INT8_GROUP
+    """An int8g lm_head's (and tied table's) group of inputs per fp16 scale."""
 
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for v in self.schemes.values() if v == s) for s in SCHEMES}
 
     def sizes(self) -> GroupSizes:
         """{Linear: INT4 group size} (what fake quantization, the bit count and the checkpoint take)."""
-        return GroupSizes(self.group_size, self.group_sizes)
+        head = ({HEAD: self.lm_head_group_size, TABLE: self.lm_head_group_size} if self.lm_head == "int8g"
+                else {})
+        return GroupSizes(self.group_size, {**self.group_sizes, **head})
 
     def size_counts(self) -> dict[str, int]:
         """{group size: INT4 Linears at it}."""
@@ -282,7 +287,7 @@ def allocate(
                    for m in units[u]}
     return Plan(schemes=expand_units({u: c[0] for u, c in choice.items()}, units), group_size=default_gs,
                 avg_bits=cur_bits / total_params, estimated_kl=cur_kl, lm_head=rules.lm_head, units=units,
-                group_sizes=group_sizes)
+                group_sizes=group_sizes, lm_head_group_size=rules.lm_head_group_size)
 
 
 # --- accuracy-driven fallback ---------------------------------------------------------------------------------
@@ -414,4 +419,5 @@ def check_and_fallback(
                 estimated_kl=estimated_kl(sensitivity, schemes, sizes), lm_head=plan.lm_head,
                 measured_kl=q.mean_kl, measured_ppl_increase_pct=q.ppl_increase_pct,
                 promoted=plan.promoted + promoted, units=plan.units, tied_table=plan.tied_table,
+                lm_head_group_size=plan.lm_head_group_size,
                 group_sizes={n: g for n, g in plan.group_sizes.items() if schemes[n] in INT4_SCHEMES})

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from accel.quant.allocate import Plan
-from accel.quant.schemes import INT4_SCHEMES, INT8_GROUP, TABLE
+from accel.quant.schemes import INT4_SCHEMES, INT5_GROUP, INT8_GROUP, TABLE
 
 METHODS = ("gptq", "rtn", "awq", "smoothquant+gptq")
 PLAN_FILE = "accel_plan.json"
@@ -55,49 +55,100 @@ def _weights_args(scheme: str, group_size: int) -> dict:
     # 4 + 20/g bits per weight (accel.quant.schemes).
     if scheme == "int8":
         return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "scale_dtype": "float16"}
-    if scheme == "int8g":
-        return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "group", "group_size": INT8_GROUP,
-                "scale_dtype": "float16"}
+    if scheme in ("int8g", "int5"):
+        return {"num_bits": 8 if scheme == "int8g" else 5, "type": "int", "symmetric": True, "strategy": "group",
+                "group_size": group_size, "scale_dtype": "float16", "observer": GRID_OBSERVER}
     if scheme == "int4":
         return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
                 "scale_dtype": "float16"}
     if scheme == "int4f":
         return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
-                "scale_dtype": "float16", "zp_dtype": "float16"}
-    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int8g, int4, int4f")
+                "scale_dtype": "float16", "zp_dtype": "float16", "observer": GRID_OBSERVER}
+    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int8g, int5, int4, int4f")
 
 
-FORMATS = {"int8": "pack-quantized", "int8g": "pack-quantized", "int4": "pack-quantized", "int4f": "int-quantized"}
+FORMATS = {"int8": "pack-quantized", "int8g": "pack-quantized", "int5": "pack-quantized", "int4": "pack-quantized",
+           "int4f": "int-quantized"}
 
 
 # GPTQ's INT4 scales and zero points come from llm-compressor's imatrix-weighted MSE search (per group, the clip
 # range that minimizes the output-weighted error, as llama.cpp's imatrix does) instead of min-max: all-INT4 group 32
 # on SmolLM2-135M, held-out KL 0.170 -> 0.132 (plain MSE 0.144). RTN stays min-max: data-free and exactly what the
-# sensitivity's fake quantization measures. int4f keeps min-max: on a float-min grid it is already exact.
+# sensitivity's fake quantization measures. int4f, int5 and int8g take accel's grid observer (`register_grid_observer`):
+# a group already on a grid of their codes keeps it, any other is min-max, as the fake quantization rounds.
 SEARCHED_OBSERVER = "imatrix_mse"
 SEARCHED_METHODS = ("gptq", "smoothquant+gptq")
+GRID_OBSERVER = "accel_grid"
+
+
+def register_grid_observer() -> None:
+    """Register GRID_OBSERVER with llm-compressor: the qparams of `accel.kernels.linear`'s own rounding (grid_fit,
+    then min-max), so GPTQ / RTN start from exactly what accel's fake quantization measured. GPTQ takes a weight's
+    qparams once, before its column sweep; on a weight already on the grid every rounding error is 0, so it stays
+    there."""
+    from llmcompressor.observers import Observer
+
+    if GRID_OBSERVER.replace("_", "-") in Observer.registered_names():  # the registry's own spelling
+        return
+
+    @Observer.register(GRID_OBSERVER)
+    class GridObserver(Observer):
+        _stats_attrs = ["grid_scale", "grid_zero_point"]
+
+        def update_statistics_from_observed(self, observed: torch.Tensor) -> None:
+            from accel.kernels.linear import quantize_int4_groupwise, quantize_symmetric_groupwise
+
+            a = self.args
+            if not self.is_weight_obs or a.strategy != "group" or observed.shape[0] != 1:
+                raise ValueError(f"{GRID_OBSERVER} observes group-wise weights only; got {self.base_name} "
+                                 f"{a.strategy}")
+            w = observed[0].flatten(-2)  # [out, G, g] -> [out, in]
+            if a.symmetric:
+                _, scale = quantize_symmetric_groupwise(w, a.group_size, a.num_bits)
+                zp = torch.zeros_like(scale)
+            else:  # float zero point (int4f): ours are [0, 15] codes, the library's [-8, 7]
+                _, scale, zeros = quantize_int4_groupwise(w, a.group_size, float_zero=True)
+                zp = zeros.float() - 8
+            self.grid_scale, self.grid_zero_point = scale.to(observed.dtype), zp.to(observed.dtype)
+
+        def get_qparams(self):
+            scale, zp = self.grid_scale, self.grid_zero_point
+            self.delete_statistics()
+            return {"scale": scale, "zero_point": zp, "global_scale": None}
+
+
+def _group_of(plan: Plan, name: str, scheme: str) -> int | None:
+    """The group size Linear (or lm_head) `name` is written at under `scheme`."""
+    if scheme in INT4_SCHEMES:
+        return plan.sizes()[name]
+    if scheme == "int8g":
+        return plan.lm_head_group_size if name == "lm_head" else INT8_GROUP
+    return INT5_GROUP if scheme == "int5" else None
 
 
 def recipe_config(plan: Plan, method: str = "rtn") -> dict:
     """The plan as llm-compressor config groups + ignore list (plain data; `build_modifiers` wraps it).
 
     {"config_groups": {"int8": {"targets": [...], "weights": {...}, "format": ...}, "int4": {...},
-                       "int4_g32": {...} (INT4 Linears at a group size other than the plan's)},
+                       "int4_g32": {...} (Linears at a group size other than their scheme's default: the plan's INT4
+                       size, 32 for int8g)},
      "ignore": [fp16 modules..., "lm_head" when it stays 16-bit]}
     Targets are exact module names (no regex), so the checkpoint states precisely what the plan chose.
     """
-    schemes, sizes = {**plan.schemes, "lm_head": plan.lm_head}, plan.sizes()
+    schemes = {**plan.schemes, "lm_head": plan.lm_head}
     groups = {}
     for scheme, fmt in FORMATS.items():
-        at = sorted({sizes[n] for n, s in schemes.items() if s == scheme}, key=lambda g: g != plan.group_size)
-        for g in at if scheme in INT4_SCHEMES else [plan.group_size]:
-            targets = [n for n, s in schemes.items() if s == scheme and (scheme not in INT4_SCHEMES or sizes[n] == g)]
-            if targets:
-                weights = _weights_args(scheme, g)
-                if scheme == "int4" and method in SEARCHED_METHODS:
-                    weights["observer"] = SEARCHED_OBSERVER
-                name = scheme if g == plan.group_size or scheme not in INT4_SCHEMES else f"{scheme}_g{g}"
-                groups[name] = {"targets": targets, "weights": weights, "format": fmt}
+        default = plan.group_size if scheme in INT4_SCHEMES else _group_of(plan, "", scheme)
+        at: dict[int | None, list[str]] = {}
+        for n, s in schemes.items():
+            if s == scheme:
+                at.setdefault(_group_of(plan, n, s), []).append(n)
+        for g, targets in sorted(at.items(), key=lambda kv: kv[0] != default):
+            weights = _weights_args(scheme, g)
+            if scheme == "int4" and method in SEARCHED_METHODS:
+                weights["observer"] = SEARCHED_OBSERVER
+            name = scheme if g == default else f"{scheme}_g{g}"
+            groups[name] = {"targets": targets, "weights": weights, "format": fmt}
     return {"config_groups": groups, "ignore": [n for n, s in schemes.items() if s == "fp16"]}
 
 
@@ -111,6 +162,7 @@ def build_modifiers(plan: Plan, method: str, dampening: float = 0.01) -> list:
     cfg = recipe_config(plan, method)
     if not cfg["config_groups"]:
         return []
+    register_grid_observer()
     groups = {name: QuantizationScheme(targets=g["targets"], weights=QuantizationArgs(**g["weights"]),
                                        format=g["format"])
               for name, g in cfg["config_groups"].items()}

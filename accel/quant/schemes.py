@@ -4,11 +4,15 @@ Glossary
 - scheme: "int4" (weight-only, group-wise asymmetric, integer zero point: the compressed-tensors / vLLM W4A16
   form), "int4f" (the same with a floating-point zero point per group: the GGUF Q4_1 / HQQ form, see
   `fake_quant_int4`), "int8" (weight-only, per output channel symmetric), "fp16" (the model's 16-bit dtype; kept in
-  fp32 on CPU, still *counted* as 16 bits).
+  fp32 on CPU, still *counted* as 16 bits), "int5" (weight-only, symmetric 5-bit per group of 32: the GGUF Q5_0
+  form, exact on a Q5_0 release; held as int8g codes at run time), "int8g" (INT8 per group of 32).
+  int4f, int5 and int8g keep any group already on a grid of their codes (`accel.kernels.linear.grid_fit`): a GGUF
+  release's Q4_K / Q5_0 / Q8_0 blocks come back bit for bit, where min-max would re-round them.
 - bits per weight include the quantization metadata as the checkpoint stores it (scales in fp16, see
   `accel.quant.quantize.store_16bit`):
     int8: 8 + 16 / in_features   (one fp16 scale per output row)
-    int8g: 8 + 16 / 32           (one fp16 scale per 32 inputs: the lm_head / tied table only, recipe.HeadScheme)
+    int8g: 8 + 16 / 32           (one fp16 scale per 32 inputs; the lm_head / tied table per lm_head_group_size)
+    int5: 5 + 16 / 32            (one fp16 scale per 32 inputs, the codes packed densely, 32 to five int32s)
     int4: 4 + 20 / group_size    (one fp16 scale + one 4-bit zero point, packed eight to an int32, per group)
     int4f: 4 + 32 / group_size   (one fp16 scale + one fp16 zero point per group, stored unpacked: see
                                   accel.quant.quantize.pack_int4f)
@@ -32,12 +36,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from accel.kernels.linear import (INT8_GROUP, dequantize_int4_groupwise, dequantize_int8_per_channel,
-                                  quantize_int4_groupwise, quantize_int8_groupwise, quantize_int8_per_channel)
+from accel.kernels.linear import (INT5_GROUP, INT8_GROUP, dequantize_int4_groupwise, dequantize_int8_per_channel,
+                                  quantize_int4_groupwise, quantize_int5_groupwise, quantize_int8_groupwise,
+                                  quantize_int8_per_channel)
 from accel.kernels.loader import TABLE  # noqa: F401  (the quant modules import it from here)
 """The embedding table (Llama family naming); tied to the lm_head in small models."""
 
-SCHEMES = ("int4", "int4f", "int8", "int8g", "fp16")
+SCHEMES = ("int4", "int4f", "int5", "int8", "int8g", "fp16")
 """From cheapest to most expensive as stored: allocation demotes towards the left, fallback promotes towards the
 right. int4f is a candidate only where it is far better than int4 (weights on a float-min grid, see
 accel.quant.plan.int4_candidates), where it is exact at 5 bits (g32)."""
@@ -61,11 +66,15 @@ class SchemeInfo:
             return 8.0 + 16.0 / in_features
         if self.name == "int8g":
             return 8.0 + 16.0 / INT8_GROUP
+        if self.name == "int5":
+            return 5.0 + 16.0 / INT5_GROUP
         return 16.0
 
 
 INT4_SCHEMES = ("int4", "int4f")
-SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int4f", 4), ("int8", 8), ("int8g", 8), ("fp16", 16))}
+SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int4f", 4), ("int5", 5), ("int8", 8), ("int8g", 8),
+                                                ("fp16", 16))}
+HEAD = "lm_head"
 
 
 # vLLM loads q/k/v as one fused `qkv_proj` and gate/up as one `gate_up_proj`, and so does accel's runtime: one
@@ -176,12 +185,13 @@ def fake_quant_int4(w: torch.Tensor, group_size: int, float_zero: bool = False) 
 
 
 def fake_quant(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
-    """Quantize then dequantize a [out, in] weight with RTN; fp16 returns the weight unchanged."""
+    """Quantize then dequantize a [out, in] weight with RTN; fp16 returns the weight unchanged. group_size: INT4's,
+    or int8g's (the lm_head / table's, `head_group`); int5 is always per 32."""
     check_scheme(scheme)
     if scheme == "int8":
         return fake_quant_int8(w)
-    if scheme == "int8g":
-        q, scales = quantize_int8_groupwise(w)
+    if scheme in ("int8g", "int5"):
+        q, scales = quantize_int8_groupwise(w, group_size) if scheme == "int8g" else quantize_int5_groupwise(w)
         return dequantize_int8_per_channel(q, scales).to(w.dtype)
     if scheme in INT4_SCHEMES:
         return fake_quant_int4(w, group_size, float_zero=scheme == "int4f")
@@ -192,6 +202,8 @@ def quantized_weight(w: torch.Tensor, name: str, scheme: str, group_size: int,
                      given: dict[str, dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
     """The weight of Linear `name` at `scheme`: the quantizer's own result where `given` has it, else RTN."""
     g = (given or {}).get(scheme, {}).get(name)
+    if scheme == "int8g" and name not in (HEAD, TABLE):  # int8g Linears: always per 32
+        group_size = INT8_GROUP
     return g if g is not None else fake_quant(w, scheme, group_size)
 
 
@@ -215,7 +227,10 @@ def fake_quantized(model: nn.Module, schemes: dict[str, str], group_size: int | 
             mod = modules[name]
             saved[name] = mod.weight
             with torch.no_grad():
-                w = quantized_weight(mod.weight.data, name, scheme, group_size_of(group_size, name), given)
+                g = group_size_of(group_size, name)
+                if scheme == "int8g":  # per 32, but a head / table named in a GroupSizes (Plan.sizes: its group)
+                    g = group_size.get(name, INT8_GROUP) if isinstance(group_size, dict) else INT8_GROUP
+                w = quantized_weight(mod.weight.data, name, scheme, g, given)
                 mod.weight = nn.Parameter(w.to(mod.weight.dtype), requires_grad=False)
         yield
     finally:

@@ -432,3 +432,70 @@ def test_scale_tuning_lowers_the_kl_to_the_unquantized_model_and_keeps_every_cod
     torch.testing.assert_close(load_hf_model(ck)(X).logits, fq, **KERNEL_TOL)
     with pytest.raises(ValueError, match="steps=0 is invalid"):
         tune_scales(res.model, teacher, rows, steps=0)
+
+
+def _on_release_grids(model) -> None:
+    """Every weight as a GGUF release dequantizes it: q/k/v/gate/up on Q5_0 blocks, o/down on Q4_K sub-blocks with
+    unused extreme codes, the (tied) table on Q8_0 blocks (Gemma 3 270M's Q4_K_M file, in miniature)."""
+    from tests.kernels.test_grid import q4_k_like, q5_0, q8_0
+
+    mods = dict(model.named_modules())
+    with torch.no_grad():
+        for i, n in enumerate(quantizable_linears(model)):
+            w = mods[n].weight
+            grid = q4_k_like(*w.shape, seed=i, exact_zero=True) if n.endswith(("o_proj", "down_proj")) else q5_0(*w.shape, seed=i)[0]
+            w.copy_(grid * 2.0 ** -3)
+        model.model.embed_tokens.weight.copy_(q8_0(*model.model.embed_tokens.weight.shape)[0])
+
+
+@pytest.mark.parametrize("method,head_group", [("rtn", 64), ("gptq", 32)])
+@torch.no_grad()
+def test_a_gguf_releases_grids_export_bit_for_bit_at_int5_int4f_int8g_and_load_everywhere(tmp_path, method,
+                                                                                         head_group):
+    import json
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from accel.export.compatibility import loader_support
+    from accel.kernels.linear import Int8WeightOnlyLinear
+    from accel.runtime.models import load_model
+
+    src = tmp_path / "release"
+    tiny = make_tiny_llama(tie_word_embeddings=True)
+    _on_release_grids(tiny)
+    tiny.save_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src).eval()
+    ref = model(X).logits
+    names = quantizable_linears(model)
+    plan = Plan(schemes={n: "int4f" if n.endswith(("o_proj", "down_proj")) else "int5" for n in names},
+                group_size=32, avg_bits=0.0, estimated_kl=0.0, lm_head="int8g", tied_table=True,
+                lm_head_group_size=head_group)
+    with fake_quantized(model, plan.schemes, plan.sizes()):
+        torch.testing.assert_close(model(X).logits, ref, atol=1e-5, rtol=0)  # the Linears come back exactly
+    with fake_quantized(model, plan.measured_schemes(), plan.sizes()):
+        measured = model(X).logits
+    if head_group == 32:  # a Q8_0 table too
+        torch.testing.assert_close(measured, ref, atol=1e-5, rtol=0)
+    res = oneshot_quantize(model, plan, CAL, method, processor=_tokenizer())
+    ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    config = json.loads((ck / "config.json").read_text())
+    groups = config["quantization_config"]["config_groups"]
+    int5 = [g for g in groups.values() if g["weights"]["num_bits"] == 5]
+    assert len(int5) == 1 and int5[0]["format"] == "pack-quantized" and int5[0]["weights"]["symmetric"]
+    assert groups["table"]["weights"]["group_size"] == head_group
+    with safe_open(str(ck / "model.safetensors"), "pt") as f:
+        packed = f.get_tensor("model.layers.0.mlp.up_proj.weight_packed")
+    up = model.model.layers[0].mlp.up_proj
+    assert packed.dtype == torch.int32 and packed.numel() * 32 == up.in_features * up.out_features * 5  # 5 bits a weight
+    hf = AutoModelForCausalLM.from_pretrained(ck).eval()
+    torch.testing.assert_close(hf(X).logits, measured, atol=1e-4, rtol=1e-4)
+    loaded = load_hf_model(ck)
+    assert isinstance(loaded.model.layers[0].mlp.up_proj, Int8WeightOnlyLinear)  # int5 codes held as int8g
+    torch.testing.assert_close(loaded(X).logits, measured, **KERNEL_TOL)
+    runtime = load_model(ck, torch.float32, torch.device("cpu"))
+    torch.testing.assert_close(runtime.lm_head.dequantized(), hf.lm_head.weight.float(), atol=0, rtol=0)
+    torch.testing.assert_close(runtime.model.embed_tokens(X[0]), hf.model.embed_tokens(X[0]), atol=0, rtol=0)
+    support = loader_support(config)
+    assert support["accel"].loads and support["transformers"].loads
+    assert "5-bit" in support["vllm"].refused["model.layers.0.mlp.up_proj"]
