@@ -10,6 +10,10 @@ phases. Phase 1 drives `Engine` directly in this process; phase 2 starts `accel.
 127.0.0.1 and drives it with streaming httpx clients. Printed: TTFT P50/P99, output tokens/s, 5xx / 429 /
 transport-error counts, KV blocks still held after drain (from /metrics), and server / in-process tok/s.
 TTFT in-process is engine arrival -> first token; over HTTP it is request sent -> first streamed text.
+
+--structured: every request's output follows SCHEMA (a JSON object of string notes, which a model may extend to
+max_tokens; at least 64 notes, so it runs to max_tokens): in-process through SamplingParams.structured, over HTTP
+as chat completions with a json_schema `response_format`; compare with a run under --chat.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import numpy as np
 from accel.runtime.config import RUNTIME_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}, "minItems": 64}},
+          "required": ["notes"], "additionalProperties": False}
 
 
 def load_prompts(n: int = 256) -> list[str]:
@@ -66,7 +72,10 @@ def bench_in_process(args, prompts: list[str]) -> dict:
     from accel.runtime.sampling_params import SamplingParams
 
     engine = Engine.from_pretrained(resolve_model(args.model), **engine_kwargs(args))
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    from accel.runtime.sampling_params import StructuredOutput
+
+    structured = StructuredOutput(json_schema=json.dumps(SCHEMA)) if args.structured else None
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, structured=structured)
     engine.generate(prompts[:2], params)  # warm-up
     ttfts: list[float] = []
     tokens = 0
@@ -123,11 +132,17 @@ async def client_loop(http: httpx.AsyncClient, args, prompts: list[str], worker:
         payload = {"model": args.model, "prompt": prompts[i % len(prompts)], "max_tokens": args.max_tokens,
                    "temperature": 0.0, "ignore_eos": True, "stream": True,
                    "stream_options": {"include_usage": True}}
+        route = "/v1/completions"
+        if args.chat or args.structured:
+            payload["messages"] = [{"role": "user", "content": payload.pop("prompt")}]
+            route = "/v1/chat/completions"
+        if args.structured:
+            payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "notes", "schema": SCHEMA}}
         i += args.concurrency
         sent = time.monotonic()
         first = None
         try:
-            async with http.stream("POST", "/v1/completions", json=payload) as r:
+            async with http.stream("POST", route, json=payload) as r:
                 if r.status_code != 200:
                     await r.aread()
                     res["status"][r.status_code] = res["status"].get(r.status_code, 0) + 1
@@ -142,7 +157,8 @@ async def client_loop(http: httpx.AsyncClient, args, prompts: list[str], worker:
                         res["stream_errors"] += 1
                     elif ev.get("usage"):
                         res["tokens"] += ev["usage"]["completion_tokens"]
-                    elif first is None and ev["choices"] and ev["choices"][0]["text"]:
+                    elif first is None and ev["choices"] and (ev["choices"][0].get("text") or
+                                                              ev["choices"][0].get("delta", {}).get("content")):
                         first = time.monotonic()
                 res["status"][200] = res["status"].get(200, 0) + 1
                 if first is not None:
@@ -201,6 +217,8 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=RUNTIME_DEFAULTS["max_num_batched_tokens"])
     ap.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--skip-in-process", action="store_true")
+    ap.add_argument("--structured", action="store_true", help="every output follows SCHEMA (see the docstring)")
+    ap.add_argument("--chat", action="store_true", help="HTTP requests as chat completions (--structured's route)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
     prompts = load_prompts()

@@ -171,6 +171,7 @@ class Engine:
                 model.native_decode = None  # the native step reads an fp32 cache
         self.eos_token_id = _eos_id(model.config, tokenizer)
         self._states: dict[str, _RequestState] = {}
+        self._grammar = None  # runtime.structured.GrammarCompiler, built on the first constrained request
         self._ids = itertools.count()
         self._decode_step_s: float | None = None  # the last decode-only step's time per decode step
         self.max_burst_s: float | None = None  # seconds a burst of steps may take (None: num_scheduler_steps alone)
@@ -226,9 +227,10 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are invalid; allowed: integers in [0, {vocab})")
         params.check_vocab(vocab)
+        matcher = self.structured_matcher(params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         seq = Sequence(request_id, token_ids, params, priority=priority, eos_token_id=self.eos_token_id)
-        self.runner.add_request(seq)
+        self.runner.add_request(seq, matcher)
         try:
             self.scheduler.add(seq)
         except BaseException:
@@ -318,6 +320,22 @@ class Engine:
                                 self.scheduler.draft_budget())
         return burst if burst is not None and self.scheduler.lookahead_fits(burst.num_positions) else None
 
+    def grammar_compiler(self, tokenizer=None):
+        """The structured-output compiler of this engine's tokenizer and vocabulary (`runtime.structured`), built
+        on first use (Gemma 3's 262k vocabulary takes ~1.3 s) from `tokenizer` (a copy of the engine's, for
+        another thread) or the engine's own; its cache serves the server's compiles too."""
+        if self._grammar is None:
+            tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+            if tokenizer is None:
+                raise ValueError("structured output needs a tokenizer; this engine has none")
+            from accel.runtime.structured import GrammarCompiler
+
+            self._grammar = GrammarCompiler(tokenizer, self.model.config.vocab_size)
+        return self._grammar
+
+    def structured_matcher(self, params: SamplingParams):
+        return None if params.structured is None else self.grammar_compiler().matcher(params.structured)
+
     def _fail(self, st: _RequestState, error: str) -> RequestOutput:
         """End one request with finish reason "error" (its blocks freed); the rest of the batch goes on."""
         seq = st.seq
@@ -337,7 +355,7 @@ class Engine:
         new = seq.output_token_ids[st.num_reported:]
         st.num_reported = seq.num_output_tokens
         stop_reason: str | int | None = None
-        if st.detok.update(new) and not seq.is_finished:
+        if (st.detok.update(new) or self.runner.structured_done(seq.request_id)) and not seq.is_finished:
             self.scheduler.finish(seq, FinishReason.STOP)
         if st.detok.stopped_by is not None:
             stop_reason = st.detok.stopped_by

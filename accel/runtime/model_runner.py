@@ -74,6 +74,7 @@ class ModelRunner:
         self.kv_caches = [tensors[t] if layout.num_groups == 1 else tensors[t].for_group(g)
                           for g, t in zip(layout.layer_group, layout.layer_tensor)]
         self._generators: dict[str, torch.Generator] = {}
+        self._matchers: dict = {}  # request id -> its grammar (`structured.Matcher`)
         from accel.kernels import cpu
 
         self._paged_decode_kernel = (self.device.type == "cpu" and kv_dtype == torch.float32
@@ -86,9 +87,17 @@ class ModelRunner:
         self.hidden_hook = None
 
     # ---- per-request state -----------------------------------------------------------------------------
-    def add_request(self, seq: Sequence) -> None:
-        """Set up a new request's state (its seeded generator), so a failure is the caller's, before any step."""
+    def add_request(self, seq: Sequence, matcher=None) -> None:
+        """Set up a new request's state (its seeded generator, its grammar's `structured.Matcher`), so a failure
+        is the caller's, before any step."""
         self._generator(seq)
+        if matcher is not None:
+            self._matchers[seq.request_id] = matcher
+
+    def structured_done(self, request_id: str) -> bool:
+        """Whether the request's grammar has ended (nothing may follow its stop token)."""
+        m = self._matchers.get(request_id)
+        return m is not None and m.done
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.params.seed is None:
@@ -133,6 +142,7 @@ class ModelRunner:
     def release(self, request_id: str) -> None:
         """Forget a finished request's generator and any K/V it had swapped out."""
         self._generators.pop(request_id, None)
+        self._matchers.pop(request_id, None)
         self.host.release(request_id)
 
     def swap(self, swap_out: dict[str, list[int]], swap_in: dict[str, list[int]]) -> None:
@@ -213,13 +223,26 @@ class ModelRunner:
             sample_argmax = (argmax[num_verify:num_sampled] if argmax is not None and (num_verify or prompt_rows)
                              else argmax)
             seqs = [sched.scheduled[i].seq for i in idx]
+            matchers = [self._matchers.get(s.request_id) for s in seqs]
+            if any(m is not None for m in matchers):
+                from accel.runtime.structured import mask_rows
+
+                for j, error in mask_rows(sample_logits, matchers).items():  # in place: read by nothing else
+                    failed[seqs[j].request_id] = error
+                sample_argmax = None  # the forward's argmax is the unconstrained one
             rows, bad = self._per_request(seqs, lambda js: self._sample(
                 sample_logits if len(js) == len(seqs) else sample_logits[js], [seqs[j] for j in js],
                 sample_argmax if len(js) == len(seqs) else None))
             failed.update(bad)
-            for i, row in zip(idx, rows):
-                if row is not None:
+            for i, row, m in zip(idx, rows, matchers):
+                if row is not None and request_ids[i] not in failed:
                     sampled[i], logprobs[i], top[i] = row
+                    if m is not None:
+                        try:
+                            m.accept(sampled[i])
+                        except RuntimeError as e:  # this request only
+                            failed[request_ids[i]] = str(e)
+                            sampled[i] = []
         scored: list = [None] * len(sched.scheduled)
         start = num_sampled
         for i, _, pos, n in prompt_rows:

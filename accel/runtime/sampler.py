@@ -98,8 +98,9 @@ def has_penalty(params: SamplingParams | None) -> bool:
 
 
 def plain_greedy(params: SamplingParams | None) -> bool:
-    """Greedy without penalties or a logit bias: the token is the raw logits' argmax."""
-    return is_greedy(params) and not has_penalty(params) and not (params is not None and params.logit_bias)
+    """Greedy without penalties, a logit bias or a grammar: the token is the raw logits' argmax."""
+    return is_greedy(params) and not has_penalty(params) and not (
+        params is not None and (params.logit_bias or params.structured is not None))
 
 
 def _row_params(params: list[SamplingParams], vocab_size: int, device: torch.device) -> _RowParams:

@@ -14,12 +14,14 @@ Semantics follow vLLM / the OpenAI API:
   logprobs is None      no logprobs; 0 = logprob of the sampled token only; k = plus the top-k alternatives
   prompt_logprobs       None: none; k: the raw logprob of every prompt token after the first (and its top-k
                         alternatives), for scoring (OpenAI's echo + logprobs); such a prompt skips the prefix cache
+  structured            None, or the JSON schema (or any JSON object) the output must follow (runtime.structured)
   logit_bias            {token id: bias} added to the raw logits before everything else (OpenAI's; -100 / 100
                         in effect ban / force a token); applies to greedy rows too
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -32,6 +34,27 @@ SAMPLING_EPS = 1e-5
 MIN_REPETITION_PENALTY = 0.01
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range: [-100, 100]
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """What a request's output must be: any JSON value (`json_object`, OpenAI's JSON mode: an object) or a value
+    of a JSON schema (`json_schema`, the schema as a JSON string)."""
+
+    json_schema: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.json_schema is None) == (not self.json_object):
+            raise ValueError("structured output needs exactly one of json_schema (a JSON string) or json_object")
+        if self.json_schema is not None:
+            try:
+                schema = json.loads(self.json_schema)
+            except ValueError as e:
+                raise ValueError(f"structured output json_schema is not JSON: {e}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError(f"structured output json_schema must be a JSON object; got {type(schema).__name__}")
+
 
 
 @dataclass
@@ -52,6 +75,7 @@ class SamplingParams:
     logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     prompt_logprobs: int | None = None
+    structured: StructuredOutput | None = None  # the output constrained to JSON / a JSON schema (runtime.structured)
 
     def __post_init__(self) -> None:
         if 0.0 < self.temperature < SAMPLING_EPS:

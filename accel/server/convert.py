@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Callable
 
-from accel.runtime.sampling_params import MAX_STOP_STRINGS, SEED_MAX, SEED_MIN, SamplingParams
+from accel.runtime.sampling_params import MAX_STOP_STRINGS, SEED_MAX, SEED_MIN, SamplingParams, StructuredOutput
 from accel.server.metrics import spec_counters
 from accel.speculative.stats import SpecDecodeStats
 from accel.server.protocol import (
@@ -168,6 +168,21 @@ def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_
 _PARAM_RE = re.compile(r"sampling parameter (\w+)=")
 
 
+def structured_output(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
+    """The output constraint `response_format` asks for (None: text); a 400 naming it where it is malformed."""
+    fmt = getattr(req, "response_format", None)
+    if fmt is None or fmt.type == "text":
+        if fmt is not None and fmt.json_schema is not None:
+            raise invalid("response_format.json_schema is for type json_schema", "response_format.json_schema")
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutput(json_object=True)
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise invalid("response_format type json_schema needs json_schema.schema (a JSON schema object)",
+                      "response_format.json_schema")
+    return StructuredOutput(json_schema=json.dumps(fmt.json_schema.schema_))
+
+
 def logit_bias(req: CompletionRequest | ChatCompletionRequest) -> dict[int, float]:
     """OpenAI's `logit_bias` ({"token id": bias}) as {int: float}; a key that is not a token id is a 400 (the
     values and the ids' range are the engine's checks: SamplingParams, Engine.add_request)."""
@@ -258,7 +273,8 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: 
             frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop_list(),
             stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
             logit_bias=bias, logprobs=logprobs_wanted(req),
-            prompt_logprobs=req.logprobs if isinstance(req, CompletionRequest) and req.echo else None)
+            prompt_logprobs=req.logprobs if isinstance(req, CompletionRequest) and req.echo else None,
+            structured=structured_output(req))
     except ValueError as e:
         m = _PARAM_RE.search(str(e))
         param = m.group(1) if m else None

@@ -140,6 +140,13 @@ class OpenAIHandlers:
     def close(self) -> None:
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
+    def _compile_grammar(self, spec) -> None:
+        """Compile a structured output's grammar into the engine's cache (on the tokenizer thread, with its copy)."""
+        compiler = getattr(self.engine.engine, "grammar_compiler", None)
+        if compiler is None:
+            raise ValueError("structured output is not supported by this engine")
+        compiler(self.engine.tokenizer).compile(spec)
+
     async def _on_tokenizer_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
@@ -254,6 +261,11 @@ class OpenAIHandlers:
                             if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
         params = convert.sampling_params(
             req, convert.resolve_max_tokens(requested, len(ids), self.engine.max_model_len, param))
+        if params.structured is not None:  # compiled here, off the engine's loop; the engine's compile is a hit
+            try:
+                await self._on_tokenizer_thread(self._compile_grammar, params.structured)
+            except ValueError as e:
+                raise invalid(str(e), "response_format") from e
         rid = random_id("chatcmpl")
         streams = await self.admit_n(ids, params, rid, req.priority, req.n)
         created = int(time.time())
@@ -309,6 +321,8 @@ def _engine_error_param(message: str) -> str:
     for field in ("stop_token_ids", "logit_bias"):
         if message.startswith(field):
             return field
+    if message.startswith("structured output"):
+        return "response_format"
     return "max_tokens" if "max_tokens" in message else "prompt"
 
 

@@ -100,6 +100,22 @@ class ChatMessage(_Request):
         return "".join(p.text for p in self.content)
 
 
+class JsonSchemaFormat(_Request):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's `response_format`: text (no constraint), json_object (any JSON object), json_schema (a value of
+    the schema; strict or not, the output follows it: the grammar allows nothing else)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions; the prompt is the tokenizer's chat template applied to `messages`."""
 
@@ -108,8 +124,8 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
     # OpenAI fields declared only to be refused by name while unsupported (convert.check_supported)
-    response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -261,7 +277,7 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param)
 
 
-UNSUPPORTED = ("response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
+UNSUPPORTED = ("tools", "tool_choice", "parallel_tool_calls", "functions",
                "function_call", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
                "store", "metadata", "service_tier")
 """OpenAI request fields refused by name when set, except to a value that asks for nothing (`NO_OP`)."""

@@ -39,7 +39,12 @@ CASES = [
     ("logit_bias_above_100", CHAT, chat(logit_bias={"5": 100.5}), 400, "logit_bias"),
     ("logit_bias_nan", C, b'{"model": "fake-model", "prompt": "abc", "logit_bias": {"5": NaN}}', 400, "logit_bias"),
     ("logit_bias_not_a_number", C, cmpl(logit_bias={"5": "high"}), 400, "logit_bias.5"),
-    ("response_format_unsupported", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("response_format_schema_missing", CHAT, chat(response_format={"type": "json_schema"}), 400,
+     "response_format.json_schema"),
+    ("response_format_bad_type", CHAT, chat(response_format={"type": "yaml"}), 400, "response_format.type"),
+    ("response_format_unknown_field", CHAT, chat(response_format={"type": "json_object", "x": 1}), 400,
+     "response_format.x"),
+    ("response_format_on_completions", C, cmpl(response_format={"type": "json_object"}), 400, "response_format"),
     ("tools_unsupported", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
     ("tool_choice_required", CHAT, chat(tool_choice="required"), 400, "tool_choice"),
     ("assistant_tool_calls", CHAT, chat(messages=[{"role": "user", "content": "hi"}, {
