@@ -135,10 +135,14 @@ def chat_prompt_ids(req: ChatCompletionRequest, tokenizer, max_chars: int | None
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise invalid("this model has no chat template; use /v1/completions", "messages")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    _check_prompt_chars(sum(len(m["content"]) for m in messages), max_chars, "messages")
+    from accel.server.tools import template_messages, template_tools
+
+    messages = template_messages(req)
+    _check_prompt_chars(sum(len(m["content"]) for m in messages) + len(json.dumps(template_tools(req) or [])),
+                        max_chars, "messages")
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tools=template_tools(req), tokenize=False,
+                                             add_generation_prompt=True)
     except Exception as e:  # noqa: BLE001 - jinja raises for conversations the template refuses
         raise invalid(f"the chat template rejected these messages: {e}", "messages") from e
     ids = tokenizer.encode(text, add_special_tokens=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -25,6 +26,8 @@ from accel.server.metrics import ServerMetrics
 from accel.server.protocol import (
     APIError,
     AssistantMessage,
+    ResponseFunctionCall,
+    ResponseToolCall,
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -252,8 +255,12 @@ class OpenAIHandlers:
 
     # ---- /v1/chat/completions ------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request):
+        from accel.runtime.sampling_params import StructuredOutput
+        from accel.server import tools
+
         model = convert.check_model(req.model, self.names)
         convert.check_supported(req)  # before any tokenizing
+        mode = tools.tool_mode(req, getattr(self.engine.tokenizer, "chat_template", None))
         convert.check_message_count(req, self.engine.max_model_len)
         ids = await self._on_tokenizer_thread(convert.chat_prompt_ids, req, self.engine.tokenizer,
                                               self._max_prompt_chars)
@@ -261,6 +268,8 @@ class OpenAIHandlers:
                             if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
         params = convert.sampling_params(
             req, convert.resolve_max_tokens(requested, len(ids), self.engine.max_model_len, param))
+        if mode.kind == "forced":  # one call, its arguments to the function's schema
+            params = dataclasses.replace(params, structured=StructuredOutput(json_schema=json.dumps(mode.schema)))
         if params.structured is not None:  # compiled here, off the engine's loop; the engine's compile is a hit
             try:
                 await self._on_tokenizer_thread(self._compile_grammar, params.structured)
@@ -286,17 +295,27 @@ class OpenAIHandlers:
                 reported = [0] * req.n
                 for i in range(req.n):
                     yield convert.sse(chunk(i, DeltaMessage(role="assistant", content="")))
+                held = mode.kind != "none"  # a reply that may be a call is read whole, then sent
                 async for i, out in merged(streams):
                     last[i] = out
+                    delta = "" if held else out.text_delta
                     if params.logprobs is not None and len(out.token_ids) > reported[i]:
                         lp = await self._on_tokenizer_thread(convert.chat_logprobs, tok,
                                                              *convert.new_logprobs(out, reported[i]))
                         reported[i] = len(out.token_ids)
-                        yield convert.sse(chunk(i, DeltaMessage(content=out.text_delta), logprobs=lp))
-                    elif out.text_delta:
-                        yield texts[i](out.text_delta)
+                        yield convert.sse(chunk(i, DeltaMessage(content=delta), logprobs=lp))
+                    elif delta:
+                        yield texts[i](delta)
                     if out.finished:
-                        yield convert.sse(chunk(i, DeltaMessage(), out.finish_reason))
+                        finish = out.finish_reason
+                        if held:
+                            content, calls = tools.read_reply(mode, out.text, out.finish_reason == "stop")
+                            if calls:
+                                finish = "tool_calls"
+                                yield convert.sse(chunk(i, DeltaMessage(tool_calls=_tool_calls(calls, deltas=True))))
+                            elif content:
+                                yield texts[i](content)
+                        yield convert.sse(chunk(i, DeltaMessage(), finish))
                 if _include_usage(req) and len(last) == req.n:
                     yield convert.sse(chunk(None, usage=convert.usage(list(last.values()))))
 
@@ -309,11 +328,20 @@ class OpenAIHandlers:
         if params.logprobs is not None:
             lps = [await self._on_tokenizer_thread(convert.chat_logprobs, tok, *convert.new_logprobs(o, 0))
                    for o in outs]
-        return ChatCompletionResponse(
-            id=rid, created=created, model=model, usage=convert.usage(outs),
-            choices=[ChatChoice(index=i, message=AssistantMessage(content=o.text), logprobs=lp,
-                                finish_reason=o.finish_reason, stop_reason=o.stop_reason)
-                     for i, (o, lp) in enumerate(zip(outs, lps))])
+        choices = []
+        for i, (o, lp) in enumerate(zip(outs, lps)):
+            content, calls = tools.read_reply(mode, o.text, o.finish_reason == "stop")
+            choices.append(ChatChoice(index=i, message=AssistantMessage(content=content,
+                                                                        tool_calls=_tool_calls(calls) or None),
+                                      logprobs=lp, finish_reason="tool_calls" if calls else o.finish_reason,
+                                      stop_reason=o.stop_reason))
+        return ChatCompletionResponse(id=rid, created=created, model=model, usage=convert.usage(outs),
+                                      choices=choices)
+
+
+def _tool_calls(calls: list[dict], deltas: bool = False) -> list[ResponseToolCall]:
+    return [ResponseToolCall(index=j if deltas else None, id=c["id"], type="function",
+                             function=ResponseFunctionCall(**c["function"])) for j, c in enumerate(calls)]
 
 
 def _engine_error_param(message: str) -> str:

@@ -8,7 +8,8 @@ No field is silently ignored: an unknown field is a 400 naming it and the fields
 
 OpenAI's logprobs (completions: `logprobs` k, with `echo` the prompt's too; chat: `logprobs` + `top_logprobs`) are the
 raw log-softmax of the model's logits, speculating or not; `logit_bias` ({"token id": [-100, 100]}) is added to
-the raw logits of greedy and sampled requests alike.
+the raw logits of greedy and sampled requests alike; `response_format` (json_object / json_schema) and
+`tools` / `tool_choice` are honoured (accel.runtime.structured, accel.server.tools).
 
 vLLM extensions accepted on both endpoints: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
 stop_token_ids, priority (lower value = more important, vLLM's convention), seed.
@@ -84,13 +85,23 @@ class TextContentPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
-    # declared only to be refused by name while tool calls are unsupported (convert.check_supported)
-    tool_calls: Any = None
-    tool_call_id: Any = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls, rendered back by the template
+    tool_call_id: str | None = None  # a tool message's answer to that call
 
     def text(self) -> str:
         if self.content is None:
@@ -116,6 +127,27 @@ class ResponseFormat(_Request):
     json_schema: JsonSchemaFormat | None = None
 
 
+class FunctionDef(_Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions; the prompt is the tokenizer's chat template applied to `messages`."""
 
@@ -125,10 +157,10 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto with tools
+    parallel_tool_calls: bool | None = None  # a reply holds one call or more where the template writes several
     # OpenAI fields declared only to be refused by name while unsupported (convert.check_supported)
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -182,9 +214,22 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
+class ResponseFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str
+
+
+class ResponseToolCall(BaseModel):
+    index: int | None = None  # streamed deltas only
+    id: str | None = None
+    type: Literal["function"] | None = "function"
+    function: ResponseFunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -207,6 +252,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):
@@ -277,13 +323,12 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param)
 
 
-UNSUPPORTED = ("tools", "tool_choice", "parallel_tool_calls", "functions",
+UNSUPPORTED = ("functions",
                "function_call", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
                "store", "metadata", "service_tier")
 """OpenAI request fields refused by name when set, except to a value that asks for nothing (`NO_OP`)."""
-NO_OP = {"tool_choice": ("none",), "store": (False,), "service_tier": ("auto", "default"),
-         "parallel_tool_calls": (True, False)}  # parallel_tool_calls means nothing without tools (refused)
-MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id")
+NO_OP = {"store": (False,), "service_tier": ("auto", "default")}
+MESSAGE_UNSUPPORTED: tuple[str, ...] = ()
 
 
 def random_id(prefix: str) -> str:

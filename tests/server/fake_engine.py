@@ -34,7 +34,7 @@ class CharTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return {chr(i): i for i in range(1, 256)}
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
+    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=True) -> str:
         if any("REJECT" in m["content"] for m in messages):
             raise ValueError("this template rejects the word REJECT")
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
@@ -169,6 +169,14 @@ class FakeEngine:
         out = RequestOutput(request_id=r.request_id, prompt_token_ids=r.prompt, new_token_ids=[token],
                             text_delta=delta, token_ids=list(r.out), text=text, finished=reason is not None,
                             finish_reason=reason, stop_reason=stop_reason, metrics=r.metrics)
+        k = r.params.logprobs
+        if k is not None:  # a made-up distribution: the token itself at -1, then its neighbours
+            out.logprobs = [-1.0] * len(r.out)
+            out.top_logprobs = [[(t + j, -1.0 - j) for j in range(k)] for t in r.out] if k else None
+        if r.params.prompt_logprobs is not None:
+            out.prompt_logprobs = [None] + [-2.0] * (len(r.prompt) - 1)
+            out.prompt_top_logprobs = [None] + [[(t, -2.0)] for t in r.prompt[1:]] if r.params.prompt_logprobs \
+                else None
         if self.speculate:
             out.spec_decode = _spec(len(r.out))
         return out

@@ -45,10 +45,18 @@ CASES = [
     ("response_format_unknown_field", CHAT, chat(response_format={"type": "json_object", "x": 1}), 400,
      "response_format.x"),
     ("response_format_on_completions", C, cmpl(response_format={"type": "json_object"}), 400, "response_format"),
-    ("tools_unsupported", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("tools_without_template_support", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
     ("tool_choice_required", CHAT, chat(tool_choice="required"), 400, "tool_choice"),
     ("assistant_tool_calls", CHAT, chat(messages=[{"role": "user", "content": "hi"}, {
-        "role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]), 400, "messages.1.tool_calls"),
+        "role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]), 400,
+     "messages.1.tool_calls.0.function"),
+    ("tool_call_arguments_not_json", CHAT, chat(messages=[{"role": "user", "content": "hi"}, {
+        "role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                              "function": {"name": "f", "arguments": "{oops"}}]}]), 400,
+     "messages.1.tool_calls.0.function.arguments"),
+    ("parallel_tool_calls_without_tools", CHAT, chat(parallel_tool_calls=False), 400, "parallel_tool_calls"),
+    ("tool_name_invalid", CHAT, chat(tools=[{"type": "function", "function": {"name": "a b"}}]), 400,
+     "tools.0.function.name"),
     ("missing_prompt", C, {"model": MODEL}, 400, "prompt"),
     ("unknown_model", C, cmpl(model="gpt-9"), 404, "model"),
     ("max_tokens_string", C, cmpl(max_tokens="16"), 400, "max_tokens"),
@@ -168,3 +176,38 @@ def test_oversized_body_is_a_413(http):
 
     r = post(http, C, cmpl(prompt="x" * (MAX_BODY_BYTES + 10)))
     assert r.status_code == 413 and r.json()["error"]["code"] == 413
+
+
+# A plausible value of every field of the openai SDK's request types; what this server honours is listed, the rest
+# must be a 400 naming the field (declared and refused, or unknown): no field is ever dropped without a word.
+SAMPLE = {"model": MODEL, "frequency_penalty": 0.5, "presence_penalty": 0.5, "logit_bias": {"5": 1.0},
+          "logprobs": True, "top_logprobs": 2, "max_tokens": 4, "max_completion_tokens": 4, "n": 2, "seed": 7,
+          "stop": ["zz"], "stream_options": None, "temperature": 0.5, "top_p": 0.9, "user": "u",
+          "response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": "auto", "parallel_tool_calls": True, "echo": True, "best_of": 1}
+HONOURED = {"chat": {"model", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs",
+                     "max_tokens", "max_completion_tokens", "n", "seed", "stop", "stream_options", "temperature",
+                     "top_p", "user", "messages"},
+            "completions": {"model", "frequency_penalty", "presence_penalty", "logit_bias", "max_tokens", "n",
+                            "seed", "stop", "stream_options", "temperature", "top_p", "user", "prompt", "echo",
+                            "best_of", "logprobs"}}
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_every_field_of_the_openai_sdks_requests_is_honoured_or_refused_by_name(http, route):
+    from openai.types import completion_create_params
+    from openai.types.chat import completion_create_params as chat_params
+
+    fields = (chat_params if route == "chat" else completion_create_params).CompletionCreateParamsBase.__annotations__
+    base = chat() if route == "chat" else cmpl()
+    path = CHAT if route == "chat" else C
+    for field in sorted(set(fields) - {"messages", "prompt"}):
+        value = SAMPLE.get(field, "x")
+        if field == "logprobs" and route == "completions":
+            value = 2
+        extra = {"logprobs": True} if field == "top_logprobs" else {}  # it needs logprobs on
+        r = post(http, path, {**base, **extra, field: value})
+        if field in HONOURED[route]:
+            assert r.status_code == 200, (field, r.text)
+        else:
+            assert r.status_code == 400 and r.json()["error"]["param"].split(".")[0] == field, (field, r.text)
