@@ -10,6 +10,7 @@ import typer
 from accel.cli.common import QUANT_CHOICES, QUANT_HELP, console, err_console, fail, int_pair, quant_kwargs
 from accel.cli.options import build_config, config_options
 from accel.runtime.config import RuntimeConfig
+from accel.server.protocol import DRAIN_TIMEOUT_S
 
 
 def _speculative_help() -> str:
@@ -35,6 +36,10 @@ def serve(
                                                    "accel.json (checked by default).")] = False,
     quant: Annotated[Optional[str], typer.Option(help=QUANT_HELP)] = None,
     quant_group_size: Annotated[int, typer.Option(help="INT4 group size for --quant int4 / int4f.")] = 64,
+    drain_timeout: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight requests get to finish on "
+                                                               "shutdown; then they are aborted.")] = DRAIN_TIMEOUT_S,
+    allow_priority: Annotated[bool, typer.Option(help="Honour requests' `priority` without an API key.")] = False,
+    protect_metrics: Annotated[bool, typer.Option(help="/metrics needs the API key too.")] = False,
     runtime: Optional[dict] = None,
 ) -> None:
     """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API. The runtime's options
@@ -53,7 +58,8 @@ def serve(
         fail(str(e))
     try:
         run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                   speculative=spec, max_queue=max_queue, skip_verify=skip_verify, **settings.runtime_fields(),
+                   speculative=spec, max_queue=max_queue, skip_verify=skip_verify, drain_timeout_s=drain_timeout,
+                   allow_priority=allow_priority, protect_metrics=protect_metrics, **settings.runtime_fields(),
                    **quant_fields)
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))

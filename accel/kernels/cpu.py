@@ -56,12 +56,21 @@ def _module():
         # the name carries the source's hash: processes built from different sources never share a build folder
         name = "accel_cpu_kernels_" + hashlib.sha256(code.encode()).hexdigest()[:12]
         _remove_stale_lock(name)
+        if not _built(name):  # ~1-2 minutes on 2 cores, once per machine and source: say so, not a silent stall
+            log.warning("building accel's CPU kernels for this machine (once, ~1-2 minutes)")
         return load_inline(name=name, cpp_sources=[code], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels
         log.warning("accel CPU kernels unavailable (%s: %s); using torch's kernels", type(e).__name__, e)
         return None
+
+
+def _built(name: str) -> bool:
+    """Whether this source's extension is already built (torch then only loads it)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
 
 
 STALE_LOCK_S = 600  # a build takes ~1 minute; a lock this old was left by a process killed while building

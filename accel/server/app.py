@@ -29,6 +29,7 @@ from accel.server.async_engine import AsyncEngine
 from accel.server.handlers import CLIENT_CLOSED, OpenAIHandlers
 from accel.server.metrics import ServerMetrics
 from accel.server.protocol import (
+    DRAIN_TIMEOUT_S,
     APIError,
     MAX_MESSAGES,
     ChatCompletionRequest,
@@ -92,8 +93,37 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class LoopbackHostOnly:
+    """ASGI middleware: a server bound to loopback answers only requests addressed to loopback, so a page a browser
+    loaded from another site cannot reach it by pointing its own DNS name at 127.0.0.1 (DNS rebinding); 421
+    otherwise. Plain ASGI (not BaseHTTPMiddleware, which would sit between a stream and its client's disconnect)."""
+
+    def __init__(self, app, bind_host: str) -> None:
+        self.app, self.bind_host = app, bind_host
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.bind_host in LOOPBACK_HOSTS:
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            name = host[1:host.find("]")] if host.startswith("[") else \
+                host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+            if name not in LOOPBACK_HOSTS:
+                e = APIError(421, f"this server is bound to {self.bind_host} and answers requests for it only; the "
+                                  f"Host header says {host!r}", "invalid_request_error", "Host")
+                await _error_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 async def parse_body(request: Request, model_cls):
-    """Read and validate a JSON body into `model_cls`; every failure is a 400 naming what was wrong."""
+    """Read and validate a JSON body into `model_cls`; every failure is a 400 naming what was wrong (a body that is
+    not declared JSON: 415, as a browser's cross-site form or text/plain POST is)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise APIError(415, f"the request body must be JSON, sent with 'Content-Type: application/json'; got "
+                            f"{ctype or 'no content type'!r}", "invalid_request_error", "Content-Type")
     raw = await read_body(request)
     if not raw.strip():
         raise invalid("the request body is empty; send a JSON object")
@@ -147,12 +177,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
               kv_pressure_threshold: float | None = None, served_model_names: list[str] | None = None,
-              drain_timeout_s: float = 30.0) -> FastAPI:
+              drain_timeout_s: float = DRAIN_TIMEOUT_S, bind_host: str = "127.0.0.1", allow_priority: bool = False,
+              protect_metrics: bool = False) -> FastAPI:
     """The app over a (not necessarily started) AsyncEngine; the app's lifespan starts and drains it.
 
     max_queue / kv_pressure_threshold override the engine's AdmissionPolicy when given.
     served_model_names: names accepted in `model` (default: [model_name]).
+    bind_host: on loopback, requests addressed to another host are refused (`check_host`).
+    allow_priority: honour a request's `priority` without an API key (with one, a key holder may set it).
+    protect_metrics: /metrics needs the API key too.
     """
+    if protect_metrics and api_key is None:
+        raise ValueError("protect_metrics needs an api_key: without one /metrics has nothing to check")
     overrides = {k: v for k, v in (("max_queue", max_queue), ("kv_pressure_threshold", kv_pressure_threshold))
                  if v is not None}
     if overrides:
@@ -194,6 +230,13 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
             check_auth(request)
             return JSONResponse(app.openapi())
 
+    app.add_middleware(LoopbackHostOnly, bind_host=bind_host)
+
+    def check_priority(req) -> None:
+        if req.priority != 0 and api_key is None and not allow_priority:
+            raise invalid(f"priority={req.priority} is honoured only on a server with an API key or started with "
+                          "--allow-priority (any client could jump the queue); omit it", "priority")
+
     @app.get("/health")
     async def health():
         if not async_engine.accepting or not async_engine.is_running:
@@ -201,7 +244,9 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
         return {"status": "ok"}
 
     @app.get("/metrics")
-    async def prometheus_metrics():
+    async def prometheus_metrics(request: Request):
+        if protect_metrics:
+            check_auth(request)
         async_engine.refresh()  # the gauges as of now (this is the loop's thread: between steps)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -213,11 +258,15 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
     @app.post("/v1/completions")
     async def completions(request: Request):
         check_auth(request)
-        return await handlers.completions(await parse_body(request, CompletionRequest), request)
+        req = await parse_body(request, CompletionRequest)
+        check_priority(req)
+        return await handlers.completions(req, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_auth(request)
-        return await handlers.chat(await parse_body(request, ChatCompletionRequest), request)
+        req = await parse_body(request, ChatCompletionRequest)
+        check_priority(req)
+        return await handlers.chat(req, request)
 
     return app

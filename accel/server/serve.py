@@ -19,6 +19,7 @@ from pathlib import Path
 import uvicorn
 
 from accel.server.app import build_app
+from accel.server.protocol import DRAIN_TIMEOUT_S
 from accel.server.async_engine import AdmissionPolicy, AsyncEngine
 
 log = logging.getLogger("accel.server")
@@ -47,10 +48,11 @@ class _DrainingServer(uvicorn.Server):
 
 
 def make_server(async_engine: AsyncEngine, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-                api_key: str | None = None, drain_timeout_s: float = 30.0, log_level: str = "warning",
+                api_key: str | None = None, drain_timeout_s: float = DRAIN_TIMEOUT_S, log_level: str = "warning",
                 **app_kwargs) -> uvicorn.Server:
     """A configured (not yet running) uvicorn server over the async engine."""
-    app = build_app(async_engine, model_name, api_key=api_key, drain_timeout_s=drain_timeout_s, **app_kwargs)
+    app = build_app(async_engine, model_name, api_key=api_key, drain_timeout_s=drain_timeout_s, bind_host=host,
+                    **app_kwargs)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=int(drain_timeout_s) + 5)
     return _DrainingServer(config, async_engine, drain_timeout_s)
@@ -90,8 +92,9 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                speculative=None, served_model_name: str | None = None, max_queue: int = 256,
-               kv_pressure_threshold: float = 0.95, drain_timeout_s: float = 30.0, log_level: str = "info",
-               skip_verify: bool = False, **engine_kwargs) -> None:
+               kv_pressure_threshold: float = 0.95, drain_timeout_s: float = DRAIN_TIMEOUT_S, log_level: str = "info",
+               skip_verify: bool = False, allow_priority: bool = False, protect_metrics: bool = False,
+               **engine_kwargs) -> None:
     """Serve `model` (a model name known to accel.models, or an HF folder / exported checkpoint) until stopped.
 
     engine_kwargs are EngineConfig fields (max_num_seqs, num_kv_blocks, max_model_len, dtype, ...).
@@ -118,7 +121,8 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
         log.warning("binding %s: the server is reachable from other machines%s", host,
                     "" if api_key else " and has NO API key (pass --api-key)")
     server = make_server(async_engine, name, host=host, port=port, api_key=api_key,
-                         drain_timeout_s=drain_timeout_s, log_level=log_level.lower())
+                         drain_timeout_s=drain_timeout_s, log_level=log_level.lower(), allow_priority=allow_priority,
+                         protect_metrics=protect_metrics)
     log.info("serving %s (%s) on http://%s:%d/v1", name, path, host, port)
     # The engine gives up the GIL inside torch ops and must win it back to launch the next one; with the default
     # 5 ms switch interval the tokenizer thread could keep it that long while the OpenMP threads idle.

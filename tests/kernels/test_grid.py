@@ -128,3 +128,4 @@ def test_int5_codes_with_negative_block_scales_run_on_the_int8g_kernels():
     for m in (1, 7, 32, 97):  # row kernels (decode, verify), prefill GEMM
         y = mod(x[:m]).double()
         assert torch.allclose(y, ref[:m], rtol=1e-4, atol=1e-3 * ref.abs().max().item()), m
+

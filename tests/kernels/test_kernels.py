@@ -717,3 +717,23 @@ def test_team_chunks_of_a_late_thread_are_taken_by_the_others(late):
     who = cpu.team_chunks(64, 2, late, 20_000)
     assert (who >= 0).all()
     assert (who == late).sum() <= 1
+
+
+def test_a_first_build_of_the_cpu_kernels_says_so(monkeypatch, caplog):
+    """The first `accel serve` on a machine builds the kernels for a minute or two: a line says so, not silence."""
+    import logging
+
+    import pytest
+
+    from accel.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip("accel's AVX2 kernels did not build on this machine")
+    monkeypatch.setattr(cpu, "_built", lambda name: False)
+    cpu._module.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="accel.kernels.cpu"):
+            assert cpu.available()
+        assert any("building accel's CPU kernels" in r.getMessage() for r in caplog.records)
+    finally:
+        cpu._module.cache_clear()

@@ -94,10 +94,42 @@ def test_models_health_and_metrics(fake_server):
         assert name in text
 
 
-def test_priority_reaches_the_engine(fake_server):
-    httpx.post(fake_server.base_url + "/v1/completions",
-               json={"model": MODEL, "prompt": "a", "max_tokens": 1, "priority": -3}, timeout=10)
-    assert fake_server.engine.added[-1][1] == -3
+def test_priority_reaches_the_engine_only_with_a_key_or_allow_priority(fake_server):
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 1, "priority": -3}
+    r = httpx.post(fake_server.base_url + "/v1/completions", json=body, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority"  # any client would jump the queue
+    for kw, headers in (({"allow_priority": True}, {}), ({"api_key": API_KEY}, {"authorization": f"Bearer {API_KEY}"})):
+        with serve_in_thread(FakeEngine(), **kw) as running:
+            r = httpx.post(running.base_url + "/v1/completions", json=body, headers=headers, timeout=10)
+            assert r.status_code == 200 and running.engine.added[-1][1] == -3
+
+
+def test_a_loopback_server_answers_only_its_own_host_and_json_bodies(fake_server):
+    """DNS rebinding: a page from another site reaching 127.0.0.1 under its own name sends its own Host (421); a
+    cross-site form or text/plain POST is no JSON (415)."""
+    url = fake_server.base_url + "/v1/completions"
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 1}
+    r = httpx.post(url, json=body, headers={"host": "evil.example:8000"}, timeout=10)
+    assert r.status_code == 421 and r.json()["error"]["param"] == "Host"
+    assert httpx.get(fake_server.base_url + "/metrics", headers={"host": "evil.example"}).status_code == 421
+    for host in ("localhost:1234", "127.0.0.1", "[::1]:80"):
+        assert httpx.post(url, json=body, headers={"host": host}, timeout=10).status_code == 200
+    import json
+
+    r = httpx.post(url, content=json.dumps(body), headers={"content-type": "text/plain"}, timeout=10)
+    assert r.status_code == 415 and r.json()["error"]["param"] == "Content-Type"
+    r = httpx.post(url, content=json.dumps(body), headers={"content-type": "application/json; charset=utf-8"})
+    assert r.status_code == 200
+
+
+def test_metrics_can_be_kept_behind_the_key():
+    with serve_in_thread(FakeEngine(), api_key=API_KEY, protect_metrics=True) as running:
+        assert httpx.get(running.base_url + "/metrics").status_code == 401
+        ok = httpx.get(running.base_url + "/metrics", headers={"authorization": f"Bearer {API_KEY}"})
+        assert ok.status_code == 200 and "vllm:" in ok.text
+    with pytest.raises(ValueError, match="protect_metrics needs an api_key"):
+        with serve_in_thread(FakeEngine(), protect_metrics=True):
+            pass
 
 
 def test_api_key_is_required_on_v1_but_not_on_health():

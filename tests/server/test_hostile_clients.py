@@ -150,7 +150,7 @@ def _raw(port: int, head: bytes) -> socket.socket:
 
 def test_a_chunked_body_over_the_cap_is_refused_while_it_streams_in(tiny):
     port = int(tiny.base_url.rsplit(":", 1)[1])
-    s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                    b"Transfer-Encoding: chunked\r\n\r\n")
     chunk = b"a" * (1 << 20)
     for _ in range(MAX_BODY_BYTES // len(chunk) + 1):  # just past the cap, and never the terminating chunk
@@ -163,7 +163,7 @@ def test_a_chunked_body_over_the_cap_is_refused_while_it_streams_in(tiny):
 def test_a_client_gone_mid_upload_is_one_info_line(tiny, caplog):
     port = int(tiny.base_url.rsplit(":", 1)[1])
     with caplog.at_level(logging.INFO):
-        s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        b"Content-Length: 100000\r\n\r\n{\"model\": ")
         time.sleep(0.2)
         s.close()
@@ -223,14 +223,16 @@ def _bad_requests(base_url: str) -> list[int]:
         statuses.append(http.post(C, json=body(prompt="word " * 780_000)).status_code)
         statuses.append(http.post(C, json=body(seed=MAGIC_SEED, temperature=1.0)).status_code)  # fails in the engine
         statuses.append(http.post(C, json=body(stop_token_ids=[10**6], min_tokens=2)).status_code)
-        statuses.append(http.post(C, content=b'{"model": "tiny", "prompt": "\xff\xfe"}').status_code)
-    s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        statuses.append(http.post(C, content=b'{"model": "tiny", "prompt": "\xff\xfe"}',
+                                        headers={"content-type": "application/json"}).status_code)
+    s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Transfer-Encoding: chunked\r\n\r\n")
     chunk = b"a" * (1 << 20)
     for _ in range(MAX_BODY_BYTES // len(chunk) + 1):
         s.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
     statuses.append(int(s.recv(64).split()[1]))
     s.close()
-    s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n{\"mo")
+    s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5000\r\n\r\n{\"mo")
     s.close()
     return statuses
 
