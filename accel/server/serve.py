@@ -140,7 +140,13 @@ def verify_before_serving(path: Path) -> None:
     from accel.export.load import ModelLoadError
 
     if not (path / MANIFEST_NAME).exists():
+        if (path / "accel_plan.json").exists():  # an accel export without its manifest: nothing to check it by
+            log.warning("%s is an accel export without its %s: serving it unverified", path, MANIFEST_NAME)
         return
+    links = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.is_symlink())
+    if links:  # a manifest vouches for the files in the folder, not for what a link points at
+        raise ModelLoadError(f"refusing to serve {path}: an export holds files, not symlinks ({', '.join(links[:3])})"
+                             ". Copy the files in, or pass --skip-verify to serve it anyway.")
     t0 = time.perf_counter()
     problems, n = check_files(path)
     if problems:

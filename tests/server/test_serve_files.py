@@ -68,3 +68,21 @@ def test_a_damaged_config_is_one_line_naming_it(tiny_model_dir):
     (tiny_model_dir / "config.json").write_text('{"hidden_size": ')
     with pytest.raises(ModelLoadError, match="config.json is not a readable JSON file"):
         check_model_files(tiny_model_dir)
+
+
+def test_an_export_with_a_symlink_is_refused(export, tmp_path):
+    outside = tmp_path / "elsewhere.safetensors"
+    (export / "model.safetensors").rename(outside)
+    (export / "model.safetensors").symlink_to(outside)
+    with pytest.raises(ModelLoadError, match=r"not symlinks \(model.safetensors\)"):
+        verify_before_serving(export)
+
+
+def test_an_export_without_its_manifest_is_served_with_a_warning(export, caplog):
+    import logging
+
+    (export / "accel.json").unlink()
+    (export / "accel_plan.json").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="accel.server.serve"):
+        verify_before_serving(export)
+    assert any("serving it unverified" in r.getMessage() for r in caplog.records)
