@@ -200,9 +200,17 @@ class ModelRunner:
             starts = [0]
             for r, _ in spec:
                 starts.append(starts[-1] + len(r.spec_token_ids) + 1)
-            only_verify = not sample_rows  # then every logit row is a verify row: no slice ops
+            only_verify = not sample_rows and not prompt_rows  # every logit row a verify row: no slice ops
             verify_logits = logits if only_verify else logits[:num_verify]
             verify_argmax = argmax if only_verify or argmax is None else argmax[:num_verify]
+            for j, (r, _) in enumerate(spec):  # a grammar masks each verify row by the drafts before it
+                m = self._matchers.get(r.seq.request_id)
+                if m is not None:
+                    try:
+                        m.mask_span(verify_logits, starts[j], r.spec_token_ids)
+                    except Exception as e:  # noqa: BLE001 - this request only
+                        failed[r.seq.request_id] = f"{type(e).__name__}: {e}"
+                    verify_argmax = None  # the forward's argmax is the unconstrained one
 
             def rows_of(js: list[int]) -> Tensor:
                 if len(js) == len(spec):
@@ -214,8 +222,15 @@ class ModelRunner:
                 verify_argmax if len(js) == len(spec) else None))
             failed.update(bad)
             for (i, _), row in zip(spec_rows, verified):
-                if row is not None:
+                if row is not None and request_ids[i] not in failed:
                     sampled[i], logprobs[i], top[i] = row
+                    m = self._matchers.get(request_ids[i])
+                    if m is not None:
+                        try:
+                            m.accept(sampled[i])
+                        except RuntimeError as e:  # this request only
+                            failed[request_ids[i]] = str(e)
+                            sampled[i] = []
         if sample_rows:
             idx = [i for i, _ in sample_rows]
             # [N, V]; no slice op when nothing was verified (the common decode step: each op costs ~10 us cold)

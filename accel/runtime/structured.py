@@ -8,7 +8,9 @@ disallowed logits to -inf (so greedy, sampling and logprobs all see the constrai
 token then advances the matcher. Once the grammar is complete only a stop token is allowed, and a matcher that
 has ended finishes its request.
 
-Constrained requests are not drafted and take no multi-step bursts (`sampler.plain_greedy` is False for them).
+Drafts of a constrained request are verified against the grammar (`mask_span`: each verify row masked by the
+drafts before it), so a draft the grammar refuses is never emitted. Constrained requests take no multi-step bursts
+(`sampler.plain_greedy` is False for them).
 """
 
 from __future__ import annotations
@@ -60,6 +62,19 @@ class Matcher:
         """Set the disallowed logits of `logits[row]` to -inf, in place."""
         self._m.fill_next_token_bitmask(self._mask, 0)
         self._apply(logits[row:row + 1], self._mask.to(logits.device))  # a view: the row itself changes
+
+    def mask_span(self, logits: Tensor, start: int, drafts: list[int]) -> None:
+        """Mask a verify span's rows start..start+len(drafts): row j by the grammar after drafts[:j]. Drafts are
+        taken in to mask the next row and rolled back after; from a draft the grammar refuses on, the rows are
+        left as they are (verification stops at that draft: its row gives it no probability)."""
+        taken = 0
+        for j in range(len(drafts) + 1):
+            self.mask_(logits, start + j)
+            if j == len(drafts) or not self._m.accept_token(drafts[j]):
+                break
+            taken += 1
+        if taken:
+            self._m.rollback(taken)
 
     def accept(self, tokens: list[int]) -> None:
         for t in tokens:

@@ -122,8 +122,8 @@ class SpecDecoder:
         batch = len(running)
         reqs, seqs = [], []
         max_len = self.max_model_len
-        # still prefilling, or constrained by a grammar (its drafts would need the grammar's masks): not drafted
-        eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1 and s.params.structured is None
+        # still prefilling: not drafted
+        eligible = [s for s in running if s.num_tokens - s.num_computed_tokens == 1
                     and s.request_id not in self._undraftable]
         lengths = self.adaptive.lengths([s.request_id for s in eligible], batch)
         free_row = self._free_row(batch)

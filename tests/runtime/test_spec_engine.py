@@ -416,3 +416,37 @@ def test_drafted_requests_report_the_targets_logprobs(tiny_llama_dir, refs16, te
             logp = hf(torch.tensor([p + o.token_ids])).logits[0, len(p) - 1:-1].float().log_softmax(-1)
         want = logp.gather(1, torch.tensor(o.token_ids)[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(o.logprobs), want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_structured_requests_are_drafted_and_never_emit_a_draft_the_grammar_refuses(tmp_path, temperature):
+    """Drafts of a constrained request are checked against its grammar row by row (`Matcher.mask_span`): an oracle
+    drafting the unconstrained continuation (mostly not JSON) leaves greedy output as it is without drafts, and every
+    reply, greedy or sampled, is the schema's."""
+    import json
+
+    from accel.runtime.sampling_params import StructuredOutput
+    from tests.conftest import save_tiny_model
+
+    d = save_tiny_model(tmp_path / "m")
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "yy", "zzz"]}, "b": {"type": "boolean"},
+                                               "c": {"type": "array", "items": {"enum": [1, 2]}, "maxItems": 4}},
+              "required": ["a", "b", "c"], "additionalProperties": False}
+    prompts = [[5 + i, 9, 17, 30 + i, 9, 17] * 3 for i in range(6)]
+    free = Engine.from_pretrained(d, num_kv_blocks=256, block_size=4)
+    refs = [o.token_ids for o in free.generate(prompts, SamplingParams(max_tokens=40, temperature=0))]
+    params = [SamplingParams(max_tokens=60, temperature=temperature, seed=i,
+                             structured=StructuredOutput(json_schema=json.dumps(schema))) for i in range(6)]
+    outs = {}
+    for name, spec, proposer in (("plain", None, None), ("oracle", _spec("ngram"), OracleProposer(prompts, refs))):
+        engine = Engine(load_model(d, torch.float32, torch.device("cpu")),
+                        EngineConfig(model=str(d), block_size=4, num_kv_blocks=256, speculative=spec),
+                        proposer=proposer, tokenizer=free.tokenizer)
+        outs[name] = engine.generate(prompts, params)
+        if spec is not None:
+            assert engine.stats().spec_decode.num_draft_tokens > 0
+    for o in outs["plain"] + outs["oracle"]:
+        value = json.loads(o.text)
+        assert o.finish_reason == "stop" and set(value) == {"a", "b", "c"}
+    if temperature == 0.0:
+        assert [o.token_ids for o in outs["oracle"]] == [o.token_ids for o in outs["plain"]]
