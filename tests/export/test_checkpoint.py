@@ -16,7 +16,7 @@ def test_export_round_trip_and_verify(tmp_path, tiny_model_dir):
     assert manifest["plan"] == {"lm_head": "fp16"} and manifest["draft"]["acceptance_rate"] == 0.5
     assert "model.safetensors" in manifest["files"] and "draft/model.safetensors" in manifest["files"]
     assert manifest["versions"]["torch"]
-    assert manifest["loaders"] == {n: {"loads": True, "refused": {}} for n in ("accel", "transformers", "vllm")}
+    assert manifest["loaders"] == {n: {"loads": True, "refused": {}} for n in ("accel", "transformers", "vllm", "vllm-cpu")}
     res = verify_export(out, prompts=["The quick brown"])
     assert res.ok, res.problems
     assert res.loaded and res.checked_files == len(manifest["files"])

@@ -26,11 +26,26 @@ L0 = "model.layers.0.self_attn."
 QKV = [L0 + "q_proj", L0 + "k_proj", L0 + "v_proj"]
 
 
-def test_pack_quantized_int4_and_int8_load_everywhere():
+def test_pack_quantized_int4_and_int8_load_everywhere_but_int8_weight_only_on_vllms_cpu_kernels():
     s = loader_support(_config(_group(8, "pack-quantized", QKV + ["lm_head"]),
                                _group(4, "pack-quantized", [L0 + "o_proj"])))
-    assert all(v.loads for v in s.values()) and not any(v.refused for v in s.values())
+    assert all(s[n].loads for n in ("accel", "transformers", "vllm")) and not s["vllm"].refused
+    assert set(s["vllm-cpu"].refused) == set(QKV + ["lm_head"])  # W8A16: its CPU WNA16 kernel takes 4 bits
+    assert "uint4" in s["vllm-cpu"].refused[L0 + "q_proj"]
     assert all(v.loads for v in loader_support({}).values())  # an unquantized folder
+
+
+def test_vllms_cpu_kernels_take_int4_at_widths_of_32_and_w8a8():
+    shape = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3}
+    s = loader_support({**shape, **_config(_group(4, "pack-quantized", QKV + [L0 + "o_proj"]))})
+    assert s["vllm-cpu"].loads
+    odd = {**shape, "hidden_size": 600, "num_attention_heads": 10, "num_key_value_heads": 2}
+    s = loader_support({**odd, **_config(_group(4, "pack-quantized", QKV))})
+    assert not s["vllm-cpu"].loads and "multiples of 32" in s["vllm-cpu"].refused[L0 + "q_proj"] and s["vllm"].loads
+    w8a8 = _group(8, "int-quantized", QKV)
+    w8a8["input_activations"] = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                                 "dynamic": True}
+    assert loader_support({**shape, **_config(w8a8)})["vllm-cpu"].loads
 
 
 def test_vllm_refuses_int_quantized_weight_only_and_float_zero_points():
