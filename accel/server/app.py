@@ -13,6 +13,7 @@ parameter, and nothing reaches a 500.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hmac
@@ -29,6 +30,7 @@ from accel.server.async_engine import AsyncEngine
 from accel.server.handlers import CLIENT_CLOSED, OpenAIHandlers
 from accel.server.metrics import ServerMetrics
 from accel.server.protocol import (
+    BODY_TIMEOUT_S,
     DRAIN_TIMEOUT_S,
     APIError,
     MAX_MESSAGES,
@@ -84,12 +86,17 @@ async def read_body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(413, f"the request body has {declared} bytes; allowed: at most {MAX_BODY_BYTES}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"the request body has more than {MAX_BODY_BYTES} bytes; allowed: at most "
-                                f"{MAX_BODY_BYTES}")
-        chunks.append(chunk)
+    timeout_s = getattr(request.app.state, "body_timeout_s", BODY_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise APIError(413, f"the request body has more than {MAX_BODY_BYTES} bytes; allowed: at most "
+                                        f"{MAX_BODY_BYTES}")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", "timeout_error") from None
     return b"".join(chunks)
 
 
@@ -178,7 +185,7 @@ def install_error_handlers(app: FastAPI) -> None:
 def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
               kv_pressure_threshold: float | None = None, served_model_names: list[str] | None = None,
               drain_timeout_s: float = DRAIN_TIMEOUT_S, bind_host: str = "127.0.0.1", allow_priority: bool = False,
-              protect_metrics: bool = False) -> FastAPI:
+              protect_metrics: bool = False, body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
     """The app over a (not necessarily started) AsyncEngine; the app's lifespan starts and drains it.
 
     max_queue / kv_pressure_threshold override the engine's AdmissionPolicy when given.
@@ -209,6 +216,7 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
     open_docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="accel OpenAI-compatible server", lifespan=lifespan, **open_docs)
     app.state.async_engine = async_engine
+    app.state.body_timeout_s = body_timeout_s
     app.state.metrics = metrics
 
     install_error_handlers(app)

@@ -148,6 +148,19 @@ def _raw(port: int, head: bytes) -> socket.socket:
     return s
 
 
+def test_a_half_sent_body_is_answered_408_and_holds_nothing():
+    """A client that sends headers and part of its body, then nothing, gets a 408 once the body timeout passes (a
+    short one here: the client never sends the rest, so the outcome does not depend on the machine's speed)."""
+    with serve_in_thread(FakeEngine(), body_timeout_s=0.3) as running:
+        port = int(running.base_url.rsplit(":", 1)[1])
+        s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 100\r\n\r\n{\"model\": ")
+        reply = s.recv(65536)
+        s.close()
+        assert reply.startswith(b"HTTP/1.1 408") and b"timeout_error" in reply, reply[:300]
+        assert httpx.get(running.base_url + "/health", timeout=10).status_code == 200
+
+
 def test_a_chunked_body_over_the_cap_is_refused_while_it_streams_in(tiny):
     port = int(tiny.base_url.rsplit(":", 1)[1])
     s = _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
