@@ -110,6 +110,11 @@ def admission_error(policy: AdmissionPolicy, snap: EngineSnapshot, accepting: bo
     return None
 
 
+MAX_UNREAD_OUTPUTS = 4096
+"""Outputs (about tokens) a stream may hold unread: a client that reads nothing has its request cancelled, not its
+generation run on with every output buffered."""
+
+
 class RequestStream:
     """The outputs of one admitted request; iterate it once. Leaving the loop early aborts the request."""
 
@@ -162,9 +167,11 @@ def _held_blocks(engine) -> int:
 
 class AsyncEngine:
     def __init__(self, engine, policy: AdmissionPolicy | None = None, metrics: ServerMetrics | None = None,
-                 idle_wait_s: float = 0.05) -> None:
-        """engine: an Engine built on the thread that will run the event loop (see the module docstring)."""
+                 idle_wait_s: float = 0.05, max_unread: int | None = None) -> None:
+        """engine: an Engine built on the thread that will run the event loop (see the module docstring).
+        max_unread: outputs a stream may hold unread before its request is cancelled (MAX_UNREAD_OUTPUTS)."""
         self.engine = engine
+        self.max_unread = MAX_UNREAD_OUTPUTS if max_unread is None else max_unread
         # the loop answers nothing while a step runs: bursts of steps are kept short for arrivals and streams
         engine.max_burst_s = MAX_BURST_S
         self.policy = policy or AdmissionPolicy()
@@ -241,7 +248,13 @@ class AsyncEngine:
             if self.metrics is not None:
                 self.metrics.observe_output(out)
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
-            if stream is not None:
+            if stream is not None and not out.finished and stream.qsize() >= self.max_unread:
+                # its client reads nothing (a stream blocked on a full socket): generation stops, buffering too
+                self.engine.abort(out.request_id)
+                self._streams.pop(out.request_id, None)
+                stream.put_nowait(RequestFailed(f"the client read none of this request's last {self.max_unread} "
+                                                "outputs; it was cancelled", 408, "timeout_error"))
+            elif stream is not None:
                 stream.put_nowait(out if getattr(out, "error", None) is None else RequestFailed(
                     f"this request failed in the engine and was ended (other requests were not affected): "
                     f"{out.error}"))

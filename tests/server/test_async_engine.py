@@ -209,3 +209,25 @@ def test_unscraped_metrics_stay_bounded():
             token_times=times)))
     assert len(metrics._gaps) < 4096
     assert metrics.registry.get_sample_value("vllm:inter_token_latency_seconds_count", {"model_name": "m"}) >= 8192
+
+
+def test_a_stream_nobody_reads_is_cancelled_not_buffered_without_end():
+    """A client that reads nothing (its stream blocked on a full socket): once max_unread outputs wait unread, the
+    request is aborted in the engine and the stream ends with an error; the others go on."""
+    async def main():
+        engine = FakeEngine(reply="z" * 100)
+        ae = AsyncEngine(engine, max_unread=5)
+        ae.start()
+        stalled = await ae.add(ids("p"), SamplingParams(max_tokens=60), "stalled")
+        read = [o.text_delta async for o in ae.generate(ids("q"), SamplingParams(max_tokens=30), "read")]
+        await asyncio.sleep(0.1)
+        outs = []
+        with pytest.raises(RequestFailed, match="read none of this request's last 5 outputs"):
+            async for o in stalled:
+                outs.append(o)
+        await ae.shutdown(1)
+        return engine, read, outs
+
+    engine, read, outs = run(main())
+    assert len(read) == 30 and len(outs) == 5
+    assert "stalled" in engine.aborted and engine.kv.num_held_blocks() == 0
