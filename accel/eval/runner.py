@@ -19,7 +19,7 @@ from accel.eval.data import TaskExample, load_tasks, load_texts
 from accel.eval.metrics import PositionStats, TextMetrics, concat_stats, position_stats, summarize
 from accel.eval.text_protocol import DEFAULT_WINDOW, EvalProtocol, Window, make_windows, tokenize_domain
 from accel.eval.result import EvalResult, TaskMetrics, TaskRecord, TaskScores
-from accel.eval.scoring import accuracy_stderr, score_reply
+from accel.eval.scoring import accuracy_stderr, answer_letter, score_reply
 from accel.runlog import terminal
 
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -132,6 +132,45 @@ def generate_replies(
     return out
 
 
+CHOICE_LETTERS = "ABCD"
+LOGLIK_SUFFIX = ":loglik"  # the task name of a choice task's log-likelihood score
+
+
+@torch.inference_mode()
+def choice_logliks(examples: Sequence[TaskExample], tokenizer: Any, logits_fn: LogitsFn) -> list[list[float]]:
+    """Per example with `choices`, the log-likelihood of each option letter after the raw prompt, as
+    lm-evaluation-harness scores a multiple_choice task through a completions API: the continuation " X" is the
+    tokens of prompt + " X" after those of the prompt, both encoded without special tokens, and its log-likelihood
+    the sum of the log-softmax at those tokens (eval/lm_eval/ defines the same items as lm-eval tasks)."""
+    out = []
+    for e in examples:
+        ctx = tokenizer(e.prompt, add_special_tokens=False).input_ids
+        scores = []
+        for letter in CHOICE_LETTERS[: len(e.choices or ())]:
+            whole = tokenizer(f"{e.prompt} {letter}", add_special_tokens=False).input_ids
+            logp = logits_fn(torch.tensor([whole[:-1]]))[0].float().log_softmax(-1)  # [T - 1, V]
+            scores.append(sum(float(logp[i - 1, whole[i]]) for i in range(len(ctx), len(whole))))
+        out.append(scores)
+    return out
+
+
+def score_choice_logliks(examples: Sequence[TaskExample], tokenizer: Any, logits_fn: LogitsFn,
+                         base_logits_fn: LogitsFn | None = None) -> TaskMetrics:
+    """A choice task scored by log-likelihood: an example is right when its answer's letter has the highest
+    log-likelihood (the first of equals)."""
+    def picks(fn: LogitsFn) -> list[str]:
+        return [CHOICE_LETTERS[max(range(len(s)), key=s.__getitem__)] for s in choice_logliks(examples, tokenizer, fn)]
+
+    letters = [answer_letter(e.answer) for e in examples]
+    mine = picks(logits_fn)
+    base = picks(base_logits_fn) if base_logits_fn is not None else None
+    ok = [m == a for m, a in zip(mine, letters)]
+    base_ok = [b == a for b, a in zip(base, letters)] if base else None
+    records = [TaskRecord(e.id, ok[i], mine[i], base_ok[i] if base_ok else None, base[i] if base else None)
+               for i, e in enumerate(examples)]
+    return TaskMetrics(examples[0].task + LOGLIK_SUFFIX, _scores(ok), _scores(base_ok) if base_ok else None, records)
+
+
 def _scores(correct: list[bool]) -> TaskScores:
     p, se = accuracy_stderr(sum(correct), len(correct))
     return TaskScores(len(correct), sum(correct), p, se)
@@ -233,6 +272,10 @@ def run_eval(
             else None
         )
         task_metrics, tasks_overall = score_tasks(examples, replies, base_replies, budgets)
+        for task, ex in examples.items():  # a choice task is also scored by log-likelihood (not pooled)
+            if all(e.choices for e in ex):
+                m = score_choice_logliks(ex, model.tokenizer, model.logits_fn, base.logits_fn if base else None)
+                task_metrics[m.task] = m
 
     return EvalResult(
         model=model.name,

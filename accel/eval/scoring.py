@@ -78,7 +78,7 @@ def extract_choice(text: str) -> str | None:
     return min(found)[1] if found else None
 
 
-def _answer_letter(answer: Any) -> str:
+def answer_letter(answer: Any) -> str:
     if isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < 4:
         return "ABCD"[answer]
     letter = extract_choice(str(answer))
@@ -105,7 +105,7 @@ def score_reply(reply: str, answer: Any, match: str) -> bool:
         got = extract_json_object(reply)
         return got is not None and got == expected
     if match == "choice":
-        return extract_choice(reply) == _answer_letter(answer)
+        return extract_choice(reply) == answer_letter(answer)
     if match == "number":
         got = extract_last_number(reply)
         expected = _answer_number(answer)

@@ -2,7 +2,8 @@
 
 Text is decoded with a sliding window (prefix_offset, read_offset) over prompt-tail + output tokens, so the
 spacing a token gets from its left context is right and a multi-byte character split across tokens is only
-emitted once complete (no trailing U+FFFD). Stop strings are searched across token boundaries in the new text
+emitted once complete; bytes still incomplete when the request finishes are emitted then, as U+FFFD (the text is
+`decode(output ids)`, as transformers and the OpenAI API give it). Stop strings are searched across token boundaries in the new text
 plus the `len(stop) - 1` characters before it; the output is truncated before the stop string. While not
 finished, the last `max(len(stop)) - 1` characters are held back from the streamed delta, because they might
 turn out to be the start of a stop string.
@@ -28,6 +29,8 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.tokens)
         self.output_text = ""
         self.num_emitted_chars = 0
+        self._out: list[int] = []  # the output tokens fed so far
+        self._decoded = 0  # how many of them output_text holds
         self.stopped_by: str | None = None
         self._holdback = max((len(s) for s in self.stop), default=1) - 1
         # A fast tokenizer's own incremental decoder (tokenizers' DecodeStream, as vLLM uses): one Rust call per
@@ -53,11 +56,15 @@ class IncrementalDetokenizer:
             return self.stopped_by is not None
         if self._stream is not None:
             for token_id in new_token_ids:
+                self._out.append(token_id)
                 delta = self._stream.step(self._backend, token_id)
-                if delta and self._append_and_check_stop(delta):
-                    return True
+                if delta:
+                    self._decoded = len(self._out)
+                    if self._append_and_check_stop(delta):
+                        return True
             return False
         for token_id in new_token_ids:
+            self._out.append(token_id)
             self.tokens.append(token_id)
             prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
             full = self._decode(self.tokens[self.prefix_offset:])
@@ -65,6 +72,7 @@ class IncrementalDetokenizer:
                 continue  # incomplete character: wait for the next token
             delta = full[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+            self._decoded = len(self._out)
             if self._append_and_check_stop(delta):
                 return True
         return False
@@ -83,8 +91,20 @@ class IncrementalDetokenizer:
         self.stopped_by = best[1]
         return True
 
+    def _flush(self) -> None:
+        """At the end: the tokens still waiting for a complete character, decoded as they are."""
+        pending = self._out[self._decoded:]
+        if self.tokenizer is None or self.stopped_by is not None or not pending:
+            return
+        left = (self.prompt_token_ids[-_PROMPT_CONTEXT:] + self._out[:self._decoded])[-_PROMPT_CONTEXT:]
+        prefix = self._decode(left)
+        self._decoded = len(self._out)
+        self._append_and_check_stop(self._decode(left + pending)[len(prefix):])
+
     def take_delta(self, finished: bool) -> str:
         """Text not yet returned; holds back a possible stop-string prefix unless the request finished."""
+        if finished:
+            self._flush()
         end = len(self.output_text) if finished else max(len(self.output_text) - self._holdback, 0)
         end = max(end, self.num_emitted_chars)
         delta = self.output_text[self.num_emitted_chars:end]

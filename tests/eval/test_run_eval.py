@@ -98,8 +98,11 @@ def test_default_generate_path_runs_tasks_for_model_and_baseline(tiny_llama, byt
     text, tasks = eval_dirs
     r = run_eval(from_hf(tiny_llama, byte_tokenizer, name="tiny"), from_hf(tiny_llama, byte_tokenizer, name="b"),
                  text_dir=text, tasks_dir=tasks, window=16, max_new_tokens=4, progress=False)
-    assert set(r.tasks) == {"arithmetic", "multiple_choice"}
-    assert r.tasks_overall.model.n == 3
+    assert set(r.tasks) == {"arithmetic", "multiple_choice", "multiple_choice:loglik"}
+    assert r.tasks_overall.model.n == 3  # generation tasks only: the log-likelihood score is not pooled
+    loglik = r.tasks["multiple_choice:loglik"]  # same weights: the same letters picked
+    assert [x.reply for x in loglik.records] == [x.baseline_reply for x in loglik.records]
+    assert all(x.reply in "ABCD" for x in loglik.records)
     # same weights, greedy: identical replies
     assert [x.reply for x in r.tasks["arithmetic"].records] == [x.baseline_reply for x in r.tasks["arithmetic"].records]
     assert r.max_new_tokens == 4

@@ -159,6 +159,9 @@ def test_detokenizer_waits_for_complete_characters():
     assert d.output_text == ""
     d.update([0xA9])
     assert d.output_text == "é"
+    d.update([ord("b"), 0xE2, 0x82])  # "b", then two of the three bytes of "€": the request ends there
+    assert d.take_delta(finished=False) == "éb"
+    assert d.take_delta(finished=True) == "\ufffd" and d.output_text == "éb\ufffd"  # as decode(output ids) gives it
 
 
 def test_text_prompts_with_a_real_tokenizer(tmp_path):
