@@ -14,7 +14,8 @@ for its own type: SmolLM2's Q4_1, Gemma 3's Q4_K_M):
                 folder
 Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares the same minute of the machine):
   inprocess   batch-1 decode tok/s: accel's Engine (128 tokens after a 4-token prompt, timed from the first token)
-              vs llama-bench tg128 (-p 0 -n 128)
+              vs llama-bench tg128 (-p 0 -n 128); with --background-load N again beside N busy processes, and the
+              share of its quiet speed each keeps
   http        batch-1 decode over HTTP, one streaming chat request at a time (8 held-out prompts, 128 tokens):
               `accel serve` vs llama-server, the same client (accel bench's OpenAI backend), tok/s = 1 / mean TPOT;
               the two servers and accel in-process take turns request by request
@@ -37,6 +38,7 @@ tests check the parsing and the table with a fake peer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -170,6 +172,28 @@ def make_ggufs(bin_dir: Path, pairs: list[str], model_name: str, own_file: bool 
                            check=True, capture_output=True)
         files[kind] = dst
     return files
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """n processes that keep a core busy (`yes > /dev/null`) for the block: a shared machine's neighbour."""
+    procs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def kept(loaded: list[float], quiet: list[float]) -> str:
+    """Each loaded repeat's share of the quiet median, in percent: median (min-max)."""
+    q = statistics.median(quiet)
+    if not loaded or not q:
+        return "-"
+    shares = [100 * x / q for x in loaded]
+    return f"{statistics.median(shares):.0f}% ({min(shares):.0f}-{max(shares):.0f}%)"
 
 
 def free_port() -> int:
@@ -370,6 +394,8 @@ def main() -> None:
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--exports", default="", help="EXPORT_DIR:GGUF_TYPE,... accel exports next to llama.cpp")
+    ap.add_argument("--background-load", type=int, default=0, metavar="N",
+                    help="inprocess: measure batch-1 decode again beside N busy processes (`yes > /dev/null`)")
     a = ap.parse_args()
     EXPORTS.update(parse_exports(a.exports))
     pairs = [p for p in a.pairs.split(",") if p] + list(EXPORTS)
@@ -413,6 +439,16 @@ def main() -> None:
             roof.accel = list(row.accel)
             rows += [row, roof] if roof.peer else [row]
             print(render_table([row]).splitlines()[-1], flush=True)
+            if a.background_load:
+                loaded = Row(f"batch-1 decode, in-process, {a.background_load} busy", pair, "tok/s")
+                with busy_processes(a.background_load):
+                    for _ in range(a.repeats):
+                        loaded.accel.append(accel_decode(engine))
+                        loaded.peer.append(llama_decode(bin_dir, ggufs[gguf_type(pair)], a.threads))
+                rows.append(loaded)
+                extra[f"{pair} beside {a.background_load} busy, of quiet"] = (
+                    f"accel keeps {kept(loaded.accel, row.accel)}, llama.cpp keeps {kept(loaded.peer, row.peer)}")
+                print(render_table([loaded]).splitlines()[-1], flush=True)
             if roof.peer:
                 print(render_table([roof]).splitlines()[-1], flush=True)
                 extra["int8 roofline"] = f"{gb * 1e3:.0f} MB of weights per token at each repeat's probe"

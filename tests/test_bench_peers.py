@@ -83,3 +83,27 @@ def test_a_peer_whose_repacked_prompt_path_crashes_runs_without_repacking_everyw
     monkeypatch.setattr(bench_peers, "LLAMA_REPACK", not crashes)
     bench_peers.start_llama(tmp_path, tmp_path / "m.gguf", 2, 8080, 1)
     assert ("--no-repack" in launched[0]) is crashes
+
+
+def test_busy_processes_hold_a_core_for_the_block_and_are_gone_after():
+    import os
+
+    with bench_peers.busy_processes(1):
+        busy = [p for p in os.listdir("/proc") if p.isdigit() and _comm(p) == "yes" and _parent(p) == os.getpid()]
+        assert len(busy) == 1
+    assert not any(p.isdigit() and _comm(p) == "yes" and _parent(p) == os.getpid() for p in os.listdir("/proc"))
+    assert bench_peers.kept([50.0, 45.0, 55.0], [100.0, 98.0, 102.0]) == "50% (45-55%)"
+
+
+def _comm(pid: str) -> str:
+    try:
+        return open(f"/proc/{pid}/comm").read().strip()
+    except OSError:
+        return ""
+
+
+def _parent(pid: str) -> int:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

@@ -42,3 +42,39 @@ def test_core_to_core_rejects_bad_rounds():
 def test_placement_of_a_repeat_from_the_core_latency_around_it(before, after, where):
     assert placement(before, after) == where
     assert where in PLACEMENTS
+
+
+def _stat(busy: int, idle: int, steal: int, own: int) -> tuple[str, str]:
+    """/proc/stat and /proc/self/stat texts with these tick counts (busy split over user and system)."""
+    return (f"cpu  {busy - 10} 0 10 {idle} 0 0 0 {steal} 0 0\ncpu0 1 2 3\n",
+            f"1234 (python3 -m x) R 1 1 1 0 -1 0 0 0 0 0 {own - 5} 5 0 0 20 0 3 0 100 0 0")
+
+
+def test_a_measurement_records_what_else_used_the_machine():
+    from accel.bench.probes import CpuLoad, contended_runs
+
+    snaps = iter([_stat(1000, 5000, 10, 300), _stat(1150, 5040, 12, 400)])  # 1 s at 100 ticks/s
+    clock = iter([10.0, 11.0])
+    with CpuLoad(read=lambda: next(snaps), clock=lambda: next(clock), ticks_per_s=100) as load:
+        pass
+    # others: 150 busy ticks - our 100 = 0.5 cores over 1 s; steal 2 of 192 ticks
+    assert load.others_cores == 0.5 and load.steal_pct == 1.04 and load.contended
+    quiet = iter([_stat(1000, 5000, 10, 300), _stat(1110, 5090, 10, 400)])
+    clock = iter([10.0, 11.0])
+    with CpuLoad(read=lambda: next(quiet), clock=lambda: next(clock), ticks_per_s=100) as q:
+        pass
+    assert q.others_cores == 0.1 and q.steal_pct == 0.0 and not q.contended
+    got = contended_runs([("quantized/batch1", [q.to_dict(), load.to_dict()]), ("baseline/batch1", [q.to_dict()]),
+                          ("peer/batch1", None)])
+    assert got == ["quantized/batch1 (other processes 0.50 cores, steal 1%)"]
+
+
+def test_without_proc_nothing_is_recorded():
+    from accel.bench.probes import CpuLoad
+
+    def missing():
+        raise OSError("no /proc")
+
+    with CpuLoad(read=missing) as load:
+        pass
+    assert load.to_dict() == {"others_cores": None, "steal_pct": None, "contended": False}

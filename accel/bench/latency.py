@@ -201,6 +201,7 @@ class BenchResult:
     records: list[RequestRecord] = field(default_factory=list)
     machine: dict[str, Any] | None = None  # accel.report.machine_info() of the machine that ran the load
     repeats: list[float] | None = None  # output tokens/s of every run of the same requests; this one is the median
+    load: list[dict] | None = None  # per run, what else used the machine (accel.bench.probes.CpuLoad.to_dict())
     definitions: dict[str, str] = field(default_factory=lambda: dict(DEFINITIONS))
     schema_version: int = SCHEMA_VERSION
 

@@ -88,3 +88,67 @@ def placement(before_ns: float | None, after_ns: float | None) -> str:
         return "unknown"
     far = [ns > 100 for ns in (before_ns, after_ns)]
     return "changed" if far[0] != far[1] else "two CCDs" if far[0] else "one CCD"
+
+
+# A measurement is contended when the machine's other processes used this many cores beside it, or the hypervisor
+# took this share of its CPU time (steal): on 2 cores one busy process cut batch-1 decode to a fifth.
+CONTENDED_CORES = 0.25
+CONTENDED_STEAL_PCT = 5.0
+
+
+def _cpu_ticks(stat: str, self_stat: str) -> tuple[int, int, int, int]:
+    """(busy, steal, total) ticks of all CPUs from /proc/stat and this process's busy ticks from /proc/self/stat."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in stat.split("\n", 1)[0].split()[1:9])
+    fields = self_stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    own = int(fields[11]) + int(fields[12])  # utime, stime (all threads)
+    busy = user + nice + system + irq + softirq
+    return busy, steal, busy + idle + iowait + steal, own
+
+
+class CpuLoad:
+    """What else ran on the machine during a measurement: `with CpuLoad() as load: ...`, then `load.others_cores`
+    (the CPU time other processes used, in cores), `load.steal_pct` (the hypervisor's share) and `load.contended`.
+    `read` is injectable (tests): it returns the texts of /proc/stat and /proc/self/stat."""
+
+    def __init__(self, read=None, clock=time.monotonic, ticks_per_s: int | None = None) -> None:
+        import os
+
+        self._read = read or (lambda: (open("/proc/stat").read(), open("/proc/self/stat").read()))
+        self._clock = clock
+        self._hz = ticks_per_s or os.sysconf("SC_CLK_TCK")
+        self.others_cores: float | None = None
+        self.steal_pct: float | None = None
+
+    def __enter__(self) -> CpuLoad:
+        try:
+            self._t0, self._start = self._clock(), _cpu_ticks(*self._read())
+        except (OSError, ValueError, IndexError):  # no /proc (not Linux): nothing recorded
+            self._start = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._start is None:
+            return
+        busy, steal, total, own = (b - a for a, b in zip(self._start, _cpu_ticks(*self._read())))
+        seconds = self._clock() - self._t0
+        if seconds > 0:
+            self.others_cores = round(max(0, busy - own) / self._hz / seconds, 3)
+        self.steal_pct = round(100 * steal / total, 2) if total > 0 else 0.0
+
+    @property
+    def contended(self) -> bool:
+        return (self.others_cores or 0) > CONTENDED_CORES or (self.steal_pct or 0) > CONTENDED_STEAL_PCT
+
+    def to_dict(self) -> dict:
+        return {"others_cores": self.others_cores, "steal_pct": self.steal_pct, "contended": self.contended}
+
+
+def contended_runs(measurements) -> list[str]:
+    """'label (other processes N cores, steal S%)' for each (label, per-run loads) measured on a shared machine."""
+    out = []
+    for label, loads in measurements:
+        bad = [x for x in loads or [] if x.get("contended")]
+        if bad:
+            out.append(f"{label} (other processes {max(x['others_cores'] or 0 for x in bad):.2f} cores, steal "
+                       f"{max(x['steal_pct'] or 0 for x in bad):.0f}%)")
+    return out

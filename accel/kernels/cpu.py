@@ -229,6 +229,12 @@ def core_to_core_ns(rounds: int) -> float:
     return _module().core_to_core_ns(rounds)
 
 
+def governor_trace(costs: list[tuple[float, float, float]], full: int) -> list[int]:
+    """The decode step's team size at each of len(costs) one-row steps, where costs[i] = (ns alone, ns with the whole
+    team, late fraction with the whole team) is what step i would cost: TeamGovernor, driven with injected costs."""
+    return _module().governor_trace([list(c) for c in costs], full)
+
+
 def team_chunks(n: int, threads: int, late: int, late_us: int) -> Tensor:
     """Which thread of a one-call decode step's team ran each of `n` chunks ([n] long), where thread `late` starts
     `late_us` microseconds after the others: the kernels' work split, exposed for its tests."""

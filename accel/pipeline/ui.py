@@ -89,4 +89,6 @@ def headline_table(run_dir: Path) -> Table | None:
     for key, label, fmt in HEADLINE:
         v = summary.get(key)
         t.add_row(label, "-" if v is None else fmt.format(v))
+    if summary.get("contended") not in (None, "none"):
+        t.caption = f"[yellow]contended: the machine was shared during {summary['contended']}: tok/s understated[/]"
     return t

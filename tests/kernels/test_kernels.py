@@ -737,3 +737,37 @@ def test_a_first_build_of_the_cpu_kernels_says_so(monkeypatch, caplog):
         assert any("building accel's CPU kernels" in r.getMessage() for r in caplog.records)
     finally:
         cpu._module.cache_clear()
+
+
+QUIET, CONTENDED = (1.7, 1.0, 0.0), (1.7, 5.0, 0.5)  # (ns alone, ns with the team, late fraction with the team)
+
+
+def test_a_quiet_machine_keeps_the_whole_team():
+    assert set(cpu.governor_trace([QUIET] * 2000, 2)) == {2}
+    assert set(cpu.governor_trace([CONTENDED] * 100, 1)) == {1}  # one thread: nothing to decide
+
+
+def test_a_contended_team_shrinks_and_grows_back_when_the_load_ends():
+    trace = cpu.governor_trace([CONTENDED] * 1000 + [QUIET] * 1000, 2)
+    assert trace[:20] == [2] * 16 + [1] * 4  # a window of team steps, late, then a trial alone that was faster
+    assert trace[:1000].count(1) > 900  # alone, but for the team's two steps every PROBE_STEPS
+    assert set(trace[1000 + 70:]) == {2}  # once the load ended the team's steps were quiet
+
+
+def test_late_waits_on_a_quiet_machine_cost_a_few_trials_that_back_off():
+    """Waits over LATE_NS where the team is still faster (imbalanced phases): trials alone lose and back off."""
+    trace = cpu.governor_trace([(1.7, 1.0, 0.5)] * 20000, 2)
+    assert trace.count(1) <= 60 and trace[16:20] == [1] * 4 and trace[20:20 + 16] == [2] * 16
+
+
+def test_a_slow_step_now_and_then_does_not_send_the_team_off():
+    """A client or event loop preempting a team thread for two steps in ten: a trial alone is compared with the
+    team's usual steps, not with the slow ones that started it, and loses."""
+    pattern = [(1.7, 3.0, 0.5)] * 2 + [QUIET] * 8
+    trace = cpu.governor_trace(pattern * 2000, 2)
+    assert trace.count(1) <= 60  # a few trials of TRIAL_STEPS, backing off
+
+
+def test_contention_that_starts_later_is_met_once_the_window_has_seen_it():
+    trace = cpu.governor_trace([QUIET] * 500 + [CONTENDED] * 2000, 2)
+    assert set(trace[:500]) == {2} and trace[500:].count(1) > 1800

@@ -10,6 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "y = (x @ q^T) * scale; x fp32 [M, K], q int8 [N, K], scale fp32 [N], gs fp16 [N, K / 32] group scales or empty", py::call_guard<py::gil_scoped_release>());
   m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * sm[n, g, 0] + sm[n, g, 1])", py::call_guard<py::gil_scoped_release>());
   m.def("core_to_core_ns", &core_to_core_ns, "ns per one-way pass of a cache line between two threads", py::call_guard<py::gil_scoped_release>());
+  m.def("governor_trace", &governor_trace, "test hook: the decode step's team sizes over steps of injected costs");
   m.def("team_chunks", &team_chunks, "test hook: the thread that ran each chunk, one thread started late");
   m.def("argmax_rows", &argmax_rows, "each fp32 row's argmax, as torch.argmax");
   m.def("has_vnni", []() { return HAS_VNNI; }, "whether the AVX512-VNNI kernels (and the prefill GEMM) run here");

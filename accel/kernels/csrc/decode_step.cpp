@@ -455,7 +455,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
     }
   };
 
-  run_team(nt, [&](int rank, int n) {
+  run_governed(T, [&](int rank, int n) {
     step(rank, n);
     tl_pf = PrefetchCursor{};
   });

@@ -66,6 +66,10 @@ struct Team {
   alignas(64) std::atomic<int> arrived{0};
   alignas(64) std::atomic<int> gen{0};
   alignas(64) std::atomic<int> sleepers{0};
+  alignas(64) std::atomic<int64_t> late_ns{0};  // the barrier waits over LATE_NS, summed over the team's threads
+
+  // A wait this long is a partner that was not running (a phase's imbalance is tens of microseconds).
+  static constexpr int64_t LATE_NS = 200000;
 
   // Spin (~0.5 ms: a phase's wait is tens of us, and sleeping after 2,000 spins measured 0.96x at batch 1), then
   // sleep on a futex. Sleeping, not yielding, matters where the server's event loop shares the cores: a core that
@@ -81,6 +85,7 @@ struct Team {
         syscall(SYS_futex, reinterpret_cast<int*>(&gen), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
       return;
     }
+    const auto t0 = std::chrono::steady_clock::now();  // read by a thread that waits, twice a barrier
     for (int spins = 0; gen.load(std::memory_order_acquire) == g; ++spins) {
       if (spins < SPINS) {
         if (tl_pf.cur < tl_pf.end) {
@@ -96,6 +101,9 @@ struct Team {
         syscall(SYS_futex, reinterpret_cast<int*>(&gen), FUTEX_WAIT_PRIVATE, g, nullptr, nullptr, 0);
       sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
+    const int64_t waited = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - t0).count();
+    if (waited > LATE_NS) late_ns.fetch_add(waited, std::memory_order_relaxed);
   }
 };
 
@@ -106,15 +114,19 @@ struct TeamSlot {
 };
 static thread_local TeamSlot tl_team;
 
-// step(rank, n) on a team of up to `threads` threads (in this thread alone where there is one, or inside another
-// parallel region).
+// step(rank, n) on a team of up to `threads` threads (in this thread alone, as a team of one, where there is one or
+// inside another parallel region: its kernels then fork no threads). Returns the team's late waits (Team::late_ns).
 template <typename F>
-static void run_team(int threads, const F& step) {
-  if (threads <= 1 || at::in_parallel_region()) {
-    step(0, 1);
-    return;
-  }
+static int64_t run_team(int threads, const F& step) {
   Team team;
+  if (threads <= 1 || at::in_parallel_region()) {
+    team.reserve(1);
+    const TeamSlot outer = tl_team;
+    tl_team = TeamSlot{&team, 0, 0};
+    step(0, 1);
+    tl_team = outer;
+    return 0;
+  }
   team.reserve(threads);
 #pragma omp parallel num_threads(threads)
   {
@@ -125,6 +137,89 @@ static void run_team(int threads, const F& step) {
     step(rank, n);
     tl_team = TeamSlot{};
   }
+  return team.late_ns.load();
+}
+
+// The team size of the decode step on a shared CPU. Where another busy process holds a core, a team thread is off
+// its core for whole scheduler slices and its partner waits at every barrier of the step (~180 at batch 1):
+// SmolLM2 INT8 batch-1 decode fell to 14% of its quiet speed beside one `yes` (llama.cpp's Q8_0: 31-35%). A step
+// whose barrier waits over Team::LATE_NS exceed LATE_FRAC of the team's time is a strike; after STRIKES in a row
+// TRIAL_STEPS steps run in this thread alone, and the step continues alone if those were faster per row than the mean of the
+// team's last WINDOW steps: the rate it would keep (not the late step that started the trial: a client or event loop
+// preempting a team thread now and then makes one slow step, and comparing with it served batch 1 at 0.93x; not
+// the median: beside `yes` half the team's steps are quick and the slow half costs the time, 26% of quiet).
+// After PROBE_STEPS alone the team runs again and earns its next trial the same way. A trial that lost waits
+// `backoff` steps before the next, from FIRST_BACKOFF (a load that just began has not filled the window yet)
+// doubling to MAX_BACKOFF. A pure state machine over measured times: tests drive
+// it with injected costs.
+struct TeamGovernor {
+  static constexpr double LATE_FRAC = 0.2;
+  static constexpr int STRIKES = 2, WINDOW = 16, TRIAL_STEPS = 4;
+  static constexpr int64_t PROBE_STEPS = 64, FIRST_BACKOFF = 16, MAX_BACKOFF = 4096;
+  enum Mode { FULL, TRIAL, ALONE } mode = FULL;
+  int strikes = 0, trial_left = 0;
+  int64_t wait = 0, backoff = FIRST_BACKOFF;
+  double alone_ns = 0;  // the trial's steps alone, time per row summed
+  std::array<double, WINDOW> recent{};  // the team's last steps, time per row
+  int64_t num_recent = 0;
+
+  int threads(int full) const { return full > 1 && (mode == TRIAL || mode == ALONE) ? 1 : full; }
+
+  double team_mean() const {
+    const int64_t n = std::min<int64_t>(num_recent, WINDOW);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += recent[i];
+    return sum / std::max<int64_t>(n, 1);
+  }
+
+  void record(int n, double ns_per_row, double late_frac) {
+    const bool late = late_frac > LATE_FRAC;
+    if (n > 1) recent[num_recent++ % WINDOW] = ns_per_row;
+    switch (mode) {
+      case FULL:
+        if (n <= 1) return;
+        if (wait > 0) --wait;
+        strikes = late ? strikes + 1 : 0;
+        if (strikes >= STRIKES && wait == 0 && num_recent >= WINDOW) {
+          mode = TRIAL;
+          trial_left = TRIAL_STEPS;
+          alone_ns = 0;
+        }
+        return;
+      case TRIAL:
+        alone_ns += ns_per_row;
+        if (--trial_left > 0) return;
+        strikes = 0;
+        if (alone_ns / TRIAL_STEPS < team_mean()) {
+          mode = ALONE;
+          wait = PROBE_STEPS;
+          backoff = FIRST_BACKOFF;
+        } else {
+          mode = FULL;
+          wait = backoff;
+          backoff = std::min(2 * backoff, MAX_BACKOFF);
+        }
+        return;
+      case ALONE:
+        if (--wait <= 0) {
+          mode = FULL;
+          strikes = 0;
+        }
+        return;
+    }
+  }
+};
+static TeamGovernor g_governor;  // the engine's steps come one at a time, from its one thread
+
+// Runs the decode step `step` on the team size the governor picks, and tells it what the step cost.
+template <typename F>
+static void run_governed(int64_t rows, const F& step) {
+  const int full = std::max(1, at::get_num_threads());
+  const int n = g_governor.threads(full);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t late = run_team(n, step);
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  g_governor.record(n, ns / std::max<int64_t>(rows, 1), n > 1 ? late / (n * ns) : 0.0);
 }
 
 // Threads that split a kernel's work: the team's size inside a team. Every thread of a team must plan the same
@@ -220,6 +315,19 @@ static void parallel_chunks(int64_t n, const F& fn) {
   });
 }
 
+
+// Test hook: the team sizes the governor picks for `costs.size()` steps of one row, where costs[i] = {ns alone,
+// ns with the whole team, late fraction with the whole team} is what step i would cost (injected: no clock).
+std::vector<int64_t> governor_trace(std::vector<std::vector<double>> costs, int64_t full) {
+  TeamGovernor g;
+  std::vector<int64_t> out;
+  for (const auto& c : costs) {
+    const int n = g.threads(static_cast<int>(full));
+    out.push_back(n);
+    g.record(n, n > 1 ? c[1] : c[0], n > 1 ? c[2] : 0.0);
+  }
+  return out;
+}
 
 // Test hook: which thread ran each of n chunks of one parallel_chunks call in a team of `threads`, where thread
 // `late` starts `late_us` microseconds after the others (a preempted thread: its range is taken by the others).
