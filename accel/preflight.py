@@ -73,18 +73,31 @@ def _check_budget(recipe: Recipe) -> list[str]:
 
 def _check_gguf_peers(recipe: Recipe) -> list[str]:
     """The GGUF files and the llama-perplexity binary the peers' quality scoring runs."""
-    from accel.eval.gguf import llama_perplexity_path
+    from accel.eval.gguf import IMATRIX, llama_perplexity_path
+    from accel.models import REGISTRY
+
+    GGUF_MODELS = {name for name, spec in REGISTRY.items() if spec.gguf_file}  # noqa: N806
 
     e = recipe.eval
     files = [(f"eval.peers[{i}].gguf", p.gguf) for i, p in enumerate(e.peers) if p.gguf]
-    if not files:
+    if not files and not any(p.quantize for p in e.peers):
         return []
     problems = [f"{field}: {path!r} is not a file; allowed: a .gguf file" for field, path in
-                files + [("eval.gguf_base", e.gguf_base)] if not Path(path).expanduser().is_file()]
+                files + ([("eval.gguf_base", e.gguf_base)] if e.gguf_base else [])
+                if not Path(path).expanduser().is_file()]
+    if not e.gguf_base and recipe.model.path not in GGUF_MODELS:
+        problems.append(f"eval.gguf_base: unset, and model.path {recipe.model.path!r} is no registry model with a "
+                        f"shipped GGUF to make it from; allowed: the original model as a .gguf file, or a model in "
+                        f"{sorted(GGUF_MODELS)}")
     binary = llama_perplexity_path(e.llama_perplexity)
-    if not (binary.is_file() and os.access(binary, os.X_OK)):
-        problems.append(f"eval.llama_perplexity: {str(binary)!r} is not an executable llama-perplexity; allowed: its "
-                        "path, or build it once with `bash scripts/peers/build_llama_cpp.sh`")
+    tools = [binary] + [binary.with_name(t) for t in ("llama-quantize", "llama-imatrix")
+                        if any(p.quantize and (t == "llama-quantize" or p.quantize.endswith(IMATRIX))
+                               for p in e.peers) or (t == "llama-quantize" and not e.gguf_base)]
+    for tool in tools:
+        if not (tool.is_file() and os.access(tool, os.X_OK)):
+            problems.append(f"eval.llama_perplexity: {str(tool)!r} is not an executable {tool.name}; allowed: "
+                            "llama-perplexity's path (llama-quantize and llama-imatrix beside it), or build them "
+                            "once with `bash scripts/peers/build_llama_cpp.sh`")
     return problems
 
 

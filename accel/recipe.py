@@ -309,26 +309,39 @@ class PeerConfig(Strict):
     """Another engine next to the accel variants, in the report's tables and Pareto plot:
     - `url`: an OpenAI-compatible server (llama-server, vLLM, another accel) measured with the same workloads;
     - `gguf`: its model file, scored by llama.cpp's llama-perplexity against `eval.gguf_base` on the held-out text
-      the way `llama-perplexity -c 128 --kl-divergence` scores (accel's variants are scored the same way then).
+      the way `llama-perplexity -c 128 --kl-divergence` scores (accel's variants are scored the same way then);
+    - `quantize`: a llama-quantize type the file is made at from `eval.gguf_base` (default for a registry model: its
+      shipped GGUF at F32) in the run, `TYPE+imatrix` with an importance matrix from calibration_data/ (as GGUF
+      publishers make them), then scored as a `gguf`.
 
         eval:
           gguf_base: ~/models/SmolLM2-135M-Instruct.F32.gguf
           peers:
             - {name: llama.cpp-Q8_0, url: "http://127.0.0.1:8080", gguf: ~/models/SmolLM2-135M-Instruct.Q8_0.gguf}
+            - {name: llama.cpp-Q4_K_M-imatrix, quantize: Q4_K_M+imatrix}
     """
 
     name: Name
     url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     gguf: str | None = None
+    quantize: str | None = None
     model: str = "default"
     """The model name the server serves (sent in each request)."""
     endpoint: Literal["completions", "chat"] = "completions"
 
     @model_validator(mode="after")
     def _something_to_measure(self) -> PeerConfig:
-        if self.url is None and self.gguf is None:
-            raise ValueError(f"peer {self.name!r} has nothing to measure; allowed: a url (speed), a gguf (quality), "
-                             "or both")
+        if self.url is None and self.gguf is None and self.quantize is None:
+            raise ValueError(f"peer {self.name!r} has nothing to measure; allowed: a url (speed), a gguf or a quantize "
+                             "type (quality), or both")
+        if self.gguf is not None and self.quantize is not None:
+            raise ValueError(f"peer {self.name!r} has both a gguf and a quantize type; allowed: one of them")
+        if self.quantize is not None:
+            from accel.eval.gguf import quantize_types
+
+            if self.quantize not in quantize_types():
+                raise ValueError(f"peer {self.name!r}: quantize {self.quantize!r} is not allowed; allowed: "
+                                 f"{quantize_types()}")
         return self
 
 
@@ -348,7 +361,8 @@ class EvalConfig(Strict):
         "baseline", "quantized", "quantized+spec"]
     peers: list[PeerConfig] = []
     gguf_base: str | None = None
-    """The original model as a GGUF file: llama-perplexity's KL reference for the peers' `gguf` files."""
+    """The original model as a GGUF file: llama-perplexity's KL reference for the peers' `gguf` files and the source of
+    their `quantize` files (default for a registry model: its shipped GGUF at F32)."""
     llama_perplexity: str | None = None
     """The llama-perplexity binary (default: the one scripts/peers/build_llama_cpp.sh builds in $ACCEL_HOME/peers)."""
     repeats: Annotated[int, Field(ge=1, le=20)] = 3
@@ -369,7 +383,7 @@ class EvalConfig(Strict):
 
 class ExportConfig(Strict):
     enabled: bool = True
-    target: Literal["accel", "transformers", "vllm"] = "transformers"
+    target: Literal["accel", "transformers", "vllm", "vllm-cpu"] = "transformers"
     """The loader that must accept every layer of the export; the `loader` gate blocks the export otherwise (e.g.
     vllm refuses int4f's float zero points). Every loader's view is in the export's accel.json either way."""
     include_draft: bool = True
@@ -400,6 +414,21 @@ class Recipe(Strict):
     eval: EvalConfig = EvalConfig()
     export: ExportConfig = ExportConfig()
     gates: GatesConfig = GatesConfig()
+
+    @model_validator(mode="after")
+    def _target_runs_the_schemes(self) -> Recipe:
+        """export.target vllm-cpu plans only with what vLLM's CPU kernels run (accel.export.compatibility)."""
+        if self.export.enabled and self.export.target == "vllm-cpu":
+            from accel.export.compatibility import VLLM_CPU_SCHEMES
+
+            q = self.quantization
+            bad = sorted({s for s in [*q.candidates, *q.overrides.values()] if s not in VLLM_CPU_SCHEMES})
+            if bad or q.lm_head != "fp16":
+                raise ValueError(
+                    f"export.target vllm-cpu: candidates / overrides {bad} and lm_head {q.lm_head!r}: vLLM's CPU "
+                    f"kernels run 4-bit weight-only and W8A8 INT8, not weight-only INT8 or accel's float-zero / "
+                    f"5-bit forms; allowed: schemes in {list(VLLM_CPU_SCHEMES)} and lm_head 'fp16'")
+        return self
 
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name

@@ -30,55 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_PAIRS = {"Q8_0": "int8", "Q4_K_M": "int4km", "Q4_1": "int4", "F32": "fp32"}  # GGUF type -> bench_peers pair
-IMATRIX = "+imatrix"
-IMATRIX_TYPES = ("Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "IQ3_XXS")  # llama-quantize types an importance matrix serves
-from bench_peers import OTHER_TYPES as PLAIN_TYPES  # noqa: E402  quantized from the F32 without one (IQ3_XXS requires one)
-IMATRIX_CTX = 128  # llama-imatrix's context: the scoring's
 
 
 SHIPPED = "shipped"  # the registry model's own GGUF: its F32 is the base, so it scores llama.cpp's compute error only
 
 
 def allowed_peers() -> list[str]:
-    return [*PEER_PAIRS, *PLAIN_TYPES, *(t + IMATRIX for t in IMATRIX_TYPES), SHIPPED]
+    from accel.eval.gguf import quantize_types
 
-
-def calibration_text(root: Path = ROOT) -> str:
-    """Every text of calibration_data/*.jsonl, in file order: what llama-imatrix learns from (accel's plans
-    calibrate on the same files; the eval text stays held out of both)."""
-    import json
-
-    return "\n\n".join(json.loads(line)["text"] for f in sorted((root / "calibration_data").glob("*.jsonl"))
-                        for line in f.read_text().splitlines() if line.strip())
-
-
-def imatrix_command(bin_dir: Path, f32: Path, text_file: Path, out: Path, threads: int) -> list[str]:
-    return [str(bin_dir / "llama-imatrix"), "-m", str(f32), "-f", str(text_file), "-o", str(out), "-c",
-            str(IMATRIX_CTX), "-b", str(IMATRIX_CTX), "-t", str(threads), "--no-ppl"]
-
-
-def imatrix_ggufs(bin_dir: Path, f32: Path, peers: list[str], threads: int) -> dict[str, Path]:
-    """{peer: file} of the peers quantized here from the F32: `TYPE+imatrix` with the importance matrix (made once
-    per model, cached beside the F32), plain k- / i-quant types without."""
-    import tempfile
-
-    out: dict[str, Path] = {}
-    imatrix = f32.with_suffix(".imatrix.gguf")
-    for peer in peers:
-        kind, with_imatrix = peer.removesuffix(IMATRIX), peer.endswith(IMATRIX)
-        if with_imatrix and not imatrix.is_file():
-            with tempfile.TemporaryDirectory() as tmp:
-                text_file = Path(tmp) / "calibration.txt"
-                text_file.write_text(calibration_text())
-                subprocess.run(imatrix_command(bin_dir, f32, text_file, imatrix, threads), check=True,
-                               capture_output=True)
-        dst = f32.with_name(f32.name.replace(".F32.", f".{kind}{'-imatrix' if with_imatrix else ''}."))
-        if not dst.is_file():
-            args = ["--imatrix", str(imatrix)] if with_imatrix else []
-            subprocess.run([str(bin_dir / "llama-quantize"), *args, str(f32), str(dst), kind], check=True,
-                           capture_output=True)
-        out[peer] = dst
-    return out
+    return list(dict.fromkeys([*PEER_PAIRS, *quantize_types(), SHIPPED]))
 
 
 def render(rows: list[dict]) -> str:
@@ -100,7 +60,7 @@ def model_file_mib(path: Path) -> float:
 def peer_rows(model: str, peers: list[str], text: str, n_ctx: int, chunks: int, threads: int) -> list[dict]:
     from bench_peers import PAIRS, llama_bin, make_ggufs
 
-    from accel.eval.gguf import LLAMA_PERPLEXITY, score_ggufs
+    from accel.eval.gguf import LLAMA_PERPLEXITY, quantized_gguf, score_ggufs
 
     bin_dir = llama_bin()
     pairs = [p for p in peers if p in PEER_PAIRS]
@@ -113,8 +73,8 @@ def peer_rows(model: str, peers: list[str], text: str, n_ctx: int, chunks: int, 
 
         files[SHIPPED] = accel_home() / "downloads" / get_spec(model).gguf_file
         shipped = f"{SHIPPED} {shipped_type(files[SHIPPED])}"
-    files.update(imatrix_ggufs(bin_dir, files["F32"], [p for p in peers if p not in PEER_PAIRS and p != SHIPPED],
-                               threads))
+    files.update({p: quantized_gguf(bin_dir, files["F32"], p, ROOT, threads) for p in peers
+                  if p not in PEER_PAIRS and p != SHIPPED})
     scores = score_ggufs(bin_dir / LLAMA_PERPLEXITY, files["F32"], {kind: files[kind] for kind in peers}, text,
                          n_ctx, chunks, threads)
     return [{"name": f"llama.cpp {shipped if kind == SHIPPED else kind}", "size_mib": model_file_mib(files[kind]),

@@ -42,6 +42,9 @@ def test_shipped_recipes_are_valid(path):
 
 BROKEN = [
     # (recipe, substrings the error must contain)
+    ({"export": {"target": "vllm-cpu"}}, ["export.target vllm-cpu", "'int8'", "lm_head 'int8'", "['int4', 'fp16']"]),
+    ({"export": {"target": "vllm-cpu"}, "quantization": {"candidates": ["int4", "fp16"], "lm_head": "fp16",
+                                                         "overrides": {"down_proj": "int4f"}}}, ["['int4f']"]),
     ({"quantizaton": {}}, ["quantizaton", "unknown field", "did you mean 'quantization'"]),
     ({"quantization": {"int4_group_size": 100}}, ["quantization.int4_group_size", "100", "32, 64 or 128"]),
     ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "'int4', 'int4f', 'int5', 'int8', 'int8g' or 'fp16'"]),
@@ -191,3 +194,15 @@ def test_lm_head_group_size_applies_to_an_int8g_head_only():
     assert ok.quantization.lm_head_group_size == 128
     with pytest.raises(ValueError, match="lm_head_group_size 64 applies to an int8g lm_head only; lm_head is 'int8'"):
         Recipe.model_validate({**base, "quantization": {"lm_head": "int8", "lm_head_group_size": 64}})
+
+
+def test_a_vllm_cpu_export_plans_with_what_its_kernels_run():
+    from accel.quant.plan import int4_candidates, stores_tied_table
+    from tests.conftest import make_tiny_llama
+
+    r = parse_recipe({"name": "x", "model": {"path": "smollm2-135m"}, "export": {"target": "vllm-cpu"},
+                      "quantization": {"candidates": ["int4", "fp16"], "lm_head": "fp16"}})
+    assert r.export.target == "vllm-cpu"
+    model = make_tiny_llama(tie_word_embeddings=True)
+    assert int4_candidates(model, ["int4", "fp16"], 32, "vllm-cpu") == (["int4", "fp16"], None)  # no int4f
+    assert not stores_tied_table(model, "int8", "vllm-cpu")

@@ -11,6 +11,7 @@ file is scored against them.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import tempfile
@@ -22,6 +23,13 @@ from accel.models.zoo import accel_home
 N_CTX = 128  # llama-perplexity -c 128: the context the peers' published quality numbers use
 CHUNKS = 150  # ~9,400 scored tokens of the held-out text (round-robin over its domains)
 LLAMA_PERPLEXITY = "llama-perplexity"
+IMATRIX = "+imatrix"  # a peer type with this suffix is quantized with an importance matrix, as GGUF publishers do
+IMATRIX_TYPES = ("Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "IQ3_XXS")  # llama-quantize types an importance matrix serves
+PLAIN_TYPES = ("Q8_0", "Q4_1", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K")  # made without one (IQ3_XXS requires one)
+IMATRIX_CTX = 128  # llama-imatrix's context: the scoring's
+# ~60k tokens, 4x what accel's calibration draw sees (32 x 512); llama-imatrix computes every position's logits, so its
+# time is tokens x vocabulary (Gemma 3: 262k)
+IMATRIX_TEXT_CHARS = 200_000
 
 
 @dataclass
@@ -54,6 +62,80 @@ def llama_perplexity_path(explicit: str | Path | None) -> Path:
     """The llama-perplexity binary: the given path, else the one scripts/peers/build_llama_cpp.sh builds into
     $ACCEL_HOME/peers/llama.cpp/bin."""
     return Path(explicit).expanduser() if explicit else accel_home() / "peers" / "llama.cpp" / "bin" / LLAMA_PERPLEXITY
+
+
+def quantize_types() -> list[str]:
+    """The llama-quantize types a peer may be made at from the original GGUF: `TYPE` or `TYPE+imatrix`."""
+    return [*PLAIN_TYPES, *(t + IMATRIX for t in IMATRIX_TYPES)]
+
+
+def calibration_text(root: Path, max_chars: int = IMATRIX_TEXT_CHARS) -> str:
+    """What llama-imatrix learns from: the texts of calibration_data/*.jsonl taken in turn from each domain file (a
+    stratified draw, as accel's calibration set is) up to max_chars. Accel's plans calibrate on the same files; the
+    eval text stays held out of both."""
+    import itertools
+    import json
+
+    domains = [[json.loads(line)["text"] for line in f.read_text().splitlines() if line.strip()]
+               for f in sorted((root / "calibration_data").glob("*.jsonl"))]
+    out, size = [], 0
+    for text in (t for row in itertools.zip_longest(*domains) for t in row if t is not None):
+        if size + len(text) > max_chars:
+            break
+        out.append(text)
+        size += len(text) + 2
+    return "\n\n".join(out)
+
+
+def quantized_gguf(bin_dir: Path, base: Path, kind: str, root: Path, threads: int = 2) -> Path:
+    """The base GGUF (the original weights) quantized by llama-quantize at `kind` (one of quantize_types()), made
+    once into $ACCEL_HOME/peers/gguf. `TYPE+imatrix` first runs llama-imatrix over the project's calibration text
+    (never the eval text), once per base file, as GGUF publishers make their files."""
+    if kind not in quantize_types():
+        raise ValueError(f"llama-quantize type {kind!r} is not allowed; allowed: {quantize_types()}")
+    out_dir = accel_home() / "peers" / "gguf"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plain, with_imatrix = kind.removesuffix(IMATRIX), kind.endswith(IMATRIX)
+    stem = base.name.removesuffix(".gguf").removesuffix(".F32")
+    text = calibration_text(root)
+    tag = hashlib.sha256(text.encode()).hexdigest()[:8]  # a cached matrix is reused only for the same text
+    imatrix = out_dir / f"{stem}.F32.imatrix-{tag}.gguf"
+    if with_imatrix and not imatrix.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            text_file = Path(tmp) / "calibration.txt"
+            text_file.write_text(text)
+            partial = out_dir / f"{stem}.F32.imatrix-{tag}.partial.gguf"  # llama-imatrix saves as it goes: only a finished one counts
+            subprocess.run([str(bin_dir / "llama-imatrix"), "-m", str(base), "-f", str(text_file), "-o",
+                            str(partial), "-c", str(IMATRIX_CTX), "-b", str(IMATRIX_CTX), "-t", str(threads),
+                            "--no-ppl"], check=True, capture_output=True)
+            partial.rename(imatrix)
+    dst = out_dir / f"{stem}.{plain}{f'-imatrix-{tag}' if with_imatrix else ''}.gguf"
+    if not dst.is_file():
+        tmp_dst = dst.with_suffix(".partial.gguf")
+        subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize",
+                        *(["--imatrix", str(imatrix)] if with_imatrix else []), str(base), str(tmp_dst), plain],
+                       check=True, capture_output=True)
+        tmp_dst.rename(dst)
+    return dst
+
+
+def original_gguf(model: str, bin_dir: Path) -> Path:
+    """A registry model's shipped GGUF at F32 (llama-quantize), the weights accel's baseline loads: the KL reference
+    and the source of its `quantize` peers. Made once into $ACCEL_HOME/peers/gguf (bench_peers.py makes the same)."""
+    from accel.models import get_spec
+
+    src = accel_home() / "downloads" / get_spec(model).gguf_file
+    if not src.is_file():
+        raise FileNotFoundError(f"{src} is missing: run `accel models pull {model}` first")
+    out_dir = accel_home() / "peers" / "gguf"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dst = out_dir / f"{src.name.removesuffix('.gguf')}.F32.gguf"
+    if not dst.is_file():
+        tmp_dst = dst.with_suffix(".partial.gguf")
+        subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(src), str(tmp_dst), "F32"],
+                       check=True, capture_output=True)
+        tmp_dst.rename(dst)
+    return dst
 
 
 def run_llama_perplexity(binary: Path, args: list[str], threads: int) -> str:

@@ -123,7 +123,7 @@ def check_files(export_dir: Path) -> tuple[list[str], int]:
     return problems, len(expected)
 
 
-TARGETS = ("accel", "transformers", "vllm")
+TARGETS = ("accel", "transformers", "vllm", "vllm-cpu")
 
 
 def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | None = None,

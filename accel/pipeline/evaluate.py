@@ -66,6 +66,25 @@ def quality(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root: Pa
 LLAMA_SCALE_KEYS = {"kld_mean": "kld_llama", "same_top1": "top1_llama", "ppl_ratio": "ppl_ratio_llama"}
 
 
+def base_gguf(recipe) -> Path:
+    """The KL reference of the GGUF peers: eval.gguf_base, else the registry model's shipped GGUF at F32."""
+    from accel.eval.gguf import llama_perplexity_path, original_gguf
+
+    if recipe.eval.gguf_base:
+        return Path(recipe.eval.gguf_base).expanduser()
+    return original_gguf(recipe.model.path, llama_perplexity_path(recipe.eval.llama_perplexity).parent)
+
+
+def peer_gguf(recipe, peer, root: Path, threads: int = 2) -> Path:
+    """A peer's GGUF file: its `gguf`, or the base GGUF quantized at its `quantize` type (made once, cached)."""
+    from accel.eval.gguf import llama_perplexity_path, quantized_gguf
+
+    if peer.gguf:
+        return Path(peer.gguf).expanduser()
+    return quantized_gguf(llama_perplexity_path(recipe.eval.llama_perplexity).parent, base_gguf(recipe),
+                          peer.quantize, root, threads)
+
+
 def llama_scale(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root: Path) -> dict[str, dict]:
     """Quality scored as `llama-perplexity -c 128 --kl-divergence` scores (accel.eval.chunked, accel.eval.gguf): the
     quantized variant against the baseline, each GGUF peer against `eval.gguf_base`, on the same held-out text.
@@ -85,9 +104,10 @@ def llama_scale(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
         scores.update(score_chunks(base, {"quantized": load_hf_model(quant_dir)},
                                    text_chunks(tokenizer, text, N_CTX, CHUNKS)))
-    ggufs = {p.name: Path(p.gguf).expanduser() for p in e.peers if p.gguf}
-    scores.update(score_ggufs(llama_perplexity_path(e.llama_perplexity), Path(e.gguf_base).expanduser(), ggufs, text,
-                              N_CTX, CHUNKS, recipe.runtime.num_threads or torch.get_num_threads()))
+    threads = recipe.runtime.num_threads or torch.get_num_threads()
+    ggufs = {p.name: peer_gguf(recipe, p, root, threads) for p in e.peers if p.gguf or p.quantize}
+    scores.update(score_ggufs(llama_perplexity_path(e.llama_perplexity), base_gguf(recipe), ggufs, text,
+                              N_CTX, CHUNKS, threads))
     for name, s in scores.items():
         out[name] = {key: getattr(s, attr) for attr, key in LLAMA_SCALE_KEYS.items()}
     return out
@@ -130,11 +150,20 @@ def speed(recipe, model_dir: Path, requests: dict[str, list], progress: bool, sp
 
 def _repeated(recipe, run) -> dict:
     """`eval.repeats` runs of one workload -> the median run's BenchResult dict, with every run's tok/s in
-    `repeats` (per-request records stay out of eval.json; the distributions are kept)."""
-    runs = sorted((run() for _ in range(recipe.eval.repeats)), key=lambda r: r.output_throughput)
-    d = runs[len(runs) // 2].to_dict()
+    `repeats` and what else used the machine during it in `load` (per-request records stay out of eval.json; the
+    distributions are kept)."""
+    from accel.bench.probes import CpuLoad
+
+    runs = []
+    for _ in range(recipe.eval.repeats):
+        with CpuLoad() as load:
+            res = run()
+        runs.append((res, load.to_dict()))
+    runs.sort(key=lambda r: r[0].output_throughput)
+    d = runs[len(runs) // 2][0].to_dict()
     d["records"] = []
-    d["repeats"] = [r.output_throughput for r in runs]
+    d["repeats"] = [r.output_throughput for r, _ in runs]
+    d["load"] = [load for _, load in runs]
     return d
 
 
@@ -252,7 +281,17 @@ def summarize(recipe, q: dict, sp: dict, spec: dict | None) -> dict:
     for w in recipe.eval.workloads:
         b, qv = _tok_s(base_s, w.name), _tok_s(quant_s, w.name)
         out[f"speedup_{w.name}"] = (qv / b) if b and qv else None
+    out["contended"] = contended(sp) if sp else None
     return out
+
+
+def contended(sp: dict) -> str:
+    """Every speed measurement another process or the hypervisor shared the machine with (its tok/s understate the
+    engine), or "none"."""
+    from accel.bench.probes import contended_runs
+
+    return ", ".join(contended_runs((f"{name}/{wl}", res.get("load")) for name, per_wl in sp.items()
+                                    for wl, res in per_wl.items())) or "none"
 
 
 def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | None, tokenizer, root: Path,
@@ -275,7 +314,7 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
 
     t = time.perf_counter()
     q = quality(recipe, base_path, quant_dir, tokenizer, root, progress) if e.quality else {}
-    if e.quality and any(p.gguf for p in e.peers):  # GGUF peers: every variant also on llama.cpp's scale, next to theirs
+    if e.quality and any(p.gguf or p.quantize for p in e.peers):  # GGUF peers: every variant also on llama.cpp's scale, next to theirs
         for name, scores in llama_scale(recipe, base_path, quant_dir, tokenizer, root).items():
             q.setdefault(name, {}).update(scores)
     seconds["quality"] = time.perf_counter() - t
@@ -322,7 +361,7 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
     # peers: speed from their server, quality on llama.cpp's scale from their GGUF file
     for p in e.peers:
         if p.name in sp or p.name in q:
-            size = Path(p.gguf).expanduser().stat().st_size if p.gguf else None
+            size = peer_gguf(recipe, p, root).stat().st_size if p.gguf or p.quantize else None
             variants.append({"name": p.name, "quality": q.get(p.name, {}), "speed": sp.get(p.name, {}),
                              "size_mb": round(size / 1e6, 2) if size else None,
                              "avg_bits": round(8 * size / params, 2) if size and params else None})

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from accel.export.compatibility import VLLM_TARGETS
 from accel.quant.allocate import Budget, Plan, Rules, allocate, check_and_fallback, overridden_units
 from accel.quant.schemes import fake_quant, in_features_of, param_counts, quantizable_linears
 from accel.quant.sensitivity import SensitivityResult
@@ -77,7 +78,7 @@ def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int
     (no float-zero-point kernel). Returns (candidates, int4f error / int4 error over the quantizable Linears, None
     when not compared)."""
     cands = list(candidates)
-    if "int4f" in cands or "int4" not in cands or export_target == "vllm":
+    if "int4f" in cands or "int4" not in cands or export_target in VLLM_TARGETS:
         return cands, None
     err_int = err_float = 0.0
     for name in quantizable_linears(model):
@@ -94,7 +95,7 @@ def stores_tied_table(model: nn.Module, lm_head: str, export_target: str | None)
     """Whether the plan stores a tied model's table once at the INT8 lm_head's integers (accel.quant.quantize
     .tie_int8_table): not for a vLLM export, whose loader ties only an unquantized table."""
     return (bool(getattr(model.config, "tie_word_embeddings", False)) and lm_head in ("int8", "int8g")
-            and export_target != "vllm")
+            and export_target not in VLLM_TARGETS)
 
 
 def allocates(q) -> bool:

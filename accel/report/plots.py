@@ -39,7 +39,7 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def quality_vs_latency(names: list[str], xs: list[float], ys: list[float], xlabel: str, ylabel: str) -> bytes:
+def pareto_scatter(names: list[str], xs: list[float], ys: list[float], xlabel: str, ylabel: str, title: str) -> bytes:
     """Scatter of variants (lower-left is better) with the Pareto front drawn as a step line."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     front = pareto_front(list(zip(xs, ys)))
@@ -53,7 +53,7 @@ def quality_vs_latency(names: list[str], xs: list[float], ys: list[float], xlabe
         ax.legend(loc="best")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title("Quality vs latency (lower-left is better)")
+    ax.set_title(f"{title} (lower-left is better)")
     ax.grid(alpha=0.3)
     return _png(fig)
 

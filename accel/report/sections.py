@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from accel.bench.latency import DEFINITIONS, BenchResult, Dist
+from accel.bench.probes import contended_runs
 from accel.report import plots
 from accel.report.doc import Code, Document, Figure, Section, Table, Text, fmt
 from accel.report.schema import SCHEME_BITS, RunReport
@@ -86,16 +87,32 @@ def pareto_section(report: RunReport) -> Section | None:
             pts.append((v.name, float(x), float(y)))
     if len(pts) < 2:
         return None
+    return _front_section("Quality vs latency", "pareto", pts, f"TPOT P50 (ms), workload {wl}",
+                          QUALITY_LABELS[ykey], "Each point is a variant; a variant is on the Pareto front when no "
+                          "other variant is both faster and closer to the baseline.")
+
+
+def _front_section(title: str, stem: str, pts: list[tuple[str, float, float]], xlabel: str, ylabel: str,
+                   text: str) -> Section:
+    """A scatter of (name, x, y) with its Pareto front (both axes minimised), and the same as a table."""
     front = set(plots.pareto_front([(x, y) for _, x, y in pts]))
-    xlabel, ylabel = f"TPOT P50 (ms), workload {wl}", QUALITY_LABELS[ykey]
-    png = plots.quality_vs_latency([n for n, _, _ in pts], [x for _, x, _ in pts], [y for _, _, y in pts],
-                                   xlabel, ylabel)
+    png = plots.pareto_scatter([n for n, _, _ in pts], [x for _, x, _ in pts], [y for _, _, y in pts],
+                               xlabel, ylabel, title)
     rows = [[n, fmt(x), fmt(y), "yes" if i in front else "no"] for i, (n, x, y) in enumerate(pts)]
-    return Section("Quality vs latency", [
-        Text("Each point is a variant; a variant is on the Pareto front when no other variant is both faster "
-             "and closer to the baseline."),
-        Figure("pareto", png, f"{ylabel} vs {xlabel}, with the Pareto front"),
-        Table(["variant", xlabel, ylabel, "on Pareto front"], rows)])
+    return Section(title, [Text(text), Figure(stem, png, f"{ylabel} vs {xlabel}, with the Pareto front"),
+                           Table(["variant", xlabel, ylabel, "on Pareto front"], rows)])
+
+
+def size_section(report: RunReport) -> Section | None:
+    """File size against quality, the peers' GGUF files beside accel's export: where each sits on bytes vs KLD."""
+    variants = [v for v in report.variants if not v.name.endswith("+spec") and v.size_mb]
+    ykey = next((k for k in PARETO_Y_KEYS if sum(v.quality.get(k) is not None for v in variants) >= 2), None)
+    if ykey is None:
+        return None
+    pts = [(v.name, float(v.size_mb), float(v.quality[ykey])) for v in variants if v.quality.get(ykey) is not None]
+    return _front_section("Quality vs size", "size", pts, "file size (MB)", QUALITY_LABELS[ykey],
+                          "Each point is a model file; one is on the Pareto front when no other is both smaller and "
+                          "closer to the baseline.")
 
 
 def quality_section(report: RunReport) -> Section | None:
@@ -139,6 +156,10 @@ def speed_section(report: RunReport) -> Section | None:
     if not wls:
         return None
     blocks = [Text("Latencies in milliseconds. Queue time is n/a where the server does not report it.")]
+    shared = contended_runs((f"{v.name}/{wl}", r.load) for v in report.variants for wl, r in v.speed.items())
+    if shared:
+        blocks.append(Text("**Contended**: the machine was shared during " + ", ".join(shared) +
+                           "; those tok/s understate the engine."))
     for wl in wls:
         rows = [_bench_row(v.name, v.speed[wl]) for v in report.variants if wl in v.speed]
         first = next(v.speed[wl] for v in report.variants if wl in v.speed)
@@ -259,9 +280,9 @@ def reproduce_section(report: RunReport) -> Section:
 
 
 def build_document(report: RunReport) -> Document:
-    sections = [summary_section(report), pareto_section(report), quality_section(report), speed_section(report),
-                throughput_section(report), spec_section(report), quantization_section(report),
-                definitions_section(), reproduce_section(report)]
+    sections = [summary_section(report), pareto_section(report), size_section(report), quality_section(report),
+                speed_section(report), throughput_section(report), spec_section(report),
+                quantization_section(report), definitions_section(), reproduce_section(report)]
     sub = f"Run `{report.name}`" + (f", {report.created}" if report.created else "") + \
         f": {len(report.variants)} variant(s): {', '.join(v.name for v in report.variants)}."
     return Document(title=f"accel report: {report.name}", subtitle=sub, sections=[s for s in sections if s])

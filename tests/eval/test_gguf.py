@@ -3,12 +3,17 @@ binary (the real one is built by scripts/peers/build_llama_cpp.sh, not in CI).""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 
-from accel.eval.gguf import llama_perplexity_path, parse_kld, score_ggufs
+from accel.eval.gguf import IMATRIX_TEXT_CHARS, calibration_text, llama_perplexity_path, parse_kld, quantized_gguf, score_ggufs
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # the tail of `llama-perplexity --kl-divergence-base base.kld --kl-divergence` (lines not read trimmed)
 KLD_OUTPUT = """
@@ -92,3 +97,72 @@ def test_a_peer_that_crashes_repacked_is_scored_without_repacking(tmp_path):
     assert got["Q8_0"].kld_mean == pytest.approx(0.004512)
     calls = log.read_text().splitlines()
     assert len(calls) == 3 and "--no-repack" not in calls[1] and calls[2].endswith("--no-repack")
+
+
+def fake_quantize_tools(bin_dir: Path) -> Path:
+    """A llama-imatrix and a llama-quantize in bin_dir that record their argv (in the returned calls.jsonl) and write
+    their output file; llama-imatrix also keeps the text it was given (bin_dir / seen.txt)."""
+    log = bin_dir / "calls.jsonl"
+    for tool in ("llama-imatrix", "llama-quantize"):
+        script = bin_dir / tool
+        out_arg = "-o" if tool == "llama-imatrix" else None
+        script.write_text(
+            f"#!{sys.executable}\nimport json, sys\n"
+            f"open({str(log)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n"
+            + (f"open(sys.argv[sys.argv.index({out_arg!r}) + 1], 'w').write('m')\n" if out_arg else
+               "open(sys.argv[-2], 'w').write('q')\n")
+            + ("import pathlib; t = pathlib.Path(sys.argv[sys.argv.index('-f') + 1]).read_text()\n"
+               f"open({str(bin_dir / 'seen.txt')!r}, 'w').write(t)\n" if out_arg else ""))
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return log
+
+
+def test_peers_with_an_importance_matrix_learn_it_from_the_calibration_text_only(tmp_path, monkeypatch):
+    """`TYPE+imatrix` peers: llama-imatrix runs once over calibration_data/ (never the eval text), and
+    llama-quantize takes it for those peers only; plain k- / i-quant peers are quantized without it."""
+    log = fake_quantize_tools(tmp_path)
+    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
+    f32 = tmp_path / "model.F32.gguf"
+    f32.write_text("f")
+    files = {k: quantized_gguf(tmp_path, f32, k, ROOT, 2) for k in ["Q4_K_M+imatrix", "IQ4_XS+imatrix", "Q3_K_M"]}
+    tag = hashlib.sha256(calibration_text(ROOT).encode()).hexdigest()[:8]
+    assert {k: v.name for k, v in files.items()} == {"Q4_K_M+imatrix": f"model.Q4_K_M-imatrix-{tag}.gguf",
+                                                     "IQ4_XS+imatrix": f"model.IQ4_XS-imatrix-{tag}.gguf",
+                                                     "Q3_K_M": "model.Q3_K_M.gguf"}
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [Path(c[0]).name for c in calls] == ["llama-imatrix", "llama-quantize", "llama-quantize", "llama-quantize"]
+    assert calls[0][1:] == ["-m", str(f32), "-f", calls[0][4], "-o", calls[0][6], "-c", "128", "-b", "128", "-t", "2",
+                            "--no-ppl"]
+    assert (tmp_path / "home" / "peers" / "gguf" / f"model.F32.imatrix-{tag}.gguf").is_file()  # renamed once done
+    assert [("--imatrix" in c) for c in calls[1:]] == [True, True, False]
+    seen = (tmp_path / "seen.txt").read_text()
+    assert seen == calibration_text(ROOT) and "Happy birthday, Grandma" in seen
+    held_out = [json.loads(line)["text"] for f in (ROOT / "eval" / "text").glob("*.jsonl")
+                for line in f.read_text().splitlines() if line.strip()]
+    assert held_out and not any(t[:200] in seen for t in held_out)
+    # a stratified draw of calibration_data/: every domain file, in turn, up to IMATRIX_TEXT_CHARS
+    assert IMATRIX_TEXT_CHARS - 20_000 < len(seen) <= IMATRIX_TEXT_CHARS
+    for f in (ROOT / "calibration_data").glob("*.jsonl"):
+        assert json.loads(f.read_text().splitlines()[0])["text"] in seen
+    quantized_gguf(tmp_path, f32, "Q3_K_M", ROOT, 2)  # made once
+    assert len(log.read_text().splitlines()) == 4
+    with pytest.raises(ValueError, match="'IQ3_XXS' is not allowed"):
+        quantized_gguf(tmp_path, f32, "IQ3_XXS", ROOT)
+
+
+def test_a_registry_models_base_is_its_shipped_gguf_at_f32_made_once(tmp_path, monkeypatch):
+    from accel.eval.gguf import original_gguf
+    from accel.models import get_spec
+
+    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
+    log = fake_quantize_tools(tmp_path)
+    with pytest.raises(FileNotFoundError, match="accel models pull smollm2-135m"):
+        original_gguf("smollm2-135m", tmp_path)
+    shipped = tmp_path / "home" / "downloads" / get_spec("smollm2-135m").gguf_file
+    shipped.parent.mkdir(parents=True)
+    shipped.write_bytes(b"GGUF")
+    got = original_gguf("smollm2-135m", tmp_path)
+    assert got.name == "SmolLM2-135M-Instruct.Q4_1.F32.gguf" and got.is_file()
+    assert original_gguf("smollm2-135m", tmp_path) == got
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) == 1 and calls[0][1:3] == ["--allow-requantize", str(shipped)] and calls[0][-1] == "F32"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from accel.bench.workload import BenchRequest
@@ -44,6 +46,8 @@ def test_bad_peers_are_refused_naming_the_field(peers, match):
 @pytest.mark.parametrize("eval_section,match", [
     ({"peers": [{"name": "a"}]}, "peer 'a' has nothing to measure; allowed: a url"),
     ({"peers": [{"name": "a", "gguf": "q8.gguf"}]}, "need eval.gguf_base"),
+    ({"peers": [{"name": "a", "quantize": "Q5_K"}]}, r"quantize 'Q5_K' is not allowed; allowed: \['Q8_0'"),
+    ({"peers": [{"name": "a", "quantize": "Q8_0", "gguf": "q8.gguf"}]}, "both a gguf and a quantize type"),
 ])
 def test_gguf_peers_need_something_to_measure_and_a_base(eval_section, match):
     with pytest.raises(RecipeError, match=match):
@@ -60,6 +64,21 @@ def test_preflight_names_missing_gguf_files_and_binary(tmp_path):
     problems = _check_gguf_peers(recipe)
     assert [p.split(":")[0] for p in problems] == ["eval.peers[1].gguf", "eval.gguf_base", "eval.llama_perplexity"]
     assert "build_llama_cpp.sh" in problems[-1]
+    (tmp_path / "f32.gguf").write_bytes(b"GGUF")
+    recipe = parse_recipe({"name": "p", "model": {"path": "smollm2-135m"}, "eval": {
+        "gguf_base": str(tmp_path / "f32.gguf"), "llama_perplexity": str(tmp_path / "bin" / "llama-perplexity"),
+        "peers": [{"name": "q4", "quantize": "Q4_K_M+imatrix"}]}})
+    problems = _check_gguf_peers(recipe)  # the tools a quantize peer runs, beside llama-perplexity
+    assert [p.split("is not an executable ")[1].split(";")[0] for p in problems] == [
+        "llama-perplexity", "llama-quantize", "llama-imatrix"]
+    # without a gguf_base, a registry model's shipped GGUF is the base; any other model needs one
+    for path, named in (("smollm2-135m", False), (str(tmp_path), True)):
+        recipe = parse_recipe({"name": "p", "model": {"path": path}, "eval": {
+            "llama_perplexity": str(tmp_path / "bin" / "llama-perplexity"),
+            "peers": [{"name": "q4", "quantize": "Q3_K_M"}]}})
+        problems = _check_gguf_peers(recipe)
+        assert any(p.startswith("eval.gguf_base: unset") for p in problems) == named
+        assert any("executable llama-quantize" in p for p in problems)
 
 
 class _Tok:
@@ -77,7 +96,7 @@ def test_llama_scale_scores_the_quantized_variant_and_each_gguf_peer_on_one_text
     from accel.eval import chunked
     from accel.pipeline.evaluate import evaluate, llama_scale
     from accel.quant.quantize import oneshot_quantize, save_checkpoint
-    from tests.eval.test_gguf import _fake_binary
+    from tests.eval.test_gguf import _fake_binary, fake_quantize_tools
     from tests.quant.test_quantize import CAL, _mixed_plan, _saved_tiny, _tokenizer
 
     model = _saved_tiny(tmp_path)
@@ -86,11 +105,18 @@ def test_llama_scale_scores_the_quantized_variant_and_each_gguf_peer_on_one_text
                          _mixed_plan(model), tmp_path / "ck")
     monkeypatch.setattr(chunked, "held_out_text", lambda text_dir, domains=None: "held-out text " * 200)
     (tmp_path / "q8.gguf").write_bytes(b"GGUF" * 12_500)  # 0.05 MB
+    (tmp_path / "f32.gguf").write_bytes(b"GGUF")
+    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
+    fake_quantize_tools(tmp_path)
     recipe = parse_recipe({"name": "p", "model": {"path": str(base_dir)}, "speculation": {"method": "none"}, "eval": {
         "speed": False, "gguf_base": str(tmp_path / "f32.gguf"),
         "llama_perplexity": str(_fake_binary(tmp_path, tmp_path / "calls.txt")),
-        "peers": [{"name": "llama.cpp-Q8_0", "gguf": str(tmp_path / "q8.gguf")}]}})
-    got = llama_scale(recipe, base_dir, ck, _Tok(), tmp_path)
+        "peers": [{"name": "llama.cpp-Q4_K_M-imatrix", "quantize": "Q4_K_M+imatrix"},
+                  {"name": "llama.cpp-Q8_0", "gguf": str(tmp_path / "q8.gguf")}]}})
+    got = llama_scale(recipe, base_dir, ck, _Tok(), Path(__file__).resolve().parents[2])
+    made = next((tmp_path / "home" / "peers" / "gguf").glob("f32.Q4_K_M-imatrix-*.gguf"))
+    assert made.is_file() and f"-m {made} " in (tmp_path / "calls.txt").read_text()
+    assert got["llama.cpp-Q4_K_M-imatrix"]["kld_llama"] == pytest.approx(0.004512)
     assert got["baseline"] == {"kld_llama": 0.0, "top1_llama": 1.0, "ppl_ratio_llama": 1.0}
     assert 0 < got["quantized"]["kld_llama"] < 1 and 0 < got["quantized"]["top1_llama"] <= 1
     assert got["llama.cpp-Q8_0"] == pytest.approx({"kld_llama": 0.004512, "top1_llama": 0.96571,
@@ -100,7 +126,8 @@ def test_llama_scale_scores_the_quantized_variant_and_each_gguf_peer_on_one_text
 
     monkeypatch.setattr(ev, "quality", lambda *a: {"baseline": {"kl_mean": 0.0}, "quantized": {"kl_mean": 0.1}})
     out = evaluate(recipe, base_dir, ck, None, _Tok(), tmp_path)
-    peer = out["variants"][-1]
+    made_peer, peer = out["variants"][-2:]
+    assert made_peer["name"] == "llama.cpp-Q4_K_M-imatrix" and made_peer["size_mb"] == 0.0  # the fake's 1 byte
     assert peer["name"] == "llama.cpp-Q8_0" and peer["size_mb"] == 0.05 and peer["speed"] == {}
     # every variant's bits per parameter count the whole file: the fp32 baseline is 32 bits plus its header
     assert 32.0 <= out["variants"][0]["avg_bits"] < 32.5 and out["variants"][1]["avg_bits"] < 32

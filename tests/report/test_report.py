@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -13,8 +14,8 @@ from accel.report.plots import pareto_front
 from tests.report import browser
 from tests.report.fixtures import run_result
 
-NUM_FIGURES = 8  # pareto, 2 CDFs, throughput, acceptance per position / domain, sensitivity, bits
-NUM_TABLES = 15
+NUM_FIGURES = 9  # pareto, size, 2 CDFs, throughput, acceptance per position / domain, sensitivity, bits
+NUM_TABLES = 16
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +84,12 @@ def test_bad_input_names_the_field(mutate, match):
 # ---- Markdown / HTML ------------------------------------------------------------------------------------
 def test_markdown_has_every_table_and_section(rendered):
     out, md, _ = rendered
-    for title in ("Summary", "Quality vs latency", "Quality", "Speed", "Throughput vs concurrency",
+    for title in ("Summary", "Quality vs latency", "Quality vs size", "Quality", "Speed", "Throughput vs concurrency",
                   "Speculative decoding", "Quantization", "Definitions", "Reproduce"):
         assert f"\n## {title}\n" in md
     assert md.count("\n|---|") == NUM_TABLES
     assert "| fp32 | 513.0 | 32.00 | 10.00 | 0 | 0 | 0 | 1.00 | 0.4 | 140.4 | 1.00x | 55.00 | 40.00 |" in md
+    assert "| int8 | 140.0 | 0.004 | yes |" in md  # quality vs size: +spec variants are the same file, left out
     assert "| int4-bad | 35.00 | 0.05 | no |" in md and "| mixed+spec | 15.00 | 0.02 | yes |" in md
     assert "| mixed+spec | 100 | 400 | 230 | 0.575 | 3.30 |" in md  # spec counters and derived rates
     assert "| mixed+spec | 0.9 | 0.7 | 0.45 | 0.25 |" in md  # acceptance per position
@@ -115,6 +117,26 @@ def test_minimal_result_renders_and_records_this_machine(tmp_path):
     assert "## Summary" in text and "## Definitions" in text and "## Reproduce" in text
     assert "## Speed" not in text and "## Quantization" not in text
     assert machine_info()["cpu_model"] in text
+
+
+def test_a_contended_speed_measurement_is_flagged(tmp_path):
+    from accel.pipeline.evaluate import contended
+    from accel.pipeline.ui import headline_table
+
+    result = run_result()
+    busy = {"others_cores": 0.98, "steal_pct": 0.4, "contended": True}
+    quiet = {"others_cores": 0.02, "steal_pct": 0.0, "contended": False}
+    result["variants"][1]["speed"]["batch1"]["load"] = [quiet, busy, quiet]
+    md, _ = build_report(result, tmp_path)
+    assert ("**Contended**: the machine was shared during int8/batch1 (other processes 0.98 cores, steal 0%)"
+            in md.read_text())
+    summary = contended({v["name"]: v["speed"] for v in result["variants"]})
+    assert summary == "int8/batch1 (other processes 0.98 cores, steal 0%)"
+    (tmp_path / "eval.json").write_text(json.dumps({"summary": {"contended": summary}}))
+    assert "contended" in headline_table(tmp_path).caption
+    assert contended({"quantized": {"batch1": {"load": [quiet]}}}) == "none"
+    (tmp_path / "eval.json").write_text(json.dumps({"summary": {"contended": "none"}}))
+    assert headline_table(tmp_path).caption is None
 
 
 def test_bench_only_report(tmp_path):
