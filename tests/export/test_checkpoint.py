@@ -5,6 +5,7 @@ import json
 import pytest
 
 from accel.export.checkpoint import MANIFEST_NAME, verify_export, write_export
+from accel.export.compatibility import LOADERS
 from tests.conftest import save_tiny_model
 
 
@@ -16,7 +17,7 @@ def test_export_round_trip_and_verify(tmp_path, tiny_model_dir):
     assert manifest["plan"] == {"lm_head": "fp16"} and manifest["draft"]["acceptance_rate"] == 0.5
     assert "model.safetensors" in manifest["files"] and "draft/model.safetensors" in manifest["files"]
     assert manifest["versions"]["torch"]
-    assert manifest["loaders"] == {n: {"loads": True, "refused": {}} for n in ("accel", "transformers", "vllm", "vllm-cpu")}
+    assert manifest["loaders"] == {n: {"loads": True, "refused": {}} for n in LOADERS}
     res = verify_export(out, prompts=["The quick brown"])
     assert res.ok, res.problems
     assert res.loaded and res.checked_files == len(manifest["files"])

@@ -39,6 +39,8 @@ def test_vllms_cpu_kernels_take_int4_at_widths_of_32_and_w8a8():
     shape = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3}
     s = loader_support({**shape, **_config(_group(4, "pack-quantized", QKV + [L0 + "o_proj"]))})
     assert s["vllm-cpu"].loads
+    # its AVX2 build has no WNA16 kernel (run here: "no attribute 'cpu_gemm_wna16'" on an AVX2-only EPYC)
+    assert not s["vllm-cpu-avx2"].loads and "AVX2 build" in s["vllm-cpu-avx2"].refused[L0 + "q_proj"]
     odd = {**shape, "hidden_size": 600, "num_attention_heads": 10, "num_key_value_heads": 2}
     s = loader_support({**odd, **_config(_group(4, "pack-quantized", QKV))})
     assert not s["vllm-cpu"].loads and "multiples of 32" in s["vllm-cpu"].refused[L0 + "q_proj"] and s["vllm"].loads
@@ -46,6 +48,7 @@ def test_vllms_cpu_kernels_take_int4_at_widths_of_32_and_w8a8():
     w8a8["input_activations"] = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
                                  "dynamic": True}
     assert loader_support({**shape, **_config(w8a8)})["vllm-cpu"].loads
+    assert loader_support({**shape, **_config(w8a8)})["vllm-cpu-avx2"].loads
 
 
 def test_vllm_refuses_int_quantized_weight_only_and_float_zero_points():
