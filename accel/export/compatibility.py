@@ -16,6 +16,8 @@ refuses, and weight-only INT8 (W8A16: its CPU WNA16 kernel takes `uint4` / `uint
 4-bit layers need input and output widths that are multiples of 32 and an even group size. Its AVX2 build
 (`vllm-cpu-avx2`, the library a CPU without AVX-512 loads) has no WNA16 kernel at all (`cpu_gemm_wna16` is only in
 `_C_AVX512`; serving an INT4 export there stops at "no attribute 'cpu_gemm_wna16'"): it runs W8A8 and 16-bit only.
+Its W8A8 GEMM (oneDNN) is exact only with VNNI or weights within 7 bits (`accel.quant.plan.w8a8_weight_bits`).
+`accel.export.vllm_serve` serves an export on a real vLLM-CPU and compares it with accel.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from accel.quant.schemes import TABLE, quant_units
 
 LOADERS = ("accel", "transformers", "vllm", "vllm-cpu", "vllm-cpu-avx2")
 VLLM_TARGETS = ("vllm", "vllm-cpu")  # export targets whose loader ties only an unquantized table, no float zeros
-VLLM_CPU_SCHEMES = ("int4", "fp16")
+VLLM_CPU_SCHEMES = ("int4", "w8a8", "fp16")
 AVX2_WEIGHT_ONLY = ("weight-only INT: vLLM-CPU's AVX2 build has no WNA16 kernel (only its AVX-512 build does); it "
                     "runs W8A8 INT8 and 16-bit weights")  # accel's schemes vLLM-CPU runs (int4: uint4 with zero points, W4A16)
 
@@ -74,7 +76,7 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
                 out["vllm-cpu"].refuse(target, f"config group {gname!r}: {why}")
             if why or not group.get("input_activations"):
                 out["vllm-cpu-avx2"].refuse(target, f"config group {gname!r}: {why or AVX2_WEIGHT_ONLY}")
-            why = _accel_refuses(w, fmt)
+            why = _accel_refuses(w, fmt, group.get("input_activations"))
             if why:
                 out["accel"].refuse(target, f"config group {gname!r}: {why}")
     for name in qc.get("ignore") or []:  # left unquantized: a shard of a fused module counts as its own scheme
@@ -135,7 +137,14 @@ def _vllm_cpu_refuses(w: dict, activations, target: str, config: dict) -> str | 
     return None
 
 
-def _accel_refuses(w: dict, fmt: str | None) -> str | None:
+def _accel_refuses(w: dict, fmt: str | None, activations: dict | None = None) -> str | None:
+    from accel.kernels.loader import activation_mismatch
+
+    if activations:
+        bad = activation_mismatch(activations)
+        if bad or w.get("num_bits") != 8 or w.get("strategy") != "channel":
+            return (f"input activations {bad or activations} on {w.get('num_bits')}-bit {w.get('strategy')} weights: "
+                    "accel runs W8A8 only (per-channel INT8 weights, dynamic per-token INT8 activations)")
     if w.get("type", "int") != "int" or w.get("num_bits") not in (4, 5, 8):
         return f"{w.get('num_bits')}-bit {w.get('type')} weights: accel's kernels are INT4 and INT8 (INT5 as INT8)"
     if w.get("num_bits") == 5 and (not w.get("symmetric") or fmt != "pack-quantized"):

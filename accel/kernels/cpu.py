@@ -148,10 +148,10 @@ def int4_linear_vnni(x: Tensor, qv: Tensor, smv: Tensor, group_size: int) -> Ten
     return _module().int4_linear_vnni(x, qv, smv, group_size)
 
 
-def int8_linear_vnni(x: Tensor, qv: Tensor, scale: Tensor, gs: Tensor | None = None) -> Tensor:
+def int8_linear_vnni(x: Tensor, qv: Tensor, scale: Tensor, gs: Tensor | None = None, a8: bool = False) -> Tensor:
     """`int8_linear` with the weight (and `gs`, `int8_group_scales_vnni_layout`) in the VNNI tile layout; a row's
     result is the same at any row count."""
-    return _module().int8_linear_vnni(x, qv, scale, _NO_GROUP_SCALES if gs is None else gs)
+    return _module().int8_linear_vnni(x, qv, scale, _NO_GROUP_SCALES if gs is None else gs, a8)
 
 
 def int8_group_scales_vnni_layout(gs: Tensor) -> Tensor:
@@ -271,11 +271,11 @@ def rope_(x: Tensor, cos: Tensor, sin_signed: Tensor, num_heads: int, head_dim: 
 _NO_GROUP_SCALES = torch.empty(0, dtype=torch.float16)
 
 
-def int8_linear(x: Tensor, q: Tensor, scale: Tensor, gs: Tensor | None = None) -> Tensor:
+def int8_linear(x: Tensor, q: Tensor, scale: Tensor, gs: Tensor | None = None, a8: bool = False) -> Tensor:
     """(x [M, K] fp32 @ q [N, K] int8 ^T) * scale [N] fp32 -> [M, N] fp32; with `gs` (int8g: fp16 [N, K / 32], one
-    scale per row and block of 32 inputs) each block's sum is also scaled by its own gs. Call only when
-    `available()`."""
-    return _module().int8_linear(x, q, scale, _NO_GROUP_SCALES if gs is None else gs)
+    scale per row and block of 32 inputs) each block's sum is also scaled by its own gs; `a8`: x rounded to 8-bit
+    integers per row first (W8A8, `accel.kernels.linear.quantize_int8_per_token`). Call only when `available()`."""
+    return _module().int8_linear(x, q, scale, _NO_GROUP_SCALES if gs is None else gs, a8)
 
 
 def argmax_rows(x: Tensor) -> Tensor:

@@ -55,7 +55,8 @@ from torch import Tensor, nn
 
 from accel.kernels import cpu
 
-SCHEMES = ("int8", "int8g", "int4", "int4f", "fp16", "bf16", "fp32")  # what a runtime --quant may ask for
+SCHEMES = ("int8", "int8g", "w8a8", "int4", "int4f", "fp16", "bf16", "fp32")  # what a runtime --quant may ask for
+INT8_SCHEMES = ("int8", "int8g", "w8a8")  # Int8WeightOnlyLinear's: per channel, per 32, per channel + 8-bit activations
 INT4_SCHEMES = ("int4", "int4f")  # int4f: float (not integer) zero point per group, see quantize_int4_groupwise
 FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -98,6 +99,17 @@ def quantize_int8_per_channel(w: Tensor) -> tuple[Tensor, Tensor]:
     scales = fp16_scale(w.abs().amax(dim=1) / 127.5)  # [out]
     q = torch.round(w / scales[:, None]).clamp_(-128, 127).to(torch.int8)
     return q, scales
+
+
+def quantize_int8_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
+    """W8A8's activations as vLLM-CPU rounds them (its dynamic per-token INT8, the engine W8A8 exports are served
+    on): x [M, K] -> (q [M, K] as float, scales fp32 [M, 1]), scale = max |x| / 127 (1 for a zero row), q = x *
+    float(1 / scale) rounded half to even. (compressed-tensors' own forward, which transformers runs, takes
+    max |x| / 127.5.) The kernels' `a8` rows (csrc quantize_rows_i8) are this."""
+    x = x.float()
+    scales = x.abs().amax(dim=-1, keepdim=True) / 127
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    return torch.round(x * (1.0 / scales.double()).float()).clamp_(-128, 127), scales
 
 
 def dequantize_int8_per_channel(q: Tensor, scales: Tensor) -> Tensor:
@@ -350,7 +362,8 @@ class _WeightOnlyLinear(nn.Module):
 
 class Int8WeightOnlyLinear(_WeightOnlyLinear):
     """Linear with int8 weights, per output channel or (`group_size` 32, scheme "int8g") per group of 32 inputs;
-    activations stay float. forward(x [..., in]) -> [..., out], x.dtype.
+    activations stay float, or with `a8` (scheme "w8a8", per-channel weights only) are rounded to 8-bit integers per
+    row first, as W8A8 runs in vLLM (`quantize_int8_per_token`). forward(x [..., in]) -> [..., out], x.dtype.
 
     Persistent buffers (canonical layout): qweight int8 [out, in], scales fp32 [out] (int8g: [out, in / 32]), bias
     (optional, float). Where the CPU has AVX512-VNNI, fp32 forwards run the weight in the VNNI tile layout
@@ -359,12 +372,15 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 dequant_min_rows: int | None = None, group_size: int | None = None) -> None:
+                 dequant_min_rows: int | None = None, group_size: int | None = None, a8: bool = False) -> None:
         super().__init__()
         if group_size not in (None, INT8_GROUP) or group_size and in_features % group_size:
             raise ValueError(f"int8 group_size must be None (per channel) or {INT8_GROUP} dividing in_features "
                              f"{in_features}; got {group_size}")
-        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        if a8 and group_size:
+            raise ValueError("8-bit activations (w8a8) go with per-channel int8 weights, not group_size "
+                             f"{group_size}")
+        self.in_features, self.out_features, self.group_size, self.a8 = in_features, out_features, group_size, a8
         self.dequant_min_rows = dequant_min_rows  # None: INT8_DEQUANT_MIN_ROWS, or never with the VNNI GEMM
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.ones(out_features, in_features // group_size) if group_size
@@ -444,7 +460,11 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
             kind, q, scales = self.avx2_operands()
-            return (cpu.int8_linear_vnni if kind == 3 else cpu.int8_linear)(x2, q, scales, self.group_scales_operand())
+            return (cpu.int8_linear_vnni if kind == 3 else cpu.int8_linear)(x2, q, scales, self.group_scales_operand(),
+                                                                            self.a8)
+        if self.a8:  # the other kernels take float activations: W8A8's rounded ones, exactly representable
+            q, s = quantize_int8_per_token(x2)
+            x2 = (q * s).to(x2.dtype)
         if kernel == "int8pack" and self.in_features % 16 != 0:
             # torch's kernel segfaults on some CPUs when K is not a multiple of 16 and M >= 2 (measured with torch
             # 2.13 on a Xeon with AVX-512 and AMX: K = 8, 24, 40, 56, 72, 100 crash; 16, 32, 48, 64, 96, 576 run)
@@ -474,6 +494,7 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""
+        g += ", a8=True" if self.a8 else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{g}"
 
 
@@ -801,7 +822,8 @@ def concat_quantized(mods: list[nn.Module]) -> nn.Module:
 def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> nn.Module:
     """Replace the nn.Linear submodules named in `plan` ({hf_module_name: scheme}) in place; returns `model`.
 
-    "int8" / "int8g" / "int4" / "int4f" swap in the quantized modules (int8g per group of 32; int4 with `group_size`;
+    "int8" / "int8g" / "w8a8" / "int4" / "int4f" swap in the quantized modules (int8g per group of 32; w8a8 int8 with
+    8-bit activations; int4 with `group_size`;
     int4f with float zero points); "fp16" / "bf16" / "fp32" leave the
     layer unchanged in the model's dtype. Everything is validated before anything is replaced, so a bad plan
     leaves the model untouched. A tied lm_head is replaced by a module with its own quantized copy; the
@@ -827,8 +849,9 @@ def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> 
             raise ValueError(f"module {name!r}: int8g needs in_features divisible by {INT8_GROUP}; got "
                              f"{modules[name].in_features}")
     for name, scheme in plan.items():
-        if scheme in ("int8", "int8g"):
-            new = Int8WeightOnlyLinear.from_linear(modules[name], group_size=INT8_GROUP if scheme == "int8g" else None)
+        if scheme in INT8_SCHEMES:
+            new = Int8WeightOnlyLinear.from_linear(modules[name], group_size=INT8_GROUP if scheme == "int8g" else None,
+                                                   a8=scheme == "w8a8")
         elif scheme in INT4_SCHEMES:
             new = Int4WeightOnlyLinear.from_linear(modules[name], group_size=group_size, float_zero=scheme == "int4f")
         else:
@@ -844,7 +867,7 @@ _FLOAT_DTYPE_SCHEME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.floa
 def linear_scheme(module: nn.Module) -> str:
     """The scheme of a Linear-like module: "int8", "int4", "int4f", or its float dtype as "fp16" / "bf16" / "fp32"."""
     if isinstance(module, Int8WeightOnlyLinear):
-        return "int8g" if module.group_size else "int8"
+        return "int8g" if module.group_size else "w8a8" if module.a8 else "int8"
     if isinstance(module, Int4WeightOnlyLinear):
         return "int4f" if module.float_zero else "int4"
     if isinstance(module, PackedLinear):

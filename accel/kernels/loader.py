@@ -49,8 +49,46 @@ def read_state(folder: str | Path, device: str | torch.device = "cpu") -> dict[s
     return state
 
 
-def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int | None, bias) -> nn.Module:
-    """The kernel module of quantized Linear `prefix` from its stored tensors (compressed-tensors' forms)."""
+W8A8_ACTIVATIONS = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True, "strategy": "token"}
+"""The input activations accel runs (vLLM's dynamic per-token INT8, W8A8's): compressed-tensors' QuantizationArgs
+fields that must hold; an export quantizing activations any other way is refused."""
+
+
+def activation_mismatch(act: dict) -> dict:
+    """The fields of an `input_activations` config where it differs from W8A8_ACTIVATIONS ({} where accel runs it)."""
+    return {k: act.get(k) for k, v in W8A8_ACTIVATIONS.items() if act.get(k) != v}
+
+
+def activation_quantized(config: dict) -> list[str]:
+    """The targets of the config groups that quantize their Linears' input activations (W8A8: `W8A8_ACTIVATIONS`),
+    from a config.json: module names, "re:" patterns or "Linear" (`targeted`). Raises ValueError naming the group
+    for any other activation scheme."""
+    qc = config.get("quantization_config") or {}
+    out: list[str] = []
+    for name, group in (qc.get("config_groups") or {}).items():
+        act = group.get("input_activations")
+        if not act:
+            continue
+        bad = activation_mismatch(act)
+        if bad:
+            raise ValueError(f"config group {name!r}: input activations {bad}; accel runs only dynamic "
+                             f"per-token symmetric INT8 (W8A8: {W8A8_ACTIVATIONS})")
+        out += group.get("targets") or []
+    return out
+
+
+def targeted(name: str, targets: list[str]) -> bool:
+    """Whether quantized Linear `name` is one of compressed-tensors `targets`: its name, a "re:" pattern it matches,
+    or the class name "Linear"."""
+    import re
+
+    return any(t == name or t == "Linear" or (t.startswith("re:") and re.match(t[3:], name)) for t in targets)
+
+
+def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int | None, bias,
+                  a8: bool = False) -> nn.Module:
+    """The kernel module of quantized Linear `prefix` from its stored tensors (compressed-tensors' forms); `a8`:
+    its input activations are W8A8's 8-bit rows (per-channel INT8 weights only)."""
     from accel.kernels import linear as kernels
 
     if f"{prefix}.weight_packed" in state:
@@ -89,7 +127,9 @@ def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int |
         return kernels.Int4WeightOnlyLinear.from_quantized(q, scale.float(), zeros,
                                                            group_size or w.shape[1] // scale.shape[1], bias=bias)
     scale = kernels.per_block_scales(scale, w.shape[1])
-    return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)  # per channel, or group-wise (int8g)
+    if a8 and scale.dim() == 2 and scale.shape[1] > 1:
+        raise ValueError(f"{prefix}: 8-bit activations (W8A8) need per-channel INT8 weights, not group-wise")
+    return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias, a8=a8)  # per channel, or int8g
 
 
 def share_table(model: nn.Module) -> None:
@@ -108,6 +148,8 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
     tensors loaded, quantized Linears swapped for kernel modules. `tied`: lm_head shares the token table. Raises
     ValueError naming what does not match."""
     folder = Path(folder)
+    a8_targets = activation_quantized(json.loads((folder / "config.json").read_text())) \
+        if (folder / "config.json").is_file() else []
     state = read_state(folder, device)
     if hasattr(model, "checkpoint_state"):  # a runtime family's own names (Phi-3's fused projections split)
         state = model.checkpoint_state(state)
@@ -125,7 +167,8 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
                          f"unexpected {unexpected[:5]}")
     for prefix in sorted(quant):
         bias = state.get(f"{prefix}.bias")
-        module = kernel_module(state, prefix, None, None if bias is None else bias.to(dtype)).to(device)
+        module = kernel_module(state, prefix, None, None if bias is None else bias.to(dtype),
+                               a8=targeted(prefix, a8_targets)).to(device)
         if prefix == TABLE:  # the INT8 table's lookups return the model's dtype, scaled as the module they replace
             module.dtype = dtype
             scale = getattr(model.get_submodule(TABLE), "embed_scale", None)

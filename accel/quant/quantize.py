@@ -10,6 +10,8 @@ Formats written (what vLLM and transformers read; see accel/export/compatibility
   word, lowest byte first), `weight_scale` [out, 1], `weight_shape`; int8g the same group-wise, `weight_scale`
   [out, in/32]. vLLM loads weight-only INT8 as W8A16 from this
   format only ("int-quantized" means weights *and* activations to its parser).
+- w8a8 = "int-quantized" 8-bit channel-wise symmetric (int8 `weight`, `weight_scale` [out, 1]) with
+  `input_activations` dynamic per-token INT8 (`W8A8_ACTIVATIONS`): vLLM's W8A8 INT8 (what its CPU kernels run).
 - int4 = "pack-quantized" 4-bit, group-wise asymmetric: `weight_packed` [out, in/8], `weight_scale` [out, G],
   packed int32 `weight_zero_point`, `weight_shape`.
 - int4f = "pack-quantized" 4-bit with `zp_dtype: float16` and `strategy: block`, `block_structure: [1, g]` (one
@@ -42,6 +44,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from accel.kernels.loader import W8A8_ACTIVATIONS
 from accel.quant.allocate import Plan
 from accel.quant.schemes import INT4_SCHEMES, INT5_GROUP, INT8_GROUP, TABLE
 
@@ -49,12 +52,13 @@ METHODS = ("gptq", "rtn", "awq", "smoothquant+gptq")
 PLAN_FILE = "accel_plan.json"
 
 
-def _weights_args(scheme: str, group_size: int) -> dict:
+def _weights_args(scheme: str, group_size: int, w8a8_bits: int = 8) -> dict:
     # scale_dtype float16: the library rounds every scale to fp16 before it quantizes with it (GPTQ compensates for the
     # rounding too), so the fp16 scales the checkpoint stores are exactly the ones measured; int4 then costs
     # 4 + 20/g bits per weight (accel.quant.schemes).
-    if scheme == "int8":
-        return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "scale_dtype": "float16"}
+    if scheme in ("int8", "w8a8"):  # w8a8_bits 7: quantized within [-64, 63], written as 8-bit (`widen_w8a8`)
+        return {"num_bits": w8a8_bits if scheme == "w8a8" else 8, "type": "int", "symmetric": True,
+                "strategy": "channel", "scale_dtype": "float16"}
     if scheme in ("int8g", "int5"):
         return {"num_bits": 8 if scheme == "int8g" else 5, "type": "int", "symmetric": True, "strategy": "group",
                 "group_size": group_size, "scale_dtype": "float16", "observer": GRID_OBSERVER}
@@ -64,11 +68,12 @@ def _weights_args(scheme: str, group_size: int) -> dict:
     if scheme == "int4f":
         return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
                 "scale_dtype": "float16", "zp_dtype": "float16", "observer": GRID_OBSERVER}
-    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, int8g, int5, int4, int4f")
+    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, w8a8, int8g, int5, int4, "
+                     "int4f")
 
 
-FORMATS = {"int8": "pack-quantized", "int8g": "pack-quantized", "int5": "pack-quantized", "int4": "pack-quantized",
-           "int4f": "int-quantized"}
+FORMATS = {"int8": "pack-quantized", "w8a8": "int-quantized", "int8g": "pack-quantized", "int5": "pack-quantized",
+           "int4": "pack-quantized", "int4f": "int-quantized"}
 
 
 # GPTQ's INT4 scales and zero points come from llm-compressor's imatrix-weighted MSE search (per group, the clip
@@ -144,11 +149,13 @@ def recipe_config(plan: Plan, method: str = "rtn") -> dict:
             if s == scheme:
                 at.setdefault(_group_of(plan, n, s), []).append(n)
         for g, targets in sorted(at.items(), key=lambda kv: kv[0] != default):
-            weights = _weights_args(scheme, g)
+            weights = _weights_args(scheme, g, plan.w8a8_weight_bits)
             if scheme == "int4" and method in SEARCHED_METHODS:
                 weights["observer"] = SEARCHED_OBSERVER
             name = scheme if g == default else f"{scheme}_g{g}"
             groups[name] = {"targets": targets, "weights": weights, "format": fmt}
+            if scheme == "w8a8":
+                groups[name]["input_activations"] = dict(W8A8_ACTIVATIONS)
     return {"config_groups": groups, "ignore": [n for n, s in schemes.items() if s == "fp16"]}
 
 
@@ -164,7 +171,8 @@ def build_modifiers(plan: Plan, method: str, dampening: float = 0.01) -> list:
         return []
     register_grid_observer()
     groups = {name: QuantizationScheme(targets=g["targets"], weights=QuantizationArgs(**g["weights"]),
-                                       format=g["format"])
+                                       format=g["format"], input_activations=QuantizationArgs(**g["input_activations"])
+                                       if g.get("input_activations") else None)
               for name, g in cfg["config_groups"].items()}
     if method == "rtn":
         return [QuantizationModifier(config_groups=groups, ignore=cfg["ignore"])]
@@ -387,15 +395,33 @@ def pack_int4f(folder: str | Path) -> int:
     return saved
 
 
+def widen_w8a8(folder: str | Path) -> bool:
+    """A w8a8 group quantized within 7 bits (`Plan.w8a8_weight_bits`) declared as the 8-bit weights it is stored as:
+    its int8 values and scales mean the same at 8 bits, and vLLM's W8A8 takes 8-bit weights only. Returns whether
+    any group changed."""
+    import json
+
+    cfg_path = Path(folder) / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    groups = [g for g in (cfg.get("quantization_config") or {}).get("config_groups", {}).values()
+              if g.get("input_activations") and g["weights"]["num_bits"] == 7]
+    for g in groups:
+        g["weights"]["num_bits"] = 8
+    if groups:
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return bool(groups)
+
+
 def save_checkpoint(model: nn.Module, plan: Plan, out_dir: str | Path, processor=None) -> Path:
     """Write the compressed-tensors checkpoint (+ tokenizer, + the plan as accel_plan.json); weights the plan leaves
-    unquantized are stored at 16 bits (`store_16bit`), int4f packed to 4 bits (`pack_int4f`), a tied INT8 table
-    once (`tie_int8_table`)."""
+    unquantized are stored at 16 bits (`store_16bit`), int4f packed to 4 bits (`pack_int4f`), 7-bit w8a8 declared
+    at 8 (`widen_w8a8`), a tied INT8 table once (`tie_int8_table`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, save_compressed=True)
     store_16bit(out)
     pack_int4f(out)
+    widen_w8a8(out)
     if plan.tied_table:
         tie_int8_table(out)
     if processor is not None:

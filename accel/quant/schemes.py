@@ -4,13 +4,15 @@ Glossary
 - scheme: "int4" (weight-only, group-wise asymmetric, integer zero point: the compressed-tensors / vLLM W4A16
   form), "int4f" (the same with a floating-point zero point per group: the GGUF Q4_1 / HQQ form, see
   `fake_quant_int4`), "int8" (weight-only, per output channel symmetric), "fp16" (the model's 16-bit dtype; kept in
-  fp32 on CPU, still *counted* as 16 bits), "int5" (weight-only, symmetric 5-bit per group of 32: the GGUF Q5_0
+  fp32 on CPU, still *counted* as 16 bits), "w8a8" (int8's weights with input activations rounded to INT8 per
+  token at run time, dynamically: vLLM's W8A8, which its CPU kernels run where they run no weight-only INT8; the
+  sensitivity rounds its weights only), "int5" (weight-only, symmetric 5-bit per group of 32: the GGUF Q5_0
   form, exact on a Q5_0 release; held as int8g codes at run time), "int8g" (INT8 per group of 32).
   int4f, int5 and int8g keep any group already on a grid of their codes (`accel.kernels.linear.grid_fit`): a GGUF
   release's Q4_K / Q5_0 / Q8_0 blocks come back bit for bit, where min-max would re-round them.
 - bits per weight include the quantization metadata as the checkpoint stores it (scales in fp16, see
   `accel.quant.quantize.store_16bit`):
-    int8: 8 + 16 / in_features   (one fp16 scale per output row)
+    int8, w8a8: 8 + 16 / in_features   (one fp16 scale per output row)
     int8g: 8 + 16 / 32           (one fp16 scale per 32 inputs; the lm_head / tied table per lm_head_group_size)
     int5: 5 + 16 / 32            (one fp16 scale per 32 inputs, the codes packed densely, 32 to five int32s)
     int4: 4 + 20 / group_size    (one fp16 scale + one 4-bit zero point, packed eight to an int32, per group)
@@ -42,7 +44,7 @@ from accel.kernels.linear import (INT5_GROUP, INT8_GROUP, dequantize_int4_groupw
 from accel.kernels.loader import TABLE  # noqa: F401  (the quant modules import it from here)
 """The embedding table (Llama family naming); tied to the lm_head in small models."""
 
-SCHEMES = ("int4", "int4f", "int5", "int8", "int8g", "fp16")
+SCHEMES = ("int4", "int4f", "int5", "int8", "w8a8", "int8g", "fp16")
 """From cheapest to most expensive as stored: allocation demotes towards the left, fallback promotes towards the
 right. int4f is a candidate only where it is far better than int4 (weights on a float-min grid, see
 accel.quant.plan.int4_candidates), where it is exact at 5 bits (g32)."""
@@ -62,7 +64,7 @@ class SchemeInfo:
             return 4.0 + 20.0 / group_size
         if self.name == "int4f":
             return 4.0 + 32.0 / group_size
-        if self.name == "int8":
+        if self.name in ("int8", "w8a8"):
             return 8.0 + 16.0 / in_features
         if self.name == "int8g":
             return 8.0 + 16.0 / INT8_GROUP
@@ -72,8 +74,8 @@ class SchemeInfo:
 
 
 INT4_SCHEMES = ("int4", "int4f")
-SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int4f", 4), ("int5", 5), ("int8", 8), ("int8g", 8),
-                                                ("fp16", 16))}
+SCHEME_INFO = {s: SchemeInfo(s, b) for s, b in (("int4", 4), ("int4f", 4), ("int5", 5), ("int8", 8), ("w8a8", 8),
+                                                ("int8g", 8), ("fp16", 16))}
 HEAD = "lm_head"
 
 
@@ -188,7 +190,7 @@ def fake_quant(w: torch.Tensor, scheme: str, group_size: int) -> torch.Tensor:
     """Quantize then dequantize a [out, in] weight with RTN; fp16 returns the weight unchanged. group_size: INT4's,
     or int8g's (the lm_head / table's, `head_group`); int5 is always per 32."""
     check_scheme(scheme)
-    if scheme == "int8":
+    if scheme in ("int8", "w8a8"):
         return fake_quant_int8(w)
     if scheme in ("int8g", "int5"):
         q, scales = quantize_int8_groupwise(w, group_size) if scheme == "int8g" else quantize_int5_groupwise(w)

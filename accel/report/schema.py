@@ -34,7 +34,7 @@ from typing import Any
 from accel.bench.latency import BenchResult, SweepResult
 from accel.speculative.stats import SpecDecodeStats
 
-SCHEME_BITS = {"int4": 4, "int4f": 4, "int5": 5, "int8": 8, "int8g": 8.5, "fp16": 16, "bf16": 16, "fp32": 32}
+SCHEME_BITS = {"int4": 4, "int4f": 4, "int5": 5, "int8": 8, "w8a8": 8, "int8g": 8.5, "fp16": 16, "bf16": 16, "fp32": 32}
 
 
 class ReportInputError(ValueError):

@@ -19,6 +19,7 @@ from accel.kernels.linear import (
     pack_int4,
     quantize_int4_groupwise,
     quantize_int8_per_channel,
+    quantize_int8_per_token,
     unpack_int4,
     weight_bytes,
 )
@@ -262,7 +263,7 @@ def test_apply_plan_tied_lm_head_leaves_embedding_untouched():
 
 
 @pytest.mark.parametrize("plan, match", [
-    ({"lm_head": "int3"}, r"'int3' is not a scheme; allowed: \('int8', 'int8g', 'int4'"),
+    ({"lm_head": "int3"}, r"'int3' is not a scheme; allowed: \('int8', 'int8g', 'w8a8', 'int4'"),
     ({"model.layers.9.mlp.up_proj": "int8"}, r"does not have; Linear modules are"),
     ({"model.layers.0.input_layernorm": "int8"}, r"LlamaRMSNorm; only nn.Linear"),
     ({"model.layers.0.mlp.up_proj": "int4"}, r"up_proj.*group_size=128.*allowed: \[32, 64\]"),
@@ -771,3 +772,30 @@ def test_a_slow_step_now_and_then_does_not_send_the_team_off():
 def test_contention_that_starts_later_is_met_once_the_window_has_seen_it():
     trace = cpu.governor_trace([QUIET] * 500 + [CONTENDED] * 2000, 2)
     assert set(trace[:500]) == {2} and trace[500:].count(1) > 1800
+
+
+@pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
+@pytest.mark.parametrize("m", [1, 3, 33])  # 33: the VNNI prefill GEMM where the CPU has it
+@pytest.mark.parametrize("out_f, in_f", [(64, 64), (130, 576), (48, 40)])
+def test_w8a8_rows_are_w8a8s_integer_arithmetic_on_every_path(m, out_f, in_f):
+    """a8: each activation row rounded to INT8 with one scale (vLLM's dynamic per-token W8A8), then exact integer
+    dot products: the kernels, the module's other paths and the float reference agree."""
+    g = torch.Generator().manual_seed(m * 7 + in_f)
+    q = torch.randint(-127, 128, (out_f, in_f), dtype=torch.int8, generator=g)
+    scale = torch.rand(out_f, generator=g) + 0.01
+    x = torch.randn(m, in_f, generator=g) * torch.linspace(0.1, 3.0, in_f)
+    x[0, 3] = 40.0  # an outlier channel: the whole row's scale follows it
+    xq, xs = quantize_int8_per_token(x)
+    assert xq.abs().max() <= 127 and torch.equal(xq, xq.round()) and xs.shape == (m, 1)
+    ref = (xq.double() @ q.double().T) * xs.double() * scale.double()
+    y = cpu.int8_linear(x, q, scale, a8=True)
+    assert torch.allclose(y.double(), ref, rtol=1e-6, atol=1e-6 * ref.abs().max().item())
+    assert not torch.allclose(y, cpu.int8_linear(x, q, scale), rtol=1e-4)  # not the 16-bit blocks
+    mod = Int8WeightOnlyLinear.from_quantized(q, scale, a8=True)
+    assert linear_scheme(mod) == "w8a8" and "a8=True" in repr(mod)
+    for kernel in ("avx2", "gemm", "generic"):
+        assert torch.allclose(mod._matmul(x, kernel).double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    zero = torch.zeros(2, in_f)
+    assert torch.equal(cpu.int8_linear(zero, q, scale, a8=True), torch.zeros(2, out_f))
+    with pytest.raises(ValueError, match="per-channel"):
+        Int8WeightOnlyLinear(64, 32, group_size=32, a8=True)

@@ -499,3 +499,84 @@ def test_a_gguf_releases_grids_export_bit_for_bit_at_int5_int4f_int8g_and_load_e
     support = loader_support(config)
     assert support["accel"].loads and support["transformers"].loads
     assert "5-bit" in support["vllm"].refused["model.layers.0.mlp.up_proj"]
+
+
+@pytest.mark.parametrize("method", ["rtn", "smoothquant+gptq"])
+def test_w8a8_exports_vllms_w8a8_and_accel_transformers_run_the_same_integer_activations(tmp_path, method):
+    """w8a8: int-quantized per-channel INT8 weights with dynamic per-token INT8 input activations (vLLM's W8A8);
+    accel's loader gives its INT8 modules 8-bit activation rows, and transformers reads the activation scheme too."""
+    from transformers import AutoModelForCausalLM
+
+    from accel.export.compatibility import loader_support
+    from accel.kernels.linear import Int8WeightOnlyLinear, linear_scheme
+    from accel.kernels.loader import W8A8_ACTIVATIONS
+
+    model = _saved_tiny(tmp_path, fp16_values=True)
+    names = quantizable_linears(model)
+    plan = Plan(schemes=dict.fromkeys(names, "w8a8"), group_size=32, avg_bits=8.0, estimated_kl=0.0, lm_head="fp16")
+    cfg = recipe_config(plan, method)
+    assert list(cfg["config_groups"]) == ["w8a8"] and cfg["ignore"] == ["lm_head"]
+    assert cfg["config_groups"]["w8a8"]["format"] == "int-quantized"
+    assert cfg["config_groups"]["w8a8"]["input_activations"] == W8A8_ACTIVATIONS
+    res = oneshot_quantize(model, plan, CAL, method, processor=_tokenizer())
+    ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    import json
+
+    config = json.loads((ck / "config.json").read_text())
+    support = loader_support(config)
+    assert all(support[n].loads for n in ("accel", "transformers", "vllm", "vllm-cpu", "vllm-cpu-avx2"))
+    loaded = load_hf_model(ck)
+    mods = [m for m in loaded.modules() if isinstance(m, Int8WeightOnlyLinear)]
+    assert len(mods) == len(names) and all(linear_scheme(m) == "w8a8" for m in mods)
+    ours = loaded(X).logits
+    plain = load_hf_model(ck)  # the same weights with float activations
+    for m in plain.modules():
+        if isinstance(m, Int8WeightOnlyLinear):
+            m.a8 = False
+    plain = plain(X).logits
+    hf = AutoModelForCausalLM.from_pretrained(ck).eval()(X).logits
+    # both round the activations (transformers by compressed-tensors' max |x| / 127.5, accel as vLLM-CPU serves it,
+    # max |x| / 127: quantize_int8_per_token), so both part from the float activations' logits
+    assert (ours - plain).abs().max() > 1e-3 and (hf - plain).abs().max() > 1e-3
+
+
+def test_the_loader_refuses_activation_schemes_accel_does_not_run(tmp_path):
+    from accel.export.compatibility import loader_support
+    from accel.kernels.loader import activation_quantized
+
+    static = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": False, "strategy": "tensor"}
+    config = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
+        "targets": ["Linear"], "format": "int-quantized", "input_activations": static,
+        "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}}}}}
+    with pytest.raises(ValueError, match="'g'.*dynamic.*False"):
+        activation_quantized(config)
+    why = loader_support(config)["accel"].refused["Linear"]
+    assert "W8A8 only" in why
+
+
+def test_w8a8_for_vllm_cpu_is_quantized_within_7_bits_and_written_as_8_bit_weights(tmp_path):
+    """vLLM-CPU's INT8 GEMM without VNNI saturates 16-bit pair sums of full-range weights; the vllm-cpu target's
+    w8a8 weights stay in [-64, 63] and are declared 8-bit, which vLLM's W8A8 requires."""
+    import json
+
+    from safetensors import safe_open
+
+    from accel.kernels.linear import Int8WeightOnlyLinear
+    from accel.quant.plan import w8a8_weight_bits
+
+    assert w8a8_weight_bits("vllm-cpu") == 7 and w8a8_weight_bits("vllm") == w8a8_weight_bits(None) == 8
+    model = _saved_tiny(tmp_path)
+    names = quantizable_linears(model)
+    plan = Plan(schemes=dict.fromkeys(names, "w8a8"), group_size=32, avg_bits=8.0, estimated_kl=0.0, lm_head="fp16",
+                w8a8_weight_bits=7)
+    assert recipe_config(plan, "gptq")["config_groups"]["w8a8"]["weights"]["num_bits"] == 7
+    res = oneshot_quantize(model, plan, CAL, "gptq", processor=_tokenizer())
+    ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    (group,) = json.loads((ck / "config.json").read_text())["quantization_config"]["config_groups"].values()
+    assert group["weights"]["num_bits"] == 8 and group["input_activations"]["num_bits"] == 8
+    with safe_open(str(ck / "model.safetensors"), "pt") as f:
+        ints = [f.get_tensor(f"{n}.weight") for n in names]
+    assert all(w.dtype == torch.int8 and int(w.min()) >= -64 and int(w.max()) <= 63 for w in ints)
+    assert max(int(w.abs().max()) for w in ints) >= 60  # the range is used, not just clipped
+    loaded = load_hf_model(ck)
+    assert all(m.a8 for m in loaded.modules() if isinstance(m, Int8WeightOnlyLinear))

@@ -11,7 +11,8 @@
 // Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
 // VNNI tile layout; 4 int4 in its VNNI tile layout; 2 int4 packed
 // [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]), three tensor indices into
-// `weights` (-1 unused: weight, scale, and INT8's fp16 group scales, int8g, in the weight's layout), the INT4 group size,
+// `weights` (-1 unused: weight, scale, and INT8's fp16 group scales, int8g, in the weight's layout), the INT4 group size
+// (INT8 kinds: the activation bits, 0 for 16-bit blocks or 8 for W8A8's 8-bit rows),
 // the bias index (-1: none), out_features. Per layer: input-norm index, pre-MLP-norm index, the qkv, o, gate_up and
 // down specs, then (EXTRA_FIELDS) the q-norm and k-norm indices and the post-attention and post-MLP norm indices
 // (-1: none; Qwen3 has the first two, Gemma 3 all four), the sliding window (0: none), the RoPE table (0: global,
@@ -23,6 +24,7 @@ constexpr int64_t LIN_FIELDS = 7, EXTRA_FIELDS = 8, LAYER_FIELDS = 2 + 4 * LIN_F
 // One projection of the spec, its tensors resolved once (`DecodeTensors`).
 struct DecodeLinear {
   int64_t kind = 0, gs = 0, N = 0;
+  bool a8 = false;  // INT8 kinds: W8A8's 8-bit activation rows
   torch::Tensor q, scale, bias;  // scale: fp32 [N] (INT8) or the INT4 scale_min (fp32 / fp16)
   torch::Tensor gscale;  // INT8 group scales (int8g), fp16 [N, K / 32] in the weight's layout; undefined: none
   const uint16_t* gsp() const { return gscale.defined() ? reinterpret_cast<const uint16_t*>(gscale.data_ptr<at::Half>()) : nullptr; }
@@ -32,8 +34,8 @@ static void run_linear(const DecodeLinear& L, const float* x, int64_t M, int64_t
   const int64_t N = L.N;
   if (L.kind == 0) f32_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
   else if (L.kind == 5) panel_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
-  else if (L.kind == 1) int8_gemm(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp());
-  else if (L.kind == 3) int8_gemm_vnni(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp());
+  else if (L.kind == 1) int8_gemm(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp(), L.a8);
+  else if (L.kind == 3) int8_gemm_vnni(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp(), L.a8);
   else if (L.kind == 4) int4_gemm_vnni_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
   else int4_gemm_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
   if (L.bias.defined()) {
@@ -155,6 +157,11 @@ struct DecodeTensors {
     DecodeLinear d;
     d.kind = f[0]; d.gs = f[4]; d.N = f[6];
     TORCH_CHECK(d.kind >= 0 && d.kind <= 5, "unknown linear kind ", d.kind);
+    if (d.kind == 1 || d.kind == 3) {
+      TORCH_CHECK(d.gs == 0 || d.gs == 8, "INT8 activation bits: 0 (16-bit blocks) or 8 (W8A8), got ", d.gs);
+      d.a8 = d.gs == 8;
+      d.gs = 0;
+    }
     TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
     TORCH_CHECK(HAS_AVX512 || d.kind != 5, "fp32 panels need AVX-512");
     const bool f32 = d.kind == 0 || d.kind == 5;

@@ -16,12 +16,38 @@ struct QuantBlocks {
   int64_t KB = 0;
 };
 
-// Activation rows -> 16-bit integers per block of 32; `permute` stores each block in the INT4 nibble order.
-static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, bool permute) {
+// W8A8 (`a8`): each activation row rounded to 8-bit integers with one scale, as vLLM-CPU's dynamic per-token INT8
+// quantization does (scale = max |x| / 127, q = x * float(1.0 / scale) rounded half to even, clamped); every block
+// of the row then carries that scale, so the INT8 kernels compute W8A8's integer dot products exactly. The float
+// reference is accel.kernels.linear.quantize_int8_per_token.
+constexpr int XQ8_MAX = 127;
+static void quantize_rows_i8(const float* x, int64_t M, int64_t K, QuantBlocks& r) {
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* xm = x + m * K;
+      float amax = 0.f;
+      for (int64_t i = 0; i < K; ++i) amax = std::max(amax, std::fabs(xm[i]));
+      const float sc = amax > 0.f ? amax / XQ8_MAX : 1.f, inv = static_cast<float>(1.0 / sc);
+      int16_t* q = r.q.data() + m * K;
+      for (int64_t i = 0; i < K; ++i)
+        q[i] = static_cast<int16_t>(std::clamp<float>(std::nearbyint(xm[i] * inv), -XQ8_MAX - 1, XQ8_MAX));
+      std::fill_n(r.scale.data() + m * r.KB, r.KB, sc);
+    }
+  });
+}
+
+// Activation rows -> 16-bit integers per block of 32; `permute` stores each block in the INT4 nibble order; `a8`:
+// 8-bit integers per row instead (W8A8, `quantize_rows_i8`).
+static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, bool permute, bool a8 = false) {
   QuantBlocks r;
   r.KB = (K + 31) / 32;
   r.q.resize(M * K);
   r.scale.resize(M * r.KB);
+  if (a8) {
+    TORCH_CHECK(!permute, "8-bit activation rows are for INT8 weights");
+    quantize_rows_i8(x, M, K, r);
+    return r;
+  }
   // rows in parallel only for prefill-sized M: at decode a parallel region costs more than the rows
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
@@ -137,9 +163,10 @@ static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const
                               const uint16_t* gs, float* y, int64_t N);
 
 // y [M, N] = (x [M, K] @ q[N, K]^T) * scale[N], with the group scales `gs` ([N, K / 32]) where given
+// a8: the activations as W8A8's 8-bit rows (`quantize_blocks_i16`)
 static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp, float* yp,
-                      int64_t N, const uint16_t* gs = nullptr) {
-  const QuantBlocks xr = quantize_blocks_i16(xp, M, K, false);
+                      int64_t N, const uint16_t* gs = nullptr, bool a8 = false) {
+  const QuantBlocks xr = quantize_blocks_i16(xp, M, K, false, a8);
   if (HAS_VNNI && M >= VNNI_MIN_ROWS && K % 32 == 0) return vnni_gemm_i8_rows(xr, M, K, qp, sp, gs, yp, N);
   // Output rows in tiles of up to 64: a tile's weights (TN x K bytes, <= 32 KB so they stay in L1) are reused by
   // every 4-row block of x, so the weight is streamed from memory once per call whatever M is.
@@ -182,7 +209,7 @@ static const uint16_t* group_scales(const torch::Tensor& gs, int64_t N, int64_t 
   return reinterpret_cast<const uint16_t*>(gs.data_ptr<at::Half>());
 }
 
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor gs) {
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor gs, bool a8) {
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1), "shapes: x [M, K], q [N, K]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
               "dtypes: x fp32, q int8, scale fp32");
@@ -191,6 +218,6 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
   auto y = torch::empty({M, N}, x.options());
   int8_gemm(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N,
-            group_scales(gs, N, K));
+            group_scales(gs, N, K), a8);
   return y;
 }

@@ -560,10 +560,10 @@ static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t
 
 // y [M, N] = (x [M, K] @ q^T) * scale[N], q in the VNNI tile layout (only where HAS_VNNI)
 static void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp,
-                           int64_t N, const uint16_t* gs = nullptr) {
+                           int64_t N, const uint16_t* gs = nullptr, bool a8 = false) {
   TORCH_CHECK(HAS_VNNI, "the INT8 VNNI tile layout needs AVX512-VNNI");
   TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "the INT8 VNNI tile layout needs N % 16 == 0 and K % 32 == 0");
-  vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false), M, K, qv, sp, gs, yp, N);
+  vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false, a8), M, K, qv, sp, gs, yp, N);
 }
 
 // y [M, N] = sum_k x[m, k] (q[n, k] * scale[n, g] + min[n, g]), q and the scales in the INT4 VNNI tile layout
@@ -601,7 +601,7 @@ torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor 
   return y;
 }
 
-torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale, torch::Tensor gs) {
+torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale, torch::Tensor gs, bool a8) {
   TORCH_CHECK(x.dim() == 2 && qv.dim() == 2 && x.size(1) == qv.size(1), "shapes: x [M, K], q [N, K] (tile layout)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && qv.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
               "dtypes: x fp32, q int8, scale fp32");
@@ -609,7 +609,7 @@ torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor 
   const int64_t M = x.size(0), K = x.size(1), N = qv.size(0);
   auto y = torch::empty({M, N}, x.options());
   int8_gemm_vnni(x.data_ptr<float>(), M, K, qv.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N,
-                 group_scales(gs, N, K));
+                 group_scales(gs, N, K), a8);
   return y;
 }
 
