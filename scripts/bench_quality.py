@@ -11,10 +11,11 @@ A peer `TYPE+imatrix` is quantized from the F32 with an importance matrix, as GG
 `llama-quantize --imatrix` (types: Q4_K_M, IQ4_XS, Q3_K_M, Q2_K, IQ3_XXS; plain IQ4_XS / Q3_K_M / Q2_K too).
 
 Base: the original fp32 model (accel's model zoo) for accel rows, its F32 GGUF for llama.cpp rows (the same
-weights; both PPLs are printed as a check that the two tokenizers and chunkings agree). Exports are loaded with
-transformers, the loader whose weights vLLM and accel also run. llama.cpp comes from scripts/peers (built once
-per machine, see bench_peers.py). Not in CI (it builds llama.cpp); tests/test_bench_quality.py covers the parsing
-and the table with a fake peer.
+weights; both PPLs are printed as a check that the two tokenizers and chunkings agree). Exports run as accel serves
+them (accel.kernels.loader.load_hf_model: the stored integers, W8A8's activations rounded as vLLM rounds them, as
+the pipeline's evaluate stage scores them), as each llama.cpp file runs in llama.cpp. llama.cpp comes from
+scripts/peers (built once per machine, see bench_peers.py). Not in CI (it builds llama.cpp); tests/test_bench_quality.py
+covers the parsing and the table with a fake peer.
 """
 
 from __future__ import annotations
@@ -86,15 +87,16 @@ def accel_rows(model: str, exports: list[Path], text: str, n_ctx: int, chunks: i
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from accel.eval.chunked import score_chunks, text_chunks
+    from accel.kernels.loader import load_hf_model
     from accel.models import resolve_model
 
     base_dir = resolve_model(model)
     tok = AutoTokenizer.from_pretrained(base_dir)
     batch = text_chunks(tok, text, n_ctx, chunks)
-    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()  # noqa: E731
-    models = {str(p): load(p) for p in exports}
+    models = {str(p): load_hf_model(p) for p in exports}
     t0 = time.perf_counter()
-    scores = score_chunks(load(base_dir), models, batch,
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+    scores = score_chunks(base, models, batch,
                           on_batch=lambda n: print(f"\r  scored {n}/{batch.shape[0]} chunks", end="", file=sys.stderr))
     print(f"\r  scored {batch.shape[0]} chunks in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     rows = [{"name": f"accel {p}", "size_mib": model_file_mib(p), "kld_mean": s.kld_mean, "same_top1": s.same_top1,

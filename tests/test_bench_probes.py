@@ -44,10 +44,16 @@ def test_placement_of_a_repeat_from_the_core_latency_around_it(before, after, wh
     assert where in PLACEMENTS
 
 
-def _stat(busy: int, idle: int, steal: int, own: int) -> tuple[str, str]:
-    """/proc/stat and /proc/self/stat texts with these tick counts (busy split over user and system)."""
+def _pid_stat(pid: int, busy: int, ppid: int = 1) -> str:
+    """A /proc/PID/stat text with these busy ticks (split over utime and stime)."""
+    return f"{pid} (python3 -m x) R {ppid} 1 1 0 -1 0 0 0 0 0 {busy - 5} 5 0 0 20 0 3 0 100 0 0"
+
+
+def _stat(busy: int, idle: int, steal: int, own: int, **engine: int) -> tuple[str, dict[int, str]]:
+    """/proc/stat with these tick counts (busy split over user and system), and the engine's /proc/PID/stat
+    texts: this process with `own` ticks, a server's processes `p<pid>=ticks`."""
     return (f"cpu  {busy - 10} 0 10 {idle} 0 0 0 {steal} 0 0\ncpu0 1 2 3\n",
-            f"1234 (python3 -m x) R 1 1 1 0 -1 0 0 0 0 0 {own - 5} 5 0 0 20 0 3 0 100 0 0")
+            {1234: _pid_stat(1234, own), **{int(k[1:]): _pid_stat(int(k[1:]), v) for k, v in engine.items()}})
 
 
 def test_a_measurement_records_what_else_used_the_machine():
@@ -67,6 +73,61 @@ def test_a_measurement_records_what_else_used_the_machine():
     got = contended_runs([("quantized/batch1", [q.to_dict(), load.to_dict()]), ("baseline/batch1", [q.to_dict()]),
                           ("peer/batch1", None)])
     assert got == ["quantized/batch1 (other processes 0.50 cores, steal 1%)"]
+
+
+def test_a_measured_servers_processes_are_the_engine_not_others():
+    from accel.bench.probes import CpuLoad
+
+    # a served peer: the client (this process) 20 ticks, the server's API process 30 and engine core 90 of 150 busy;
+    # p77 ends during the measurement (its ticks unknown: counted as others')
+    snaps = iter([_stat(1000, 5000, 0, 300, p40=100, p41=500, p77=10),
+                  _stat(1150, 5050, 0, 320, p40=130, p41=590)])
+    clock = iter([0.0, 1.0])
+    with CpuLoad(read=lambda: next(snaps), clock=lambda: next(clock), ticks_per_s=100) as load:
+        pass
+    assert load.others_cores == 0.1 and not load.contended
+
+
+def test_serving_pids_finds_the_listener_and_its_children(tmp_path):
+    from accel.bench.probes import serving_pids
+
+    proc = tmp_path
+    (proc / "net").mkdir()
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (proc / "net" / "tcp").write_text(
+        head + "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  0 0 555 1\n"
+        "   1: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000  0 0 666 1\n"
+        "   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000  0 0 777 1\n")
+    for pid, ppid, sock in [(40, 1, 555), (41, 40, None), (42, 41, None), (50, 1, 666), (60, 1, 777)]:
+        d = proc / str(pid)
+        (d / "fd").mkdir(parents=True)
+        (d / "stat").write_text(_pid_stat(pid, 10, ppid))
+        if sock:
+            (d / "fd" / "3").symlink_to(f"socket:[{sock}]")
+    assert serving_pids("http://127.0.0.1:8080/v1", proc=str(proc)) == [40, 41, 42]  # 0x1F90 = 8080, listening
+    assert serving_pids("http://localhost:8082", proc=str(proc)) == []
+    assert serving_pids("http://10.0.0.5:8080", proc=str(proc)) == []  # remote: not this machine's CPU
+
+
+def test_serving_pids_of_a_real_listener():
+    import socket
+    import subprocess
+    import sys
+
+    from accel.bench.probes import serving_pids
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    child = subprocess.Popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                              f"s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        assert serving_pids(f"http://127.0.0.1:{port}") == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_without_proc_nothing_is_recorded():

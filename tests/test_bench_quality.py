@@ -27,3 +27,18 @@ def test_the_table_has_one_row_per_model_file():
 def test_bench_quality_takes_every_quantize_type_with_and_without_an_importance_matrix():
     assert "IQ3_XXS+imatrix" in bench_quality.allowed_peers() and "IQ3_XXS" not in bench_quality.allowed_peers()
     assert "shipped" in bench_quality.allowed_peers()
+
+
+def test_exports_are_scored_as_accel_runs_them(tiny_model_dir, monkeypatch):
+    """An export scored against its own base: accel's loader (the stored weights) gives the base's logits back."""
+    import accel.kernels.loader
+    import accel.models
+
+    monkeypatch.setattr(accel.models, "resolve_model", lambda name: tiny_model_dir)
+    loaded = []
+    real = accel.kernels.loader.load_hf_model
+    monkeypatch.setattr(accel.kernels.loader, "load_hf_model", lambda p: loaded.append(p) or real(p))
+    text = " ".join(f"word{i % 37} and more text {i}" for i in range(400))
+    rows, ppl_base = bench_quality.accel_rows("tiny", [tiny_model_dir], text, n_ctx=32, chunks=4)
+    assert loaded == [tiny_model_dir] and ppl_base > 1
+    assert rows[0]["kld_mean"] < 1e-6 and rows[0]["same_top1"] == 1.0 and abs(rows[0]["ppl_ratio"] - 1) < 1e-5

@@ -96,28 +96,107 @@ CONTENDED_CORES = 0.25
 CONTENDED_STEAL_PCT = 5.0
 
 
-def _cpu_ticks(stat: str, self_stat: str) -> tuple[int, int, int, int]:
-    """(busy, steal, total) ticks of all CPUs from /proc/stat and this process's busy ticks from /proc/self/stat."""
+def _cpu_ticks(stat: str, engine_stats: dict[int, str]) -> tuple[int, int, int, dict[int, int]]:
+    """(busy, steal, total) ticks of all CPUs from /proc/stat, and each engine process's busy ticks from its
+    /proc/PID/stat."""
     user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in stat.split("\n", 1)[0].split()[1:9])
-    fields = self_stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    own = int(fields[11]) + int(fields[12])  # utime, stime (all threads)
+    own = {}
+    for pid, text in engine_stats.items():
+        fields = text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        own[pid] = int(fields[11]) + int(fields[12])  # utime, stime (all threads)
     busy = user + nice + system + irq + softirq
     return busy, steal, busy + idle + iowait + steal, own
+
+
+def _proc_stats(pids) -> dict[int, str]:
+    """/proc/PID/stat of each pid still running."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                out[pid] = f.read()
+        except OSError:
+            pass
+    return out
+
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def serving_pids(url: str, proc: str = "/proc") -> list[int]:
+    """The processes of the server behind `url` when it runs on this machine: every process holding the socket
+    listening on its port, and their descendants (vLLM's API server and its engine core; llama-server's one
+    process). [] for a remote host or a port nobody here listens on. A measured server is the engine, not "other
+    processes", in CpuLoad."""
+    import os
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.hostname not in LOCAL_HOSTS:
+        return []
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()  # sl local_address rem_address st ... inode (10th)
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{cols[9]}]")
+    if not inodes:
+        return []
+    children: dict[int, list[int]] = {}
+    owners = set()
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open(f"{proc}/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(pid)
+            if any(os.readlink(f"{proc}/{name}/fd/{fd}") in inodes for fd in os.listdir(f"{proc}/{name}/fd")):
+                owners.add(pid)
+        except (OSError, ValueError, IndexError):  # gone, or not ours to read
+            continue
+    found, todo = set(), list(owners)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    found.discard(os.getpid())
+    return sorted(found)
 
 
 class CpuLoad:
     """What else ran on the machine during a measurement: `with CpuLoad() as load: ...`, then `load.others_cores`
     (the CPU time other processes used, in cores), `load.steal_pct` (the hypervisor's share) and `load.contended`.
-    `read` is injectable (tests): it returns the texts of /proc/stat and /proc/self/stat."""
+    The engine is this process, plus a local server's processes when `server` (its URL) is measured.
+    `read` is injectable (tests): it returns the text of /proc/stat and {pid: text of /proc/PID/stat} of the
+    engine's processes."""
 
-    def __init__(self, read=None, clock=time.monotonic, ticks_per_s: int | None = None) -> None:
+    def __init__(self, read=None, clock=time.monotonic, ticks_per_s: int | None = None,
+                 server: str | None = None) -> None:
         import os
 
-        self._read = read or (lambda: (open("/proc/stat").read(), open("/proc/self/stat").read()))
+        self._server = server
+        self._read = read or self._read_proc
         self._clock = clock
         self._hz = ticks_per_s or os.sysconf("SC_CLK_TCK")
         self.others_cores: float | None = None
         self.steal_pct: float | None = None
+
+    def _read_proc(self) -> tuple[str, dict[int, str]]:
+        import os
+
+        if not hasattr(self, "_pids"):  # resolved once, at the start: the measurement's engine
+            self._pids = [os.getpid(), *(serving_pids(self._server) if self._server else [])]
+        with open("/proc/stat") as f:
+            return f.read(), _proc_stats(self._pids)
 
     def __enter__(self) -> CpuLoad:
         try:
@@ -129,7 +208,10 @@ class CpuLoad:
     def __exit__(self, *exc) -> None:
         if self._start is None:
             return
-        busy, steal, total, own = (b - a for a, b in zip(self._start, _cpu_ticks(*self._read())))
+        end = _cpu_ticks(*self._read())
+        busy, steal, total = (b - a for a, b in zip(self._start[:3], end[:3]))
+        # an engine process that ended during the measurement: its last ticks are unknown, counted as others'
+        own = sum(end[3][pid] - t for pid, t in self._start[3].items() if pid in end[3])
         seconds = self._clock() - self._t0
         if seconds > 0:
             self.others_cores = round(max(0, busy - own) / self._hz / seconds, 3)

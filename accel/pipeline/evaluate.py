@@ -148,15 +148,15 @@ def speed(recipe, model_dir: Path, requests: dict[str, list], progress: bool, sp
     return out
 
 
-def _repeated(recipe, run) -> dict:
+def _repeated(recipe, run, server: str | None = None) -> dict:
     """`eval.repeats` runs of one workload -> the median run's BenchResult dict, with every run's tok/s in
-    `repeats` and what else used the machine during it in `load` (per-request records stay out of eval.json; the
-    distributions are kept)."""
+    `repeats` and what else used the machine during it in `load` (a local `server` measured counts as the engine;
+    per-request records stay out of eval.json; the distributions are kept)."""
     from accel.bench.probes import CpuLoad
 
     runs = []
     for _ in range(recipe.eval.repeats):
-        with CpuLoad() as load:
+        with CpuLoad(server=server) as load:
             res = run()
         runs.append((res, load.to_dict()))
     runs.sort(key=lambda r: r[0].output_throughput)
@@ -175,7 +175,7 @@ def peer_speed(recipe, peer, requests: dict[str, list], progress: bool) -> dict:
 
     backend = OpenAIBackend(peer.url, peer.model, endpoint=peer.endpoint)
     return {wc.name: _repeated(recipe, lambda: run_bench(backend, bench_config_from_recipe(wc, warmup=1),
-                                                         requests[wc.name], progress=progress))
+                                                         requests[wc.name], progress=progress), server=peer.url)
             for wc in recipe.eval.workloads}
 
 
