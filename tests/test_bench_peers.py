@@ -24,6 +24,9 @@ def test_llama_bench_json_gives_the_generation_rate():
     pp_only = json.dumps([{"n_prompt": 512, "n_gen": 0, "avg_ts": 900.0}])
     with pytest.raises(ValueError, match="no generation test"):
         bench_peers.parse_llama_bench(pp_only)
+    assert bench_peers.parse_llama_bench(pp_only, "pp") == pytest.approx(900.0)
+    with pytest.raises(ValueError, match="no prompt test"):
+        bench_peers.parse_llama_bench(LLAMA_BENCH, "pp")
 
 
 def test_the_table_shows_each_side_and_the_ratio_of_the_same_repeat():

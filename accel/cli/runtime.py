@@ -79,6 +79,7 @@ def generate(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Generate text for one prompt with the embedded runtime, streaming to the terminal."""
+    from accel.memory import MemoryLimitError, peak_line
     from accel.models import ModelNotFoundError, resolve_model
     from accel.runtime.engine import Engine
     from accel.runtime.sampling_params import SamplingParams
@@ -90,7 +91,11 @@ def generate(
         path = resolve_model(model)
     except (ValueError, ModelNotFoundError) as e:
         fail(str(e))
-    engine = Engine.from_pretrained(path, device=device, max_num_seqs=1, **quant_kwargs(path, quant, quant_group_size))
+    try:
+        engine = Engine.from_pretrained(path, device=device, max_num_seqs=1,
+                                        **quant_kwargs(path, quant, quant_group_size))
+    except MemoryLimitError as e:
+        fail(str(e))
     tok = engine.tokenizer
     if tok is None:
         fail(f"{path} has no tokenizer files; accel generate needs one")
@@ -112,7 +117,8 @@ def generate(
     ttft = f"TTFT {1000 * m.ttft:.0f} ms" if m is not None and m.ttft is not None else "no tokens generated"
     tpot = m.tpot if m is not None else None
     rate = f", {1 / tpot:.1f} tok/s after the first" if tpot else ""
-    err_console.print(f"[dim]{ttft}, {len(final.token_ids) if final else 0} tokens{rate}[/]")
+    err_console.print(f"[dim]{ttft}, {len(final.token_ids) if final else 0} tokens{rate}; "
+                      f"{peak_line('', engine.memory())}[/]")
 
 
 def bench(

@@ -207,16 +207,18 @@ class BaseLogits:
         return q * torch.from_numpy(head[:, :1].copy()) + torch.from_numpy(head[:, 1:2].copy())
 
 
-def kld_vs_base(base: BaseLogits, logits_of, bos_token_id: int) -> dict[str, float]:
+def kld_vs_base(base: BaseLogits, logits_of, bos_token_id: int | None) -> dict[str, float]:
     """Mean KLD(llama.cpp || model) and same top-1 over every scored position of `base`, as llama-perplexity
     computes them (base log-probs under -16 are left out of the sum). logits_of(ids [n_ctx] long) -> logits
-    [n_ctx, vocab] of the model under test."""
+    [n_ctx, vocab] of the model under test. `bos_token_id`: each chunk's first token becomes it, as llama-perplexity
+    does where the vocabulary adds a BOS (None where it adds none: Qwen2.5)."""
     import torch
 
     klds, same = [], []
     for c in range(base.tokens.shape[0]):
         ids = torch.from_numpy(base.tokens[c].astype("int64"))
-        ids[0] = bos_token_id
+        if bos_token_id is not None:
+            ids[0] = bos_token_id
         ours = torch.log_softmax(logits_of(ids)[base.first:base.n_ctx - 1].float(), dim=-1)
         theirs = base.log_probs(c)
         p = theirs.exp() * (theirs > -16)

@@ -142,6 +142,16 @@ def int4_vnni_layout(q: Tensor, scale_min: Tensor) -> tuple[Tensor, Tensor]:
     return packed, scale_min.reshape(n // 16, 16, g, 2).permute(0, 2, 3, 1).contiguous()
 
 
+def int4_vnni_unlayout(qv: Tensor, smv: Tensor) -> tuple[Tensor, Tensor]:
+    """The inverse of `int4_vnni_layout`: (q [N, K] uint8 in [0, 15], scale_min [N, G, 2])."""
+    n, half = qv.shape
+    p = qv.reshape(n // 16, half // 2, 32)  # [T, K / 4, 32]
+    chunks = torch.stack([p & 0x0F, p >> 4], dim=2)  # [T, K / 4, 2, 32]
+    q = chunks.reshape(n // 16, half, 16, 2).permute(0, 2, 1, 3).reshape(n, 2 * half)
+    g = smv.shape[1]
+    return q.contiguous(), smv.permute(0, 3, 1, 2).reshape(n, g, 2).contiguous()
+
+
 def int4_linear_vnni(x: Tensor, qv: Tensor, smv: Tensor, group_size: int) -> Tensor:
     """`int4_linear` with the weight and scale_min in the VNNI tile layout; a row's result is the same at any row
     count."""
@@ -166,6 +176,13 @@ def int4_repack(q: Tensor) -> Tensor:
     n, k = q.shape
     chunks = q.to(torch.uint8).reshape(n, k // 16, 2, 8)  # [N, K/16, half, 8]
     return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def int4_unrepack(packed: Tensor) -> Tensor:
+    """The inverse of `int4_repack`: q [N, K] uint8 in [0, 15]."""
+    n, half = packed.shape
+    p = packed.reshape(n, half // 8, 8)
+    return torch.stack([p & 0x0F, p >> 4], dim=2).reshape(n, 2 * half)
 
 
 def int4_linear(x: Tensor, packed: Tensor, scale_min: Tensor, group_size: int) -> Tensor:
@@ -354,29 +371,73 @@ def huge_page_copy(t: Tensor) -> Tensor:
     return _module().huge_page_copy(t)
 
 
+HUGE_PAGE_ARENA_BYTES = 64 << 20  # tensors moved together into one mapping of about this size
+_ALIGN = 4096
+
+
 def move_to_huge_pages(model: torch.nn.Module) -> int:
     """Every large CPU parameter and buffer of `model` (and PackedLinear weights) into 2 MB pages, in place; tensors
-    that share storage (a tied lm_head) stay shared. Returns the bytes moved."""
-    moved: dict[int, Tensor] = {}
+    that share storage (a tied lm_head) stay shared. Returns the bytes moved.
 
-    def move(t: Tensor) -> Tensor:
-        if t.device.type != "cpu" or t.numel() * t.element_size() < HUGE_PAGE_MIN_BYTES:
-            return t
-        key = t.data_ptr()
-        if key not in moved:
-            moved[key] = huge_page_copy(t)
-        return moved[key] if moved[key].shape == t.shape else t
+    Tensors are packed page-aligned into arenas of ~64 MB, each one mapping: a mapping per tensor rounds it up to
+    whole 2 MB pages (Qwen2.5-1.5B at INT4: ~0.2 GB of padding over its 230 small scale and weight tensors), and an
+    arena is the only copy held beside the originals while they move. Token tables stay where they are: a step
+    gathers a few of their rows (a table tied to the head is moved as the head's weight)."""
+    slots: dict[int, list] = {}  # data_ptr -> [(module, kind, name)]
+    first: dict[int, Tensor] = {}
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Embedding) or type(mod).__name__ in ("Float16Embedding", "Int8Embedding"):
+            continue  # a table is gathered a few rows a step, never streamed: 2 MB pages gain it nothing
+        found = [(p.data, "param", n) for n, p in mod.named_parameters(recurse=False)]
+        found += [(b, "buffer", n) for n, b in mod.named_buffers(recurse=False) if b is not None]
+        if isinstance(getattr(mod, "packed", None), Tensor) and not getattr(mod.packed, "is_mkldnn", False):
+            found.append((mod.packed, "packed", "packed"))
+        for t, kind, name in found:
+            if t.device.type != "cpu" or t.numel() * t.element_size() < HUGE_PAGE_MIN_BYTES or not available():
+                continue
+            key = t.data_ptr()
+            if key in first and first[key].shape != t.shape:  # a view of another's storage: leave it
+                continue
+            first.setdefault(key, t)
+            slots.setdefault(key, []).append((mod, kind, name))
 
-    with torch.no_grad():
-        for mod in model.modules():
-            for name, p in list(mod.named_parameters(recurse=False)):
-                p.data = move(p.data)
-            for name, b in list(mod.named_buffers(recurse=False)):
-                if b is not None:
-                    setattr(mod, name, move(b))
-            if isinstance(getattr(mod, "packed", None), Tensor) and not getattr(mod.packed, "is_mkldnn", False):
-                mod.packed = move(mod.packed)
-    return sum(t.numel() * t.element_size() for t in moved.values())
+    def place(key: int, new: Tensor) -> None:
+        with torch.no_grad():
+            for mod, kind, name in slots[key]:
+                if kind == "param":
+                    getattr(mod, name).data = new
+                else:
+                    setattr(mod, name, new)
+
+    batch: list[int] = []
+
+    def flush() -> None:
+        sizes = [-(-first[k].numel() * first[k].element_size() // _ALIGN) * _ALIGN for k in batch]
+        arena = _module().huge_page_zeros([sum(sizes)], torch.empty(0, dtype=torch.uint8))
+        offset = 0
+        for key, size in zip(batch, sizes):
+            t = first.pop(key).contiguous()  # the original goes once its slots hold the copy
+            view = arena[offset:offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            view.copy_(t)
+            place(key, view)
+            offset += size
+        batch.clear()
+
+    moved, pending = 0, 0
+    for key in list(first):
+        nbytes = first[key].numel() * first[key].element_size()
+        moved += nbytes
+        if nbytes >= HUGE_PAGE_ARENA_BYTES:
+            place(key, huge_page_copy(first.pop(key)))
+            continue
+        batch.append(key)
+        pending += nbytes
+        if pending >= HUGE_PAGE_ARENA_BYTES:
+            flush()
+            pending = 0
+    if batch:
+        flush()
+    return moved
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:

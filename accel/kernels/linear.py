@@ -47,6 +47,7 @@ scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstrin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Self
 
 import torch
@@ -73,6 +74,8 @@ INT4_DEQUANT_MIN_ROWS = 64
 FP16_GRID_TOLERANCE = 2.0**-20
 # Output rows dequantized at once on the GEMM path: bounds the transient fp32 weight to 8192 * in * 4 bytes.
 _DEQUANT_CHUNK_ROWS = 8192
+_QUANT_CHUNK_ROWS = 8192  # rows rounded at once (`from_rows`): a 151,936-row lm_head's temporaries stay small
+Rows = Callable[[int, int], Tensor]  # rows(start, end) -> a weight's rows [end - start, in]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -349,6 +352,34 @@ def _check_group_size(in_features: int, group_size: int) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+_LAYOUT_ROWS = 4096  # weight rows laid out at once (whole 16-row tiles): a layout's temporaries stay small
+
+
+def _by_tiles(w: Tensor, fn, rows: bool = False) -> tuple[Tensor, ...]:
+    """fn over blocks of `_LAYOUT_ROWS` rows of w (whole 16-row tiles, which every kernel layout keeps apart), its
+    outputs concatenated: the same tensors as fn(w), without fn's temporaries for the whole matrix (a 151,936-row
+    lm_head's unpacked codes alone are 0.23 GB). `rows`: fn also takes the block's first row."""
+    n, outs = w.shape[0], None
+    for r in range(0, n, _LAYOUT_ROWS):
+        block = w[r:r + _LAYOUT_ROWS]
+        parts = fn(block, r) if rows else fn(block)
+        if outs is None:
+            if len(block) == n:
+                return parts
+            # each output's first dimension counts the block's rows (or its tiles): the whole matrix's, allocated once
+            outs = [torch.empty((t.shape[0] * n // len(block), *t.shape[1:]), dtype=t.dtype) for t in parts]
+        for out, t in zip(outs, parts):
+            k = t.shape[0] * r // len(block) if len(block) == _LAYOUT_ROWS else out.shape[0] - t.shape[0]
+            out[k:k + t.shape[0]] = t
+    return tuple(outs)
+
+
+def _refuse_if_compact(module: nn.Module) -> None:
+    if getattr(module, "compact", False):
+        raise RuntimeError(f"{type(module).__name__} was compacted for serving (compact_: the kernel layout is its "
+                           "only copy); it cannot be moved, cast, loaded or saved")
+
+
 class _WeightOnlyLinear(nn.Module):
     """What the INT8 and INT4 Linears share: the forward over whichever kernel `kernel_for` picks."""
 
@@ -390,14 +421,28 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
         self.register_buffer("_vnni", None, persistent=False)  # qweight in the VNNI tile layout, built lazily
         self.register_buffer("_gs", None, persistent=False)  # int8g: fp16 group scales in the weight's layout
         self.register_buffer("_ones", None, persistent=False)  # int8g: the kernels' per-row scale
+        self.compact = False  # `compact_`: the canonical buffers dropped, the kernel layout is the weight
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int | None = None, **kwargs) -> Self:
         """Quantize an nn.Linear (RTN). The linear's own weight tensor is left untouched (tied weights stay)."""
         w = linear.weight.detach()
-        q, s = quantize_int8_groupwise(w, group_size) if group_size else quantize_int8_per_channel(w)
-        b = linear.bias.detach() if linear.bias is not None else None
-        return cls.from_quantized(q, s, b, **kwargs).to(linear.weight.device)
+        return cls.from_rows(lambda a, b: w[a:b], *w.shape, group_size, linear.bias, **kwargs).to(w.device)
+
+    @classmethod
+    def from_rows(cls, rows: Rows, out_features: int, in_features: int, group_size: int | None = None,
+                  bias: Tensor | None = None, **kwargs) -> Self:
+        """Quantize (RTN) a weight read `_QUANT_CHUNK_ROWS` rows at a time (from a file as it loads, `--quant`)
+        into the module's own buffers: only a block of rows is ever float."""
+        m = cls(in_features, out_features, bias=bias is not None, group_size=group_size, **kwargs)
+        for r in range(0, out_features, _QUANT_CHUNK_ROWS):
+            w = rows(r, min(r + _QUANT_CHUNK_ROWS, out_features)).float()
+            q, scale = quantize_int8_groupwise(w, group_size) if group_size else quantize_int8_per_channel(w)
+            m.qweight[r:r + len(w)] = q
+            m.scales[r:r + len(w)] = scale
+        if bias is not None:
+            m.bias = bias.detach().clone().float()
+        return m
 
     @classmethod
     def from_quantized(cls, qweight: Tensor, scales: Tensor, bias: Tensor | None = None, **kwargs) -> Self:
@@ -420,12 +465,39 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
             m.bias = bias.detach().clone().float()
         return m
 
+    def canonical(self) -> tuple[Tensor, Tensor]:
+        """(qweight, scales) in the canonical layout, rebuilt from the kernel layout once compacted."""
+        if not self.compact:
+            return self.qweight, self.scales
+        n, k = self._vnni.shape
+        scales = self.scales if not self.group_size else \
+            self._gs.reshape(n // 16, k // INT8_GROUP, 16).permute(0, 2, 1).reshape(n, -1).float()
+        return cpu.int8_row_layout(self._vnni), scales
+
+    def compact_(self) -> int:
+        """Serving only: where the weight runs in the VNNI tile layout, drop the canonical qweight (and int8g's fp32
+        group scales) that layout duplicates, so the weight is held once; returns the bytes freed. A compacted
+        module computes as before and rebuilds the canonical tensors on demand (`canonical`), but is neither moved
+        nor saved."""
+        kind, _, _ = self.avx2_operands()
+        if kind != 3 or self.compact:
+            return 0
+        self.group_scales_operand()
+        freed = self.qweight.numel() + (self.scales.numel() * 4 if self.group_size else 0)
+        self.qweight = torch.empty(0, dtype=torch.int8)
+        if self.group_size:
+            self.scales = torch.empty(0)
+        self.compact = True
+        return freed
+
     def dequantized(self) -> Tensor:
         """The float reference weight [out, in] fp32."""
-        return dequantize_int8_per_channel(self.qweight, self.scales)
+        return dequantize_int8_per_channel(*self.canonical())
 
     def kernel_for(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
         """Which path forward takes for `rows` activation rows: "avx2", "int8pack", "gemm" or "generic"."""
+        if self.compact:
+            return "avx2"
         if device.type != "cpu":
             return "generic"
         if rows >= _dequant_min_rows(self.dequant_min_rows, INT8_DEQUANT_MIN_ROWS, self.in_features, dtype):
@@ -440,7 +512,7 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
         group scales are `group_scales_operand()`."""
         if self._vnni is None and self.qweight.device.type == "cpu" and cpu.vnni_int8(self.in_features,
                                                                                                 self.out_features):
-            self._vnni = cpu.int8_vnni_layout(self.qweight)
+            self._vnni = _by_tiles(self.qweight, lambda q: (cpu.int8_vnni_layout(q),))[0]
         scales = self.scales
         if self.group_size:
             if self._ones is None:
@@ -485,12 +557,18 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
         return dequantize_int8_per_channel(self.qweight[start:end], self.scales[start:end])
 
     def _apply(self, fn, recurse=True):
+        _refuse_if_compact(self)
         self._scales_bf16 = self._vnni = self._gs = self._ones = None  # derived: rebuild after a move / cast
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
+        _refuse_if_compact(self)
         self._scales_bf16 = self._vnni = self._gs = self._ones = None
         super()._load_from_state_dict(*args, **kwargs)
+
+    def _save_to_state_dict(self, *args, **kwargs):
+        _refuse_if_compact(self)
+        super()._save_to_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""
@@ -539,6 +617,28 @@ class Int8Embedding(nn.Module):
         return dequantize_int8_per_channel(self.qweight, self.scales).to(self.dtype)
 
 
+class Float16Embedding(nn.Module):
+    """A float table held at 16 bits (as an export stores it) whose lookups return `dtype` rows: the model is served
+    quantized, so holding its largest matrix at fp32 would double what the checkpoint keeps (Qwen2.5-1.5B's untied
+    table: 0.47 GB, not 0.93).
+
+    Buffers: weight fp16 [vocab, hidden]. forward(ids) -> [..., hidden] in `dtype`.
+    """
+
+    def __init__(self, weight: Tensor, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        if weight.dim() != 2 or weight.dtype != torch.float16:
+            raise ValueError(f"a 16-bit table needs fp16 [vocab, hidden]; got {weight.dtype} {tuple(weight.shape)}")
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.dtype = dtype
+        self.register_buffer("weight", weight)
+        self.register_buffer("embed_scale", None, persistent=False)  # as Int8Embedding's
+
+    def forward(self, ids: Tensor) -> Tensor:
+        rows = F.embedding(ids, self.weight).to(self.dtype)
+        return rows if self.embed_scale is None else rows * self.embed_scale.to(self.dtype)
+
+
 class Int4WeightOnlyLinear(_WeightOnlyLinear):
     """Linear with int4 group-wise asymmetric weights; forward(x [..., in]) -> [..., out] in x.dtype.
 
@@ -569,14 +669,32 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         self.register_buffer("_avx2_packed", None, persistent=False)  # accel's AVX2 kernel layout
         self._avx2_kind = 2  # decode_layers kind of that layout (see avx2_operands)
         self.register_buffer("_avx2_scale_min", None, persistent=False)
+        self.compact = False  # `compact_`: the canonical buffers dropped, the kernel layout is the weight
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 64, float_zero: bool = False, **kwargs) -> Self:
         """Quantize an nn.Linear (RTN). The linear's own weight tensor is left untouched (tied weights stay)."""
-        # quantized on load (`--quant`, a plan applied in the runtime): int4f keeps its scale and zero in fp32
-        q, s, z = quantize_int4_groupwise(linear.weight.detach(), group_size, float_zero, torch.float32)
-        b = linear.bias.detach() if linear.bias is not None else None
-        return cls.from_quantized(q, s, z, group_size, b, **kwargs).to(linear.weight.device)
+        w = linear.weight.detach()
+        return cls.from_rows(lambda a, b: w[a:b], *w.shape, group_size, float_zero, linear.bias,
+                             **kwargs).to(w.device)
+
+    @classmethod
+    def from_rows(cls, rows: Rows, out_features: int, in_features: int, group_size: int = 64,
+                  float_zero: bool = False, bias: Tensor | None = None, **kwargs) -> Self:
+        """Quantize (RTN) a weight read `_QUANT_CHUNK_ROWS` rows at a time (from a file as it loads, `--quant`)
+        into the module's own buffers: only a block of rows is ever float. int4f keeps its scale and zero in fp32
+        here (the runtime's rounding; an export stores them at fp16)."""
+        m = cls(in_features, out_features, group_size=group_size, bias=bias is not None, float_zero=float_zero,
+                **kwargs)
+        for r in range(0, out_features, _QUANT_CHUNK_ROWS):
+            w = rows(r, min(r + _QUANT_CHUNK_ROWS, out_features)).float()
+            q, scale, zero = quantize_int4_groupwise(w, group_size, float_zero, torch.float32)
+            m.qweight[r:r + len(w)] = pack_int4(q)
+            m.scales[r:r + len(w)] = scale
+            m.zeros[r:r + len(w)] = zero.to(m.zeros.dtype)
+        if bias is not None:
+            m.bias = bias.detach().clone().float()
+        return m
 
     @classmethod
     def from_quantized(cls, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int,
@@ -605,8 +723,39 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
             m.bias = bias.detach().clone().float()
         return m
 
+    def compact_(self) -> int:
+        """Serving only: drop the canonical qweight, scales and zeros that the kernel layout (`avx2_operands`: the
+        packed weight and its scale / min stream) duplicates, so the weight is held once, at the bytes an export
+        stores; returns the bytes freed. A compacted module computes as before and dequantizes from the kernel's
+        own operands (`dequantized`: what the kernel multiplies by), but is neither moved nor saved."""
+        if self.compact or self.qweight.device.type != "cpu" or self.group_size % 16 or not cpu.available():
+            return 0
+        self.avx2_operands()
+        freed = sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros))
+        self.qweight = torch.empty(0, dtype=torch.uint8)
+        self.scales = torch.empty(0)
+        self.zeros = torch.empty(0, dtype=self.zeros.dtype)
+        self._cpu_packed = self._cpu_scales_zeros = None
+        self.compact = True
+        return freed
+
+    def _kernel_weight(self) -> Tensor:
+        """The weight the kernel multiplies by, fp32 [out, in], from its operands: q * scale + min per group."""
+        kind, packed, sm = self.avx2_operands()
+        q, sm = cpu.int4_vnni_unlayout(packed, sm) if kind == 4 else (cpu.int4_unrepack(packed), sm)
+        if sm.dtype == torch.int16:  # (fp16 scale, fp16 zero point): min = -zero * scale, formed in fp32
+            h = sm.view(torch.float16).float()
+            scale, low = h[..., 0], -(h[..., 1] * h[..., 0])
+        else:
+            scale, low = sm[..., 0].float(), sm[..., 1].float()
+        g = self.group_size
+        w = q.float().reshape(self.out_features, -1, g) * scale[..., None] + low[..., None]
+        return w.reshape(self.out_features, self.in_features)
+
     def dequantized(self) -> Tensor:
-        """The float reference weight [out, in] fp32."""
+        """The float reference weight [out, in] fp32 (once compacted: the kernel's own, `_kernel_weight`)."""
+        if self.compact:
+            return self._kernel_weight()
         return dequantize_int4_groupwise(unpack_int4(self.qweight), self.scales, self.zeros, self.group_size)
 
     def _prepare_cpu(self) -> None:
@@ -620,6 +769,10 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
 
     def kernel_for(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
         """Which path forward takes for `rows` activation rows: "avx2", "int4pack", "gemm" or "generic"."""
+        if self.compact:
+            return "avx2" if dtype == torch.float32 and rows < _dequant_min_rows(
+                self.dequant_min_rows, INT4_DEQUANT_MIN_ROWS, self.in_features if self.group_size % 32 == 0 else 1,
+                dtype) else "gemm"
         if device.type != "cpu":
             return "generic"
         width = self.in_features if self.group_size % 32 == 0 else 1  # the VNNI GEMM needs whole blocks per group
@@ -643,7 +796,6 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         - else fp32 (scale, min).
         """
         if self._avx2_packed is None:
-            q = unpack_int4(self.qweight)
             scales = self.scales.float()
             sm = torch.stack([scales, -self.zeros.float() * scales], dim=-1).contiguous()
             half = sm.half()
@@ -655,10 +807,12 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
             if self.qweight.device.type == "cpu" and cpu.vnni_int4(self.in_features, self.out_features,
                                                                              self.group_size):
                 self._avx2_kind = 4
-                self._avx2_packed, self._avx2_scale_min = cpu.int4_vnni_layout(q, sm)
+                self._avx2_packed, self._avx2_scale_min = _by_tiles(
+                    self.qweight, lambda p, r: cpu.int4_vnni_layout(unpack_int4(p), sm[r:r + len(p)]), rows=True)
             else:
                 self._avx2_kind = 2
-                self._avx2_packed, self._avx2_scale_min = cpu.int4_repack(q), sm
+                self._avx2_packed, self._avx2_scale_min = _by_tiles(
+                    self.qweight, lambda p: (cpu.int4_repack(unpack_int4(p)),))[0], sm
         return self._avx2_kind, self._avx2_packed, self._avx2_scale_min
 
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
@@ -677,21 +831,29 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         return F.linear(x2, self._dequant_rows(0, self.out_features).to(x2.dtype))
 
     def _dequant_rows(self, start: int, end: int) -> Tensor:
-        if self.qweight.device.type == "cpu" and self.group_size % 16 == 0 and cpu.available():
+        if (self.compact or self.qweight.device.type == "cpu") and self.group_size % 16 == 0 and cpu.available():
             kind, packed, scale_min = self.avx2_operands()
             if kind == 2:
                 return cpu.int4_dequant(packed, scale_min, self.group_size, start, end)
+            if self.compact:
+                return self._kernel_weight()[start:end]
         return dequantize_int4_groupwise(unpack_int4(self.qweight[start:end]), self.scales[start:end],
                                          self.zeros[start:end], self.group_size)
 
     def _apply(self, fn, recurse=True):
+        _refuse_if_compact(self)
         # A device move invalidates the kernel-layout cache (its layout is device specific).
         self._cpu_packed = self._cpu_scales_zeros = self._avx2_packed = self._avx2_scale_min = None
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
+        _refuse_if_compact(self)
         self._cpu_packed = self._cpu_scales_zeros = self._avx2_packed = self._avx2_scale_min = None
         super()._load_from_state_dict(*args, **kwargs)
+
+    def _save_to_state_dict(self, *args, **kwargs):
+        _refuse_if_compact(self)
+        super()._save_to_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -819,16 +981,10 @@ def concat_quantized(mods: list[nn.Module]) -> nn.Module:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> nn.Module:
-    """Replace the nn.Linear submodules named in `plan` ({hf_module_name: scheme}) in place; returns `model`.
-
-    "int8" / "int8g" / "w8a8" / "int4" / "int4f" swap in the quantized modules (int8g per group of 32; w8a8 int8 with
-    8-bit activations; int4 with `group_size`;
-    int4f with float zero points); "fp16" / "bf16" / "fp32" leave the
-    layer unchanged in the model's dtype. Everything is validated before anything is replaced, so a bad plan
-    leaves the model untouched. A tied lm_head is replaced by a module with its own quantized copy; the
-    embedding keeps the original float tensor.
-    """
+def check_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> None:
+    """Raise ValueError naming the entry when `plan` ({hf_module_name: scheme}) cannot apply to `model` (a scheme
+    that does not exist, a module that is not an nn.Linear of the model, a width the scheme's groups do not divide).
+    Reads shapes only: the model may still be on the meta device."""
     modules = dict(model.named_modules())
     for name, scheme in plan.items():
         if scheme not in SCHEMES:
@@ -848,14 +1004,40 @@ def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> 
         if scheme == "int8g" and modules[name].in_features % INT8_GROUP:
             raise ValueError(f"module {name!r}: int8g needs in_features divisible by {INT8_GROUP}; got "
                              f"{modules[name].in_features}")
+
+
+def quantize_rows(rows: Rows, out_features: int, in_features: int, scheme: str, group_size: int = 64,
+                  bias: Tensor | None = None) -> nn.Module:
+    """The kernel module of a quantized `scheme` (RTN), its weight read a block of rows at a time (`from_rows`)."""
+    if scheme in INT8_SCHEMES:
+        return Int8WeightOnlyLinear.from_rows(rows, out_features, in_features,
+                                              INT8_GROUP if scheme == "int8g" else None, bias, a8=scheme == "w8a8")
+    if scheme in INT4_SCHEMES:
+        return Int4WeightOnlyLinear.from_rows(rows, out_features, in_features, group_size, scheme == "int4f", bias)
+    raise ValueError(f"{scheme!r} is not a quantized scheme; allowed: {INT8_SCHEMES + INT4_SCHEMES}")
+
+
+def quantize_linear(linear: nn.Linear, scheme: str, group_size: int = 64) -> nn.Module:
+    """`linear` as the kernel module of `scheme` (RTN), or `linear` itself for a float scheme."""
+    if scheme in FLOAT_SCHEMES:
+        return linear
+    w = linear.weight.detach()
+    return quantize_rows(lambda a, b: w[a:b], *w.shape, scheme, group_size, linear.bias).to(w.device)
+
+
+def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> nn.Module:
+    """Replace the nn.Linear submodules named in `plan` ({hf_module_name: scheme}) in place; returns `model`.
+
+    "int8" / "int8g" / "w8a8" / "int4" / "int4f" swap in the quantized modules (int8g per group of 32; w8a8 int8 with
+    8-bit activations; int4 with `group_size`; int4f with float zero points); "fp16" / "bf16" / "fp32" leave the
+    layer unchanged in the model's dtype. The plan is checked before anything is replaced (`check_plan`), so a bad
+    plan leaves the model untouched. A tied lm_head is replaced by a module with its own quantized copy; the
+    embedding keeps the original float tensor. (A model loaded from disk gets its plan as it loads:
+    `accel.kernels.loader.load_weights`.)
+    """
+    check_plan(model, plan, group_size)
     for name, scheme in plan.items():
-        if scheme in INT8_SCHEMES:
-            new = Int8WeightOnlyLinear.from_linear(modules[name], group_size=INT8_GROUP if scheme == "int8g" else None,
-                                                   a8=scheme == "w8a8")
-        elif scheme in INT4_SCHEMES:
-            new = Int4WeightOnlyLinear.from_linear(modules[name], group_size=group_size, float_zero=scheme == "int4f")
-        else:
-            continue
+        new = quantize_linear(model.get_submodule(name), scheme, group_size)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
     return model
@@ -876,6 +1058,35 @@ def linear_scheme(module: nn.Module) -> str:
         return _FLOAT_DTYPE_SCHEME[module.weight.dtype]
     raise ValueError(f"{type(module).__name__} is not a Linear accel knows; expected nn.Linear (fp16/bf16/fp32), "
                      f"Int8WeightOnlyLinear or Int4WeightOnlyLinear")
+
+
+def held_bytes(scheme: str, out_features: int, in_features: int, group_size: int = 64,
+               dtype: torch.dtype = torch.float32) -> int:
+    """Bytes a Linear's weight of `scheme` holds once loaded for the CPU kernels (compacted: the kernel layout is
+    the only copy): INT8 1 byte a weight + its scales, INT4 half a byte + a 4-byte (scale, zero) pair per group
+    (8 for an int4f grid off fp16), a float Linear its dtype's bytes. Bias not counted."""
+    n = out_features * in_features
+    if scheme in ("int8", "w8a8"):
+        return n + 4 * out_features
+    if scheme == "int8g":
+        return n + 2 * n // INT8_GROUP + 4 * out_features
+    if scheme in INT4_SCHEMES:
+        return n // 2 + (8 if scheme == "int4f" else 4) * n // group_size
+    return n * torch.empty(0, dtype=dtype).element_size()
+
+
+def module_bytes(model: nn.Module) -> int:
+    """Bytes of every tensor `model` holds (parameters, buffers, kernel layouts; storage shared counted once)."""
+    seen: dict[int, int] = {}
+    for m in model.modules():
+        tensors = [*m._parameters.values(), *m._buffers.values(), getattr(m, "packed", None)]
+        for t in tensors:
+            if isinstance(t, Tensor) and not t.is_meta and not getattr(t, "is_mkldnn", False):
+                st = t.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+            elif isinstance(t, Tensor) and getattr(t, "is_mkldnn", False):
+                seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
 
 
 def weight_bytes(module: nn.Module) -> int:

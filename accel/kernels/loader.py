@@ -10,12 +10,14 @@ transformers and vLLM load. A tied INT8 table is held once (`share_table`).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 from torch import nn
 
 TABLE = "model.embed_tokens"  # the token table (tied to lm_head in small models)
+ROWS_PER_READ = 8192  # rows of a table or planned Linear read at once: bounds the float transient of a load
 
 
 def is_compressed(path: str | Path) -> bool:
@@ -25,28 +27,6 @@ def is_compressed(path: str | Path) -> bool:
         return False
     q = json.loads(cfg.read_text()).get("quantization_config") or {}
     return q.get("quant_method") == "compressed-tensors"
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    """The folder's weight files: those its index names, else every *.safetensors."""
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / n for n in names]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {folder}")
-    return files
-
-
-def read_state(folder: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's safetensors files, on `device`."""
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for f in safetensors_files(Path(folder)):
-        state.update(load_file(str(f), device=str(device)))
-    return state
 
 
 W8A8_ACTIVATIONS = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True, "strategy": "token"}
@@ -142,51 +122,215 @@ def share_table(model: nn.Module) -> None:
         table.qweight = head.qweight
 
 
-def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, device: torch.device,
-                 tied: bool) -> nn.Module:
-    """Fill `model` (HF module names; its float tensors already in `dtype` on `device`) from the folder: plain
-    tensors loaded, quantized Linears swapped for kernel modules. `tied`: lm_head shares the token table. Raises
-    ValueError naming what does not match."""
-    folder = Path(folder)
+def _module_prefix(name: str) -> str:
+    return name.rsplit(".", 1)[0]
+
+
+def _set_tensor(model: nn.Module, name: str, t: torch.Tensor) -> bool:
+    """Put tensor `name` into the tree as its parameter (frozen) or buffer, replacing what is there (a meta
+    placeholder); False when the tree has no such tensor."""
+    prefix, _, attr = name.rpartition(".")
+    try:
+        mod = model.get_submodule(prefix) if prefix else model
+    except AttributeError:
+        return False
+    if attr in mod._parameters:
+        mod._parameters[attr] = nn.Parameter(t, requires_grad=False)
+    elif attr in mod._buffers:
+        mod._buffers[attr] = t
+    else:
+        return False
+    return True
+
+
+def _replace(model: nn.Module, prefix: str, module: nn.Module) -> None:
+    parent, _, child = prefix.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, device: torch.device, tied: bool,
+                 plan: dict[str, str] | None = None, group_size: int = 64,
+                 table_dtype: torch.dtype | None = None) -> nn.Module:
+    """Fill `model` (HF module names; built on the meta device, or with its tensors already allocated) from the
+    folder, one module at a time, so memory holds the model as it will run plus one module's tensors:
+
+    - a compressed-tensors quantized Linear becomes its kernel module, built from the stored integers;
+    - a Linear that `plan` ({module: scheme}, `--quant`) quantizes is rounded as it is read, a block of rows at a
+      time (`quantize_rows`);
+    - every other tensor is read as stored and cast to `dtype` (to `table_dtype`, a 16-bit `Float16Embedding`,
+      for the token table when given and the head does not share it);
+    - `tied`: lm_head shares the token table (or, quantized, is rounded from it).
+
+    Raises ValueError naming what does not match."""
+    from accel.kernels.linear import FLOAT_SCHEMES, Float16Embedding, check_plan, quantize_rows
+    from accel.tensorio import TensorFiles
+
+    folder, plan = Path(folder), dict(plan or {})
+    check_plan(model, plan, group_size)
     a8_targets = activation_quantized(json.loads((folder / "config.json").read_text())) \
         if (folder / "config.json").is_file() else []
-    state = read_state(folder, device)
-    if hasattr(model, "checkpoint_state"):  # a runtime family's own names (Phi-3's fused projections split)
-        state = model.checkpoint_state(state)
-    quant = {k.rsplit(".", 1)[0] for k in state if k.endswith(".weight_scale")}
-    plain = {k: v.to(dtype) if v.is_floating_point() else v
-             for k, v in state.items() if k.rsplit(".", 1)[0] not in quant}
-    if tied:
-        plain.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(plain, strict=False)
-    missing = [m for m in missing if m.rsplit(".", 1)[0] not in quant and not (tied and m == "lm_head.weight")
-               and "rotary_emb" not in m]
-    unexpected = [u for u in unexpected if "rotary_emb" not in u]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {folder} does not match the model's architecture: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    for prefix in sorted(quant):
-        bias = state.get(f"{prefix}.bias")
-        module = kernel_module(state, prefix, None, None if bias is None else bias.to(dtype),
-                               a8=targeted(prefix, a8_targets)).to(device)
-        if prefix == TABLE:  # the INT8 table's lookups return the model's dtype, scaled as the module they replace
-            module.dtype = dtype
-            scale = getattr(model.get_submodule(TABLE), "embed_scale", None)
-            module.embed_scale = None if scale is None else torch.as_tensor(scale).float()
-        parent, _, child = prefix.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, module)
+    files = TensorFiles(folder)
+    groups: dict[str, list[str]] = {}
+    for name in files.names():
+        groups.setdefault(_module_prefix(name), []).append(name)
+    quant = {p for p in groups if f"{p}.weight_scale" in files}
+    head_scheme = plan.get("lm_head")
+    head_quantized = "lm_head" in quant or head_scheme not in (None, *FLOAT_SCHEMES)
+    unexpected: list[str] = []
+
+    def rows_of(name: str):
+        return lambda a, b: files.read_rows(name, a, b).to(device)
+
+    def planned(prefix: str) -> bool:
+        return plan.get(prefix) not in (None, *FLOAT_SCHEMES)
+
+    def quantize_from_file(prefix: str, weight: str) -> None:
+        """A planned Linear rounded from the file a block of rows at a time: its float weight is never whole."""
+        out_f, in_f = files.infos[weight].shape
+        bias = files.read(f"{prefix}.bias").to(dtype) if f"{prefix}.bias" in files else None
+        _replace(model, prefix, quantize_rows(rows_of(weight), out_f, in_f, plan[prefix], group_size, bias))
+
+    def table_16bit() -> None:
+        """The token table read into its 16-bit module a block of rows at a time."""
+        name = f"{TABLE}.weight"
+        table = torch.empty(files.infos[name].shape, dtype=table_dtype, device=device)
+        for r in range(0, table.shape[0], ROWS_PER_READ):
+            table[r:r + ROWS_PER_READ] = rows_of(name)(r, min(r + ROWS_PER_READ, table.shape[0]))
+        module = Float16Embedding(table, dtype)
+        _scale_like(model, module, dtype)
+        _replace(model, TABLE, module)
+
+    def place(prefix: str, state: dict[str, torch.Tensor]) -> None:
+        """A module's tensors (HF names, as stored) into the tree."""
+        if prefix in quant:
+            bias = state.get(f"{prefix}.bias")
+            module = kernel_module(state, prefix, None, None if bias is None else bias.to(dtype),
+                                   a8=targeted(prefix, a8_targets)).to(device)
+            if prefix == TABLE:  # the INT8 table's lookups return the model's dtype, scaled as the module it replaces
+                _scale_like(model, module, dtype)
+            _replace(model, prefix, module)
+            return
+        state = {k: v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v for k, v in state.items()}
+        if planned(prefix):  # a fused checkpoint's part (Phi-3), split in memory
+            w = state[f"{prefix}.weight"]
+            _replace(model, prefix, quantize_rows(lambda a, b: w[a:b], *w.shape, plan[prefix], group_size,
+                                                  state.get(f"{prefix}.bias")))
+            return
+        for name, t in state.items():
+            if tied and name == "lm_head.weight":
+                continue
+            if not _set_tensor(model, name, t.to(device)):
+                unexpected.append(name)
+
+    fused_parts = hasattr(model, "checkpoint_state") and model.config.model_type == "phi3"
+    for prefix, names in groups.items():
+        weight = f"{prefix}.weight"
+        if prefix == TABLE and weight in files and prefix not in quant:
+            if tied and planned("lm_head"):  # the head's own rounded copy of the table
+                out_f, in_f = files.infos[weight].shape
+                _replace(model, "lm_head", quantize_rows(rows_of(weight), out_f, in_f, plan["lm_head"], group_size))
+            if table_dtype is not None and (head_quantized or not tied) and names == [weight]:
+                table_16bit()
+                continue
+        if planned(prefix) and weight in files and not fused_parts:
+            quantize_from_file(prefix, weight)
+            continue
+        if prefix == "lm_head" and prefix in quant and not any(f"lm_head.{w}" in files for w in ("weight",
+                                                                                                 "weight_packed")):
+            names = [*names, f"{TABLE}.weight"]  # a tied INT8 table: the head's integers are the table's
+        state = {n: files.read(n) for n in names}
+        if hasattr(model, "checkpoint_state"):  # a runtime family's own names (Phi-3's fused projections split)
+            state = model.checkpoint_state(state)
+        by_module: dict[str, dict[str, torch.Tensor]] = {}
+        for n, t in state.items():
+            by_module.setdefault(prefix if prefix in quant else _module_prefix(n), {})[n] = t
+        for p, st in by_module.items():
+            place(p, st)
+    if tied and not isinstance(model.lm_head, _quantized_types()) and "lm_head" not in quant:
+        model.lm_head.weight = model.get_submodule(TABLE).weight
+    _materialize_rest(model, folder, device, unexpected)
     share_table(model)
     return model
 
 
+def planned_bytes(folder: str | Path, dtype: torch.dtype, tied: bool, plan: dict[str, str] | None = None,
+                  group_size: int = 64, table_dtype: torch.dtype | None = None) -> tuple[int, int]:
+    """From the safetensors headers alone, before anything is read: (bytes `load_weights` will hold with these
+    arguments, bytes of the largest transient while loading: a tensor read and, quantized on load, its fp32
+    rounding temporaries)."""
+    from accel.kernels.linear import FLOAT_SCHEMES, held_bytes
+    from accel.tensorio import TensorFiles
+
+    files, plan = TensorFiles(folder), dict(plan or {})
+    size = torch.empty(0, dtype=dtype).element_size()
+    quant = {_module_prefix(n) for n in files if n.endswith(".weight_scale")}
+    held, transient = 0, 0
+    head_planned = plan.get("lm_head") not in (None, *FLOAT_SCHEMES)
+    for name, info in files.infos.items():
+        prefix, numel = _module_prefix(name), math.prod(info.shape)
+        if not (name == f"{TABLE}.weight" or plan.get(prefix) not in (None, *FLOAT_SCHEMES)):
+            transient = max(transient, info.nbytes)  # read whole
+        if prefix in quant:  # stored integers as they are; 16-bit scales and zero points held at 32 bits
+            held += info.nbytes * (1 if info.dtype in (torch.int8, torch.uint8, torch.int32) else 2)
+        elif name == f"{prefix}.weight" and plan.get(prefix) not in (None, *FLOAT_SCHEMES):
+            held += held_bytes(plan[prefix], info.shape[0], info.shape[1], group_size)
+            # the rounding's fp32 temporaries of a block of rows
+            transient = max(transient, 16 * min(info.shape[0], ROWS_PER_READ) * info.shape[1])
+        elif name == f"{TABLE}.weight" and table_dtype is not None and (head_planned or not tied):
+            held += numel * torch.empty(0, dtype=table_dtype).element_size()
+        elif not (tied and name == "lm_head.weight"):
+            held += numel * size if info.dtype.is_floating_point else info.nbytes
+        if tied and name == f"{TABLE}.weight" and head_planned:
+            held += held_bytes(plan["lm_head"], info.shape[0], info.shape[1], group_size)
+    return held, transient
+
+
+def _quantized_types() -> tuple[type, ...]:
+    from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+
+    return (Int4WeightOnlyLinear, Int8WeightOnlyLinear)
+
+
+def _scale_like(model: nn.Module, module: nn.Module, dtype: torch.dtype) -> None:
+    """A replacement table returns `dtype` rows scaled as the module it replaces (transformers' Gemma scales its
+    embedding by sqrt(hidden) inside the module)."""
+    module.dtype = dtype
+    scale = getattr(model.get_submodule(TABLE), "embed_scale", None)
+    module.embed_scale = None if scale is None or scale.is_meta else torch.as_tensor(scale).float()
+    if scale is not None and scale.is_meta:
+        module.embed_scale = torch.as_tensor(model.get_submodule(TABLE).scalar_embed_scale).float()
+
+
+def _materialize_rest(model: nn.Module, folder: Path, device: torch.device, unexpected: list[str]) -> None:
+    """After the checkpoint: a parameter still on the meta device is missing from it (ValueError, with what was
+    unexpected); a meta buffer is one the model computes itself (a rotary table), computed as transformers does."""
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    unexpected = [u for u in unexpected if "rotary_emb" not in u]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {folder} does not match the model's architecture: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for mod in model.modules():
+        metas = [n for n, b in mod._buffers.items() if b is not None and b.is_meta]
+        for n in metas:
+            mod._buffers[n] = torch.empty_like(mod._buffers[n], device=device)
+        if metas:
+            if not hasattr(model, "_init_weights"):
+                raise ValueError(f"{type(mod).__name__}: buffers {metas} are neither in the checkpoint nor computed")
+            model._init_weights(mod)
+
+
 def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """A transformers model of the folder (for evaluation next to transformers' own), its quantized Linears as
-    kernel modules (weights stay quantized in memory), exactly as stored."""
+    kernel modules (weights stay quantized in memory), exactly as stored; built on the meta device and filled one
+    module at a time (`load_weights`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(folder)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # random init, overwritten below
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied:
+        model.tie_weights()
     return load_weights(model, folder, dtype, torch.device("cpu"), tied).eval()

@@ -53,21 +53,9 @@ def hf_tensor_name(gguf_name: str) -> str:
     return f"model.layers.{i}.{_LAYER_NAMES[part]}.{suffix}"
 
 
-def read_tensors(reader) -> dict:
-    """Every tensor dequantized to fp32 under its HF name, norms back to HF's `w` (stored as 1 + w)."""
-    import torch
-    from gguf.quants import dequantize
-
-    out = {}
-    for t in reader.tensors:
-        shape = [int(n) for n in reversed(t.shape)]  # GGUF lists ne0 (the row length) first
-        a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-        name = hf_tensor_name(t.name)
-        w = torch.from_numpy(a.copy())
-        if t.name.endswith("norm.weight"):
-            w = w - 1.0
-        out[name] = w
-    return out
+def to_hf(gguf_name: str, w):
+    """A dequantized tensor as HF's Gemma3 holds it: norms back to `w` (the GGUF stores 1 + w)."""
+    return w - 1.0 if gguf_name.endswith("norm.weight") else w
 
 
 def check_supported(reader) -> None:
@@ -160,25 +148,3 @@ def gemma3_tokenizer(reader):
                     for i, p in enumerate(pieces) if types[i] in (CONTROL, USER_DEFINED)])
     tok.clean_up_tokenization_spaces = False
     return tok
-
-
-def convert(gguf_path: Path, out_dir: Path, name: str) -> tuple[object, object]:
-    """Write `out_dir` (config, model.safetensors, tokenizer) from a gemma3 GGUF; -> (config, tokenizer)."""
-    from gguf import GGUFReader
-    from safetensors.torch import save_file
-
-    reader = GGUFReader(str(gguf_path))
-    check_supported(reader)
-    config = gemma3_config(reader)
-    config._name_or_path = name
-    tokenizer = gemma3_tokenizer(reader)
-    tensors = read_tensors(reader)
-    config.save_pretrained(out_dir)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(Path(out_dir) / "model.safetensors"),
-              metadata={"format": "pt"})
-    tokenizer.save_pretrained(out_dir)
-    from transformers import GenerationConfig
-
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=config.pad_token_id).save_pretrained(out_dir)
-    return config, tokenizer

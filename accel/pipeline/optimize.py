@@ -53,9 +53,9 @@ def model_fingerprint(recipe: Recipe) -> str:
 
 def tokenizer(ctx: StageContext):
     if "tokenizer" not in ctx.state:
-        from transformers import AutoTokenizer
+        from accel.tokenizer import load_tokenizer
 
-        ctx.state["tokenizer"] = AutoTokenizer.from_pretrained(model_path(ctx))
+        ctx.state["tokenizer"] = load_tokenizer(model_path(ctx))
     return ctx.state["tokenizer"]
 
 

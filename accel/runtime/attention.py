@@ -77,10 +77,11 @@ class PagedKVCache:
     group = 0  # the KV group whose block table addresses it (`KVLayout`)
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype,
+                 kv: tuple[Tensor, Tensor] | None = None) -> None:
+        """`kv`: the zeroed (k, v) tensors to use, slices of one allocation for every layer (`allocate`)."""
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = cpu.zeros(shape, dtype, device)
-        self.v = cpu.zeros(shape, dtype, device)
+        self.k, self.v = kv if kv is not None else (cpu.zeros(shape, dtype, device), cpu.zeros(shape, dtype, device))
         self.quantized = dtype == torch.int8
         self.compute_dtype = compute_dtype
         # fp32 CPU cache: accel's kv_write_ (one call, no index_copy_ dispatch) when the kernels are built
@@ -88,6 +89,15 @@ class PagedKVCache:
         if self.quantized:
             self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
             self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
+
+    @classmethod
+    def allocate(cls, n: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype) -> list[PagedKVCache]:
+        """`n` caches whose K and V are slices of one zeroed allocation (in 2 MB pages on a CPU): one mapping, not
+        2n each rounded up to whole 2 MB pages."""
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        arena = cpu.zeros((n, 2, *shape), dtype, device)
+        return [cls(*shape, dtype, device, compute_dtype, kv=(arena[i, 0], arena[i, 1])) for i in range(n)]
 
     def for_group(self, group: int) -> PagedKVCache:
         """This cache's tensors addressed by another KV group's table (layers of different groups share tensors:

@@ -135,6 +135,35 @@ class _RequestState:
         self.prompt_top_logprobs.extend((top or [[]] * len(logprobs))[skip:])
 
 
+def check_memory(path: str | Path, config: EngineConfig, device) -> None:
+    """Refuse, before a weight is read, a CPU model whose weights (as `load_model` will hold them) and KV cache do
+    not fit this process's memory budget (`accel.memory`), in one line with the numbers."""
+    if device.type != "cpu":
+        return
+    from accel.kernels.linear import FLOAT_SCHEMES
+    from accel.kernels.loader import is_compressed, planned_bytes
+    from accel.memory import Need, check_fits
+    from accel.runtime.models.hf_config import load_config
+
+    hf = load_config(path)
+    dtype = config.resolve_dtype(device)
+    plan = config.quant_plan or {}
+    quantized = is_compressed(path) or any(s not in FLOAT_SCHEMES for s in plan.values())
+    table_dtype = torch.float16 if quantized and dtype == torch.float32 else None
+    weights, transient = planned_bytes(path, dtype, bool(getattr(hf, "tie_word_embeddings", False)), plan,
+                                       config.quant_group_size, table_dtype)
+    if config.num_kv_blocks is None:
+        kv = config.kv_cache_memory_bytes
+    else:
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        kv = config.num_kv_blocks * config.block_size * hf.num_hidden_layers * 2 * hf.num_key_value_heads * \
+            head_dim * (1 if config.kv_cache_dtype == "int8" else torch.empty(0, dtype=dtype).element_size())
+    schemes = sorted({s for s in plan.values() if s not in FLOAT_SCHEMES})
+    what = f"{path}" + (f" at {'/'.join(schemes)}" if schemes else "")
+    check_fits(Need(what, {"weights": weights, "KV cache": kv, "loading": max(0, transient - kv)}),
+               "lower kv_cache_memory_gb, quantize further (--quant int4), or raise the limit")
+
+
 class Engine:
     def __init__(self, model: CausalLM, config: EngineConfig, tokenizer=None, proposer=None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -164,11 +193,12 @@ class Engine:
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             preemption_mode=config.preemption_mode, max_step_rows=spec.max_step_rows if spec else None),
             self.kv)
-        self.runner = ModelRunner(model, RunnerConfig(config.block_size, num_blocks, config.kv_cache_dtype))
-        if hasattr(model, "prepare_cpu_decode"):
+        if hasattr(model, "prepare_cpu_decode"):  # before the KV cache: its transients then peak below the end
             model.prepare_cpu_decode()  # 2 MB pages; decode steps in one native call where every layer fits it
             if config.kv_cache_dtype != "auto":
                 model.native_decode = None  # the native step reads an fp32 cache
+        self.runner = ModelRunner(model, RunnerConfig(config.block_size, num_blocks, config.kv_cache_dtype))
+
         self.eos_token_id = _eos_id(model.config, tokenizer)
         self._states: dict[str, _RequestState] = {}
         self._grammar = None  # runtime.structured.GrammarCompiler, built on the first constrained request
@@ -183,7 +213,15 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs) -> Engine:
-        """Load an HF folder (config.json + safetensors [+ tokenizer]); kwargs are EngineConfig fields."""
+        """Load an HF folder (config.json + safetensors [+ tokenizer]); kwargs are EngineConfig fields. Refused
+        before a weight is read when it cannot fit this process's memory (`check_memory`)."""
+        from accel.memory import loading
+
+        with loading():
+            return cls._load(path, **kwargs)
+
+    @classmethod
+    def _load(cls, path: str | Path, **kwargs) -> Engine:
         from accel.kernels.loader import is_compressed
 
         config = EngineConfig(model=str(path), **kwargs)
@@ -192,11 +230,8 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         device = config.resolve_device()
-        model = load_model(path, config.resolve_dtype(device), device)
-        if config.quant_plan:
-            from accel.kernels.linear import apply_plan
-
-            apply_plan(model, config.quant_plan, group_size=config.quant_group_size)
+        check_memory(path, config, device)
+        model = load_model(path, config.resolve_dtype(device), device, config.quant_plan, config.quant_group_size)
         if config.fuse_projections:
             fuse_projections(model)
         from accel.kernels.linear import pack_float_linears
@@ -204,10 +239,18 @@ class Engine:
         pack_float_linears(model)  # CPU fp32: oneDNN with pre-reordered weights; a no-op elsewhere
         tokenizer = None
         if (Path(path) / "tokenizer_config.json").exists() or (Path(path) / "tokenizer.json").exists():
-            from transformers import AutoTokenizer
+            from accel.tokenizer import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_tokenizer(path)
         return cls(model, config, tokenizer)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this engine holds: the model's weights (kernel layouts included) and its KV cache."""
+        from accel.kernels.linear import module_bytes
+
+        kv = {t.data_ptr(): t.numel() * t.element_size() for c in self.runner.kv_caches
+              for t in (c.k, c.v, getattr(c, "k_scale", None), getattr(c, "v_scale", None)) if t is not None}
+        return {"weights": module_bytes(self.model), "KV cache": sum(kv.values())}
 
     # ---- requests --------------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,

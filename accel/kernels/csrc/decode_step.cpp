@@ -118,15 +118,17 @@ struct DecodeTensors {
   }
 
   // the input embedding [vocab, hidden] and RoPE tables [positions, head_dim] (cos, signed sin): decode_layers then
-  // takes token ids and positions and gathers the rows itself. The embedding is fp32, or an INT8 table (a tied
-  // lm_head's own integers) with fp32 scales `es`, [vocab] or one per 32 values [vocab, hidden / 32], whose
-  // gathered rows are dequantized here. Why: a dequantized fp32 copy of Gemma 3's 262k table is 670 MB.
+  // takes token ids and positions and gathers the rows itself. The embedding is fp32, fp16 (a model served
+  // quantized keeps its 16-bit table) or an INT8 table (a tied lm_head's own integers) with fp32 scales `es`,
+  // [vocab] or one per 32 values [vocab, hidden / 32], whose gathered rows are widened here. Why: a dequantized
+  // fp32 copy of Gemma 3's 262k table is 670 MB.
   void set_tables(torch::Tensor e, torch::Tensor c, torch::Tensor s, double scale, torch::Tensor es) {
     TORCH_CHECK(!has_in_proj, "an input projection's step takes its x, not token ids");
     for (const auto& t : {c, s})
       TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.scalar_type() == at::kFloat, "tables: fp32 contiguous 2-D");
-    TORCH_CHECK(e.dim() == 2 && e.is_contiguous() && (e.scalar_type() == at::kFloat || e.scalar_type() == at::kChar),
-                "embedding: fp32 or int8, contiguous 2-D");
+    TORCH_CHECK(e.dim() == 2 && e.is_contiguous() && (e.scalar_type() == at::kFloat || e.scalar_type() == at::kChar ||
+                                                      e.scalar_type() == at::kHalf),
+                "embedding: fp32, fp16 or int8, contiguous 2-D");
     if (e.scalar_type() == at::kChar) {
       TORCH_CHECK(es.scalar_type() == at::kFloat && es.is_contiguous() && es.dim() >= 1 && es.size(0) == e.size(0) &&
                       (es.dim() == 1 || (es.dim() == 2 && es.size(1) * 32 == e.size(1))),
@@ -298,6 +300,15 @@ static torch::Tensor gather_embed(const DecodeTensors& dw, torch::Tensor idx) {
   const int64_t T = idx.numel(), n = dw.embed.size(0), w = dw.embed.size(1), G = w / 32;
   auto out = torch::empty({T, w}, dw.embed.options().dtype(at::kFloat));
   const int64_t* ip = idx.data_ptr<int64_t>();
+  if (dw.embed.scalar_type() == at::kHalf) {
+    for (int64_t t = 0; t < T; ++t) {
+      TORCH_CHECK(ip[t] >= 0 && ip[t] < n, "token id ", ip[t], " outside the table's ", n, " rows");
+      const at::Half* h = dw.embed.data_ptr<at::Half>() + ip[t] * w;
+      float* o = out.data_ptr<float>() + t * w;
+      for (int64_t j = 0; j < w; ++j) o[j] = static_cast<float>(h[j]);
+    }
+    return out;
+  }
   const bool grouped = dw.embed_scales.dim() == 2;
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(ip[t] >= 0 && ip[t] < n, "token id ", ip[t], " outside the table's ", n, " rows");

@@ -65,7 +65,6 @@ class CausalLM(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.cos: Tensor | None = None
-        self.sin: Tensor | None = None
         self.sin_signed: Tensor | None = None
 
     @property
@@ -108,20 +107,22 @@ class CausalLM(nn.Module):
 
     def init_rope(self, device: torch.device, dtype: torch.dtype) -> None:
         cos, sin = rope_cos_sin(self.config, self.config.max_position_embeddings, device)
-        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
-        self.sin_signed = signed_sin(self.sin)
+        self.cos, self.sin_signed = cos.to(dtype), signed_sin(sin.to(dtype))  # rotate_half folded into the sign
 
     def prepare_cpu_decode(self) -> bool:
         """For the CPU: build the kernels' weight layouts now, move the weights into 2 MB pages, and run decode
         steps through one native call when every layer fits it (NativeDecode). True if the native call is on."""
-        from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+        from accel.kernels.linear import Int4WeightOnlyLinear, Int8Embedding, Int8WeightOnlyLinear
 
         self.native_decode = None
         if next(self.parameters()).device.type != "cpu" or not cpu.available():
             return False
+        tables = {m.qweight.data_ptr() for m in self.modules() if isinstance(m, Int8Embedding)}
         for m in self.modules():
             if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0 or isinstance(m, Int8WeightOnlyLinear):
                 m.avx2_operands()  # built lazily otherwise, after the move
+                if m.qweight.data_ptr() not in tables:  # a tied INT8 table gathers from the canonical rows
+                    m.compact_()  # the kernel layout is now the weight's only copy
         cpu.move_to_huge_pages(self)
         self.native_decode = NativeDecode.for_model(self)
         return self.native_decode is not None

@@ -4,6 +4,7 @@ gate/up projections for the fused kernels."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -97,24 +98,41 @@ def fuse_projections(model: CausalLM) -> list[str]:
     return fused
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """Build the model from `path`/config.json and load its weights (HF names): plain tensors as stored, an
-    export's quantized Linears as kernel modules (`accel.kernels.loader`, the one way from disk to kernels)."""
-    from transformers import AutoConfig
+@contextlib.contextmanager
+def _no_init():
+    """Modules built without initializing their (meta) weights, which the checkpoint replaces: torch's init
+    functions on the meta device import torch._dynamo (2 s, and sympy with it) for nothing."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_", "trunc_normal_")
+    saved = {n: getattr(nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(nn.init, n, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(nn.init, n, f)
 
-    from accel.kernels.loader import load_weights
+
+def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, plan: dict[str, str] | None = None,
+               group_size: int = 64) -> CausalLM:
+    """Build the model from `path`/config.json on the meta device and load its weights (HF names) module by module
+    (`accel.kernels.loader.load_weights`, the one way from disk to kernels): plain tensors as stored, an export's
+    quantized Linears as kernel modules, the Linears `plan` names quantized as they are read (`--quant`). A model
+    served quantized on a CPU keeps a 16-bit token table at 16 bits (`Float16Embedding`), as its export stores it."""
+    from accel.kernels.linear import FLOAT_SCHEMES
+    from accel.kernels.loader import is_compressed, load_weights
+    from accel.runtime.models.hf_config import load_config
 
     path = Path(path)
-    config = AutoConfig.from_pretrained(path)
+    config = load_config(path)
     if hasattr(config, "quantization_config"):  # the plan is in the weights
         del config.quantization_config
     family = family_of(config)
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         model = family(config)
-    model = model.to_empty(device=device).to(dtype)
-    if model.tie_word_embeddings:  # to_empty breaks the tie; restore it
-        model.lm_head.weight = model.model.embed_tokens.weight
-    load_weights(model, path, dtype, device, model.tie_word_embeddings)
+    quantized = is_compressed(path) or any(s not in FLOAT_SCHEMES for s in (plan or {}).values())
+    table_dtype = torch.float16 if quantized and dtype == torch.float32 and device.type == "cpu" else None
+    load_weights(model, path, dtype, device, model.tie_word_embeddings, plan, group_size, table_dtype)
     model.post_load()
     model.init_rope(device, dtype)
     return model.eval().requires_grad_(False)

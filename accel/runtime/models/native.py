@@ -107,7 +107,8 @@ class NativeDecode:
                                    else (table.weight, _NO_FLOATS))
             tables = [model.cos, model.sin_signed]
             if (all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2 for t in tables)
-                    and embed.dtype in (torch.float32, torch.int8) and getattr(table, "embed_scale", None) is None):
+                    and embed.dtype in (torch.float32, torch.float16, torch.int8)
+                    and getattr(table, "embed_scale", None) is None):
                 native.tensors.set_tables(embed.contiguous(), *(t.contiguous() for t in tables),
                                           getattr(model, "embed_scale", 1.0), embed_scales.contiguous())
                 if local_rope:

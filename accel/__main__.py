@@ -1,0 +1,5 @@
+"""`python -m accel`: the `accel` command."""
+
+from accel.cli import main
+
+main()
