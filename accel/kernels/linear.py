@@ -47,6 +47,7 @@ scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstrin
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Self
 
@@ -291,8 +292,26 @@ def int4_from_compressed_tensors(
     float [out, G] unpacked (int4f's `block` strategy, accel.quant.quantize): zeros are then fp32, an int4f module.
     Activation ordering (`weight_g_idx`) is not supported: GPTQ with actorder must be exported without it.
     """
+    packed, scales, zeros = int4_packed_from_compressed_tensors(weight_packed, weight_scale, weight_shape,
+                                                                weight_zero_point)
+    return unpack_int4(packed), scales, zeros
+
+
+def int4_packed_from_compressed_tensors(
+    weight_packed: Tensor, weight_scale: Tensor, weight_shape: tuple[int, int] | Tensor,
+    weight_zero_point: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`int4_from_compressed_tensors` with q still packed, as `pack_int4` packs it (uint8 [out, in / 2]): the int32
+    words' bytes on a little-endian machine are exactly that (two values a byte, the lower one in the low nibble),
+    so an export's 4-bit weights load as a view of what is stored, never unpacked (the unpacking took 4 bytes a
+    weight: 2.2 GB for a 7B's lm_head)."""
     out_f, in_f = (int(v) for v in weight_shape)
-    q = _unpack_int32_nibbles(weight_packed, dim=1)[:, :in_f]  # already +8 offset: [0, 15]
+    if weight_packed.dtype != torch.int32:
+        raise ValueError(f"compressed-tensors packed tensors are int32; got {weight_packed.dtype}")
+    if sys.byteorder == "little" and in_f % 2 == 0:
+        q = weight_packed.contiguous().view(torch.uint8)[:, :in_f // 2].contiguous()
+    else:
+        q = pack_int4(_unpack_int32_nibbles(weight_packed, dim=1)[:, :in_f])  # already +8 offset: [0, 15]
     scales = weight_scale.float().reshape(out_f, -1)
     if weight_zero_point is None:
         zeros = torch.full_like(scales, 8, dtype=torch.uint8)
@@ -311,6 +330,8 @@ def int8_from_compressed_tensors(weight_packed: Tensor, weight_shape: tuple[int,
     if weight_packed.dtype != torch.int32:
         raise ValueError(f"compressed-tensors packed tensors are int32; got {weight_packed.dtype}")
     out_f, in_f = (int(v) for v in weight_shape)
+    if sys.byteorder == "little":  # the words' bytes are the values + 128 in order: flip the top bit, one copy
+        return (weight_packed.contiguous().view(torch.uint8)[:, :in_f] ^ 0x80).view(torch.int8).contiguous()
     shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=weight_packed.device)  # [4]
     fields = (weight_packed.unsqueeze(-1) >> shifts) & 0xFF  # [out, in/4, 4]
     return (fields.reshape(weight_packed.shape[0], -1)[:, :in_f] - 128).to(torch.int8).contiguous()
@@ -697,6 +718,30 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         return m
 
     @classmethod
+    def from_packed(cls, packed: Tensor, scales: Tensor, zeros: Tensor, group_size: int,
+                    bias: Tensor | None = None, **kwargs) -> Self:
+        """Build from q already packed (`pack_int4`, uint8 [out, in / 2]), taken as the module's buffer."""
+        if packed.dtype != torch.uint8 or packed.dim() != 2:
+            raise ValueError(f"packed int4 must be uint8 [out, in / 2]; got {packed.dtype} {tuple(packed.shape)}")
+        out_f, in_f = packed.shape[0], 2 * packed.shape[1]
+        kwargs.setdefault("float_zero", zeros.is_floating_point())
+        # integer zeros are codes; float ones (int4f) any offset: a grid kept from a release may lie off 0 entirely
+        if not zeros.is_floating_point() and (int(zeros.min()) < 0 or int(zeros.max()) > 15):
+            raise ValueError("int4 qweight (and integer zeros) must hold values in [0, 15]")
+        if zeros.is_floating_point() and not bool(torch.isfinite(zeros).all()):
+            raise ValueError("int4f zeros must be finite")
+        with torch.device("meta"):  # shapes checked, nothing allocated: the buffers are the given tensors
+            m = cls(in_f, out_f, group_size=group_size, bias=bias is not None, **kwargs)
+        if scales.shape != m.scales.shape or zeros.shape != m.zeros.shape:
+            raise ValueError(f"scales and zeros must be {tuple(m.scales.shape)}; got {tuple(scales.shape)}, "
+                             f"{tuple(zeros.shape)}")
+        m.qweight = packed
+        m.scales = scales.to(packed.device, torch.float32, copy=True).contiguous()
+        m.zeros = zeros.to(packed.device, m.zeros.dtype, copy=True).contiguous()
+        m.bias = None if bias is None else bias.detach().clone().float().to(packed.device)
+        return m
+
+    @classmethod
     def from_quantized(cls, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int,
                        bias: Tensor | None = None, **kwargs) -> Self:
         """Build from canonical tensors: qweight [out, in] in [0, 15] (unpacked), scales / zeros [out, in // g].
@@ -704,24 +749,12 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         Floating-point zeros make a float-zero-point ("int4f") module; integer zeros an "int4" one."""
         if qweight.dim() != 2:
             raise ValueError(f"qweight must be [out, in] values in [0, 15]; got shape {tuple(qweight.shape)}")
-        out_f, in_f = qweight.shape
-        # integer zeros are codes; float ones (int4f) any offset: a grid kept from a release may lie off 0 entirely
-        if int(qweight.min()) < 0 or int(qweight.max()) > 15 or \
-                not zeros.is_floating_point() and (int(zeros.min()) < 0 or int(zeros.max()) > 15):
+        in_f = qweight.shape[1]
+        if int(qweight.min()) < 0 or int(qweight.max()) > 15:
             raise ValueError("int4 qweight (and integer zeros) must hold values in [0, 15]")
-        if zeros.is_floating_point() and not bool(torch.isfinite(zeros).all()):
-            raise ValueError("int4f zeros must be finite")
-        kwargs.setdefault("float_zero", zeros.is_floating_point())
-        m = cls(in_f, out_f, group_size=group_size, bias=bias is not None, **kwargs).to(qweight.device)
-        if scales.shape != m.scales.shape or zeros.shape != m.zeros.shape:
-            raise ValueError(f"scales and zeros must be {tuple(m.scales.shape)}; got {tuple(scales.shape)}, "
-                             f"{tuple(zeros.shape)}")
-        m.qweight.copy_(pack_int4(qweight))
-        m.scales.copy_(scales.float())
-        m.zeros.copy_(zeros.to(m.zeros.dtype))
-        if bias is not None:
-            m.bias = bias.detach().clone().float()
-        return m
+        if in_f % 2:
+            raise ValueError(f"int4 needs an even in_features; got {in_f}")
+        return cls.from_packed(pack_int4(qweight), scales, zeros, group_size, bias, **kwargs)
 
     def compact_(self) -> int:
         """Serving only: drop the canonical qweight, scales and zeros that the kernel layout (`avx2_operands`: the
@@ -970,10 +1003,9 @@ def concat_quantized(mods: list[nn.Module]) -> nn.Module:
         return Int8WeightOnlyLinear.from_quantized(torch.cat([m.qweight for m in mods]),
                                                    torch.cat([m.scales for m in mods]), bias,
                                                    dequant_min_rows=first.dequant_min_rows)
-    return Int4WeightOnlyLinear.from_quantized(torch.cat([unpack_int4(m.qweight) for m in mods]),
-                                               torch.cat([m.scales for m in mods]),
-                                               torch.cat([m.zeros for m in mods]), first.group_size, bias,
-                                               dequant_min_rows=first.dequant_min_rows)
+    return Int4WeightOnlyLinear.from_packed(torch.cat([m.qweight for m in mods]),  # packed row by row
+                                            torch.cat([m.scales for m in mods]), torch.cat([m.zeros for m in mods]),
+                                            first.group_size, bias, dequant_min_rows=first.dequant_min_rows)
 
 
 # ----------------------------------------------------------------------------------------------------------

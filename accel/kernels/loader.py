@@ -83,12 +83,12 @@ def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int |
             return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)
         if bits != 4:
             raise ValueError(f"{prefix}: {bits}-bit packed weights have no accel kernel; allowed: 4, 5, 8 bits")
-        q, scales, zeros = kernels.int4_from_compressed_tensors(
+        q, scales, zeros = kernels.int4_packed_from_compressed_tensors(
             state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
             state.get(f"{prefix}.weight_zero_point"))
         if group_size is None:
-            group_size = q.shape[1] // scales.shape[1]
-        return kernels.Int4WeightOnlyLinear.from_quantized(q, scales, zeros, group_size, bias=bias)
+            group_size = 2 * q.shape[1] // scales.shape[1]
+        return kernels.Int4WeightOnlyLinear.from_packed(q, scales, zeros, group_size, bias=bias)
     w = state.get(f"{prefix}.weight")
     if w is None and prefix == "lm_head":  # a tied table: the lm_head's integers are the embedding's
         w = state[f"{TABLE}.weight"]

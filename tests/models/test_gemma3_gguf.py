@@ -13,6 +13,7 @@ import torch
 
 from accel.models import gemma3_gguf
 from accel.models.zoo import convert_gguf
+from tests.models.gguf_writing import add_tensor, decoder_writer, finish
 
 NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 3, 4, 6
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
@@ -69,20 +70,10 @@ def spm_reference(text: str, pieces: list[str], scores: list[float], types: list
 
 
 def write_gguf(path, hf_model, pieces, scores, types, quantized: str | None = None) -> None:
-    import gguf
-
     c = hf_model.config
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
+    w = decoder_writer(path, "gemma3", c, c.rope_parameters["full_attention"]["rope_theta"])
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
     w.add_sliding_window(c.sliding_window)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -107,15 +98,8 @@ def write_gguf(path, hf_model, pieces, scores, types, quantized: str | None = No
             _, _, i, *mod, suffix = name.split(".")
             g = f"blk.{i}.{names['.'.join(mod)]}.{suffix}"
         a = t.float().numpy() + (1.0 if g.endswith("norm.weight") else 0.0)
-        if g == quantized:
-            w.add_tensor(g, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(g, a.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        add_tensor(w, g, a, g == quantized)
+    finish(w)
 
 
 def tiny_gemma3(vocab_size: int):

@@ -12,6 +12,7 @@ import torch
 
 from accel.models.gguf_convert import convert
 from tests.conftest import make_tiny_tokenizer
+from tests.models.gguf_writing import add_tensor, decoder_writer, finish
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -25,18 +26,8 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_gguf(path, arch: str, model, tok) -> None:
-    import gguf
-
     c = model.config
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(1e6)
+    w = decoder_writer(path, arch, c, 1e6)
     vocab = tok.backend_tokenizer.get_vocab()
     pieces = [p for p, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     special = set(tok.all_special_tokens)
@@ -66,15 +57,8 @@ def write_gguf(path, arch: str, model, tok) -> None:
             g = f"blk.{i}.{_NAMES['.'.join(mod)]}.{suffix}"
             if arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
                 a = _permute(a, c.num_attention_heads if "attn_q" in g else c.num_key_value_heads)
-        if a.ndim == 2 and a.shape[1] % 32 == 0 and g != "output.weight":
-            w.add_tensor(g, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(g, a.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        add_tensor(w, g, a, a.ndim == 2 and a.shape[1] % 32 == 0 and g != "output.weight")
+    finish(w)
 
 
 def tiny(arch: str, vocab_size: int):
