@@ -253,8 +253,8 @@ def governor_trace(costs: list[tuple[float, float, float]], full: int) -> list[i
 
 
 def team_chunks(n: int, threads: int, late: int, late_us: int) -> Tensor:
-    """Which thread of a one-call decode step's team ran each of `n` chunks ([n] long), where thread `late` starts
-    `late_us` microseconds after the others: the kernels' work split, exposed for its tests."""
+    """Which thread ran each of n chunks in a team of `threads`, where thread `late` starts once all chunks have run
+    (or after `late_us` microseconds): the kernels' work split, exposed for its tests."""
     return _module().team_chunks(n, threads, late, late_us)
 
 

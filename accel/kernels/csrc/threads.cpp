@@ -330,17 +330,24 @@ std::vector<int64_t> governor_trace(std::vector<std::vector<double>> costs, int6
 }
 
 // Test hook: which thread ran each of n chunks of one parallel_chunks call in a team of `threads`, where thread
-// `late` starts `late_us` microseconds after the others (a preempted thread: its range is taken by the others).
+// `late` starts only once all n chunks have run, or after `late_us` microseconds (a preempted thread: its range is
+// taken by the others). No clock decides the outcome: with stealing the late thread finds nothing left; without
+// it, it waits out late_us and then runs its own range.
 torch::Tensor team_chunks(int64_t n, int64_t threads, int64_t late, int64_t late_us) {
   auto who = torch::full({n}, -1, torch::kLong);
   int64_t* w = who.data_ptr<int64_t>();
   std::vector<std::atomic<int>> runs(n);
+  std::atomic<int64_t> done{0};
   run_team(static_cast<int>(threads), [&](int rank, int) {
-    if (rank == late) std::this_thread::sleep_for(std::chrono::microseconds(late_us));
+    if (rank == late) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(late_us);
+      while (done.load(std::memory_order_acquire) < n && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     parallel_chunks(n, [&](int64_t c) {
       runs[c].fetch_add(1);
       w[c] = rank;
-      std::this_thread::sleep_for(std::chrono::microseconds(50));  // the work of a chunk
+      done.fetch_add(1, std::memory_order_release);
     });
   });
   for (int64_t c = 0; c < n; ++c) TORCH_CHECK(runs[c].load() == 1, "chunk ", c, " ran ", runs[c].load(), " times");
