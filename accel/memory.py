@@ -48,6 +48,16 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def reset_peak() -> bool:
+    """Start a new high-water mark (Linux: writing 5 to /proc/self/clear_refs), so a stage's peak is its own, not
+    an earlier stage's; False where the kernel does not allow it (the peak then spans the whole process)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 def current_rss() -> int:
     try:
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -75,6 +85,15 @@ def release_free_memory() -> None:
     """Hand the C allocator's free pages back to the system (glibc `malloc_trim`)."""
     if (libc := _libc()) is not None:
         libc.malloc_trim(0)
+
+
+def collect() -> None:
+    """Free what was dropped, now: models sit in reference cycles, which otherwise wait for the collector, then
+    hand the allocator's free pages back."""
+    import gc
+
+    gc.collect()
+    release_free_memory()
 
 
 @contextlib.contextmanager

@@ -94,3 +94,18 @@ def test_peak_is_this_process_not_the_parent_it_was_started_from():
     out = subprocess.run([sys.executable, "-c", "from accel.memory import peak_rss; print(peak_rss())"],
                          capture_output=True, text=True, check=True, cwd=ROOT)
     assert int(out.stdout) < 250 << 20
+
+
+def test_reset_peak_starts_a_new_high_water_mark():
+    """A stage's peak is its own: after reset_peak the mark is what the process holds now, not an earlier high."""
+    import torch
+
+    from accel.memory import current_rss, peak_rss, reset_peak
+
+    ballast = torch.ones(200 << 20, dtype=torch.uint8)
+    high = peak_rss()
+    del ballast
+    if not reset_peak():
+        pytest.skip("this kernel does not let a process reset its high-water mark (/proc/self/clear_refs)")
+    assert peak_rss() < high - (150 << 20)
+    assert peak_rss() >= current_rss() - (8 << 20)

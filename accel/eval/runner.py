@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from accel.eval.adapters import EvalModel, GenerateFn, LogitsFn, load_eval_model
 from accel.eval.data import TaskExample, load_tasks, load_texts
@@ -20,7 +19,7 @@ from accel.eval.metrics import PositionStats, TextMetrics, concat_stats, positio
 from accel.eval.text_protocol import DEFAULT_WINDOW, EvalProtocol, Window, make_windows, tokenize_domain
 from accel.eval.result import EvalResult, TaskMetrics, TaskRecord, TaskScores
 from accel.eval.scoring import accuracy_stderr, answer_letter, score_reply
-from accel.runlog import terminal
+from accel.progress import bar
 
 DEFAULT_MAX_NEW_TOKENS = 64
 # Defaults sized so baseline + one variant of SmolLM2-135M fit the 5-minute budget on 2 CPU cores
@@ -88,9 +87,9 @@ def evaluate_text(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     per_model: list[dict[str, list[PositionStats]]] = [{d: [] for d in windows_by_domain} for _ in models]
     total = sum(len(ws) for ws in windows_by_domain.values())
-    with tqdm(total=total, desc="text windows", unit="win", disable=not progress, file=terminal()) as bar:
+    with bar(total, "text windows", progress) as b:
         for domain, windows in windows_by_domain.items():
-            bar.set_postfix_str(domain)
+            b.set_postfix(domain=domain)
             for batch in _batches(windows, batch_size):
                 ids = torch.tensor([w.token_ids for w in batch], dtype=torch.long)  # [B, T]
                 base = _logits(baseline, ids).cpu() if baseline is not None else None  # [B, T, V]
@@ -104,7 +103,7 @@ def evaluate_text(
                                 logits[r, rows], ids[r, w.score_from :], base[r, rows] if base is not None else None
                             )
                         )
-                bar.update(len(batch))
+                b.update(len(batch))
     return [{d: concat_stats(parts) for d, parts in stats.items() if parts} for stats in per_model]
 
 
@@ -124,11 +123,14 @@ def generate_replies(
 ) -> dict[str, list[str]]:
     """Greedy replies per task, in example order; `budgets[task]` is its max_new_tokens."""
     out = {}
-    for task, examples in tqdm(tasks.items(), desc="tasks", unit="task", disable=not progress, file=terminal()):
-        replies = generate_fn([e.prompt for e in examples], budgets[task])
-        if len(replies) != len(examples):
-            raise ValueError(f"generate_fn returned {len(replies)} replies for {len(examples)} prompts of {task!r}")
-        out[task] = replies
+    with bar(len(tasks), "tasks", progress) as b:
+        for task, examples in tasks.items():
+            replies = generate_fn([e.prompt for e in examples], budgets[task])
+            if len(replies) != len(examples):
+                raise ValueError(f"generate_fn returned {len(replies)} replies for {len(examples)} prompts of "
+                                 f"{task!r}")
+            out[task] = replies
+            b.update(1)
     return out
 
 

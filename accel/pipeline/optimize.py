@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accel import memory
 from accel.fsutil import atomic_write_text
 from accel.preflight import preflight
 from accel.recipe import Recipe, RecipeError, dump_recipe
@@ -125,6 +126,7 @@ def stage_calibrate(ctx: StageContext) -> dict:
 def stage_sensitivity(ctx: StageContext) -> dict:
     from accel.quant.heatmap import plot_heatmap
     from accel.quant.plan import int4_candidates, token_batches
+    from accel.quant.schemes import quantizable_linears
     from accel.quant.sensitivity import measure_sensitivity, with_group_sizes
 
     from accel.quant.plan import allocates
@@ -143,7 +145,12 @@ def stage_sensitivity(ctx: StageContext) -> dict:
     results, summary = [], {}
     for g in q.int4_group_sizes:  # one measurement per group size the allocator may choose
         candidates, int4f_ratio = int4_candidates(model, q.candidates, g, target)
-        given = gptq_int4_weights(ctx, model, candidates, g, batches)
+        given = None
+        if uses_gptq_int4(ctx, candidates):  # GPTQ consumes a fresh copy: never two fp32 models at once
+            names = quantizable_linears(model)
+            del model
+            given = gptq_int4_weights(ctx, names, g, batches)
+            model = fresh_model(ctx)
         results.append(measure_sensitivity(model, batches, candidates, g, q.sensitivity.metric, _progress(ctx),
                                            given=given))
         summary[g] = {"candidates": candidates, "int4f_error_ratio": int4f_ratio, "int4_quantizer":
@@ -156,19 +163,21 @@ def stage_sensitivity(ctx: StageContext) -> dict:
             **(first if len(summary) == 1 else {"group_sizes": summary})}
 
 
-def gptq_int4_weights(ctx: StageContext, model, candidates, group_size: int, batches) -> dict | None:
-    """What GPTQ makes of each Linear at INT4, for the sensitivity to measure, where the recipe quantizes INT4 with
-    GPTQ (~90 s for SmolLM2-135M on 2 cores); None (RTN measured) otherwise. On int4-mixed, allocating on these
-    instead of RTN's damage: held-out KL 0.0615 -> 0.0573 after the same GPTQ at 5.0 bits."""
-    from accel.quant.quantize import SEARCHED_METHODS, layerwise_gptq
-    from accel.quant.schemes import quantizable_linears
+def uses_gptq_int4(ctx: StageContext, candidates) -> bool:
+    from accel.quant.quantize import SEARCHED_METHODS
 
-    if "int4" not in candidates or ctx.recipe.quantization.method not in SEARCHED_METHODS:
-        return None
+    return "int4" in candidates and ctx.recipe.quantization.method in SEARCHED_METHODS
+
+
+def gptq_int4_weights(ctx: StageContext, names, group_size: int, batches) -> dict:
+    """What GPTQ makes of each Linear at INT4, for the sensitivity to measure, where the recipe quantizes INT4 with
+    GPTQ (~90 s for SmolLM2-135M on 2 cores; RTN is measured otherwise). On int4-mixed, allocating on these
+    instead of RTN's damage: held-out KL 0.0615 -> 0.0573 after the same GPTQ at 5.0 bits."""
+    from accel.quant.quantize import layerwise_gptq
+
     q = ctx.recipe.quantization
-    weights = layerwise_gptq(fresh_model(ctx), quantizable_linears(model), group_size, batches, q.gptq_dampening,
-                             tokenizer(ctx))
-    return {"int4": weights}
+    return {"int4": layerwise_gptq(fresh_model(ctx), names, group_size, batches, q.gptq_dampening, tokenizer(ctx),
+                                   progress=_progress(ctx))}
 
 
 def stage_plan(ctx: StageContext) -> dict:
@@ -189,15 +198,18 @@ def stage_plan(ctx: StageContext) -> dict:
 
 def stage_quantize(ctx: StageContext) -> dict:
     from accel.quant.allocate import Plan
-    from accel.quant.quantize import oneshot_quantize, save_checkpoint
+    from accel.quant.quantize import finish_checkpoint, oneshot_quantize, write_compressed
     from accel.quant.plan import calibration_batches
 
     q = ctx.recipe.quantization
     _set_threads(ctx.recipe)
     plan = Plan.from_json(ctx.upstream_path("plan.json"))
     draw = calibration_draw(ctx)
-    batches, weighting = calibration_batches(fresh_model(ctx), plan, draw.train, ctx.recipe, draw.source_tokens)
-    res = oneshot_quantize(fresh_model(ctx), plan, batches, q.method, q.gptq_dampening, tokenizer(ctx))
+    batches, weighting = calibration_batches(fresh_model(ctx), plan, draw.train, ctx.recipe, draw.source_tokens,
+                                             _progress(ctx))
+    memory.collect()  # that model, freed now rather than at the collector's leisure during GPTQ
+    res = oneshot_quantize(fresh_model(ctx), plan, batches, q.method, q.gptq_dampening, tokenizer(ctx),
+                           progress=_progress(ctx))
     tuning = None
     if q.scale_tuning_steps:
         from accel.quant.tune import BATCH_ROWS, tuning_rows, tune_scales
@@ -207,7 +219,10 @@ def stage_quantize(ctx: StageContext) -> dict:
         tuning = tune_scales(res.model, fresh_model(ctx), rows, q.scale_tuning_steps, batch_size=BATCH_ROWS,
                              progress=_progress(ctx))
         tuning["rows"] = int(rows.unique(dim=0).shape[0])
-    save_checkpoint(res.model, plan, ctx.out_dir / "checkpoint_quantized", processor=tokenizer(ctx))
+    out = write_compressed(res.model, ctx.out_dir / "checkpoint_quantized")
+    del res  # the fp32 model goes before the checkpoint's rewrites read it back
+    memory.collect()
+    finish_checkpoint(out, plan, processor=tokenizer(ctx))
     from accel.pipeline.evaluate import file_bits, num_params
 
     # the plan's avg_bits is the decoder Linears' (what the budget counts); this is every byte of the file
@@ -445,6 +460,39 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
     return stages
 
 
+def memory_need(recipe: Recipe):
+    """What the run will hold at its peak, from the model's config and safetensors headers alone (an `accel.memory
+    .Need`): the fp32 model the stages work on (one copy at a time, never two) plus the largest working set a stage
+    adds to it: a proxy sensitivity's forward and backward over ROWS_PER_FORWARD rows (logits, log-probs, probs and
+    their gradients over the vocabulary; each layer's saved activations and output changes), a calibration forward
+    (reference and quantized logits), or the evaluation's quantized model beside the fp32 baseline (its widest
+    candidate short of 16 bits, the table at 16 bits). Qwen2.5-Coder-1.5B's sensitivity: 3.2 GB estimated, 3.3 GB
+    measured over its 7.1 GB model."""
+    import torch
+
+    from accel.kernels.loader import planned_bytes
+    from accel.memory import Need
+    from accel.models import resolve_model
+    from accel.quant.plan import ROWS_PER_FORWARD
+    from accel.runtime.models.hf_config import load_config
+
+    path = Path(resolve_model(recipe.model.path))
+    cfg = load_config(path)
+    fp32, _ = planned_bytes(path, torch.float32, bool(getattr(cfg, "tie_word_embeddings", False)))
+    vocab, layers, hidden = cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size
+    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    q, work = recipe.quantization, [0]
+    if q.enabled:
+        if len(q.candidates) > 1 or len(q.int4_group_sizes) > 1:  # a sensitivity is measured
+            backward = layers * (3 * inter + 8 * hidden) * 8 if q.sensitivity.metric == "proxy" else 0
+            work.append(ROWS_PER_FORWARD * q.sensitivity.max_seq_len * (vocab * 4 * 6 + backward))
+        work.append(ROWS_PER_FORWARD * recipe.calibration.max_seq_len * vocab * 4 * 4)
+        if recipe.eval.quality or recipe.eval.speed:
+            bits = max([{"int4": 4, "int4f": 4, "int5": 5}.get(c, 8) for c in q.candidates if c != "fp16"] or [16])
+            work.append(fp32 * bits // 32 + vocab * hidden * 2)
+    return Need(f"accel optimize of {path.name}", {"fp32 model": fp32, "working set": max(work)})
+
+
 def optimize(recipe: Recipe, *, on_event: Callable | None = None, force: tuple[str, ...] = (),
              until: str | None = None, progress: bool = False, run_log: bool = False) -> dict[str, StageRecord]:
     """Run the recipe's pipeline in `recipe.run_dir()`; returns the stage records.
@@ -463,6 +511,13 @@ def optimize(recipe: Recipe, *, on_event: Callable | None = None, force: tuple[s
     problems = preflight(recipe, PROJECT_ROOT)
     if problems:
         raise RecipeError(str(recipe.run_dir() / "recipe.yaml"), problems)
+    from accel.memory import check_fits
+    from accel.models import ModelNotFoundError, resolve_model
+
+    with contextlib.suppress(FileNotFoundError, ModelNotFoundError):  # a model still to be pulled: checked by pull
+        resolve_model(recipe.model.path)
+        check_fits(memory_need(recipe), "lower calibration.max_seq_len or quantization.sensitivity.max_seq_len, "
+                                        "or raise the limit")
     run_dir = recipe.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "recipe.yaml", dump_recipe(recipe))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accel import memory
 from accel.fsutil import atomic_write_json, normalize_modes, sha256_file
 
 MANIFEST = "manifest.json"
@@ -64,6 +65,7 @@ class StageRecord:
     duration_s: float
     summary: dict = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)  # relative path -> sha256 (folders: hash of the file hashes)
+    peak_rss_gb: float | None = None  # the process's most resident memory while the stage ran
 
 
 def hash_output(path: Path) -> str:
@@ -151,7 +153,8 @@ def run_stages(stages: list[Stage], recipe: Any, run_dir: Path, *, state: dict |
     for stage in stages:
         key = _stage_key(stage, recipe, records)
         if stage.name not in force and _reusable(old.get(stage.name), key, run_dir, stage):
-            rec = StageRecord(**{**old[stage.name], "status": "reused", "duration_s": 0.0})
+            rec = StageRecord(**{**old[stage.name], "status": "reused", "duration_s": 0.0,
+                                   "peak_rss_gb": None})
             records[stage.name] = rec
             _write_manifest(run_dir, records | {n: StageRecord(**v) for n, v in old.items() if n not in records})
             if on_event:
@@ -160,6 +163,8 @@ def run_stages(stages: list[Stage], recipe: Any, run_dir: Path, *, state: dict |
         if on_event:
             on_event("start", stage, None)
         tmp = Path(tempfile.mkdtemp(prefix=f".stage-{stage.name}-", dir=run_dir))
+        memory.collect()  # what earlier stages freed goes back to the system, so this stage's peak is its own
+        memory.reset_peak()
         t0 = time.perf_counter()
         try:
             ctx = StageContext(recipe, run_dir, tmp, {n: r.summary for n, r in records.items()}, state)
@@ -173,7 +178,8 @@ def run_stages(stages: list[Stage], recipe: Any, run_dir: Path, *, state: dict |
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         rec = StageRecord(stage.name, key, "ran", time.perf_counter() - t0, summary,
-                          {rel: hash_output(run_dir / rel) for rel in stage.outputs})
+                          {rel: hash_output(run_dir / rel) for rel in stage.outputs},
+                          round(memory.peak_rss() / memory.GB, 2))
         records[stage.name] = rec
         # Keep older records of stages not yet reached, so an interrupted rerun can still reuse them later.
         _write_manifest(run_dir, records | {n: StageRecord(**v) for n, v in old.items() if n not in records})

@@ -31,7 +31,7 @@ class StageProgress:
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.rows: list[tuple[str, str, float, str]] = []
+        self.rows: list[tuple[str, str, float, float | None, str]] = []
         self._t0: dict[str, float] = {}
 
     def __call__(self, kind: str, stage: Stage, record: StageRecord | None) -> None:
@@ -39,29 +39,32 @@ class StageProgress:
             self._t0[stage.name] = time.perf_counter()
             self.console.print(f"[bold cyan]>[/] {stage.name:<12} started", highlight=False)
         elif kind == "reused":
-            self.rows.append((stage.name, "reused", 0.0, _note(stage.name, record)))
+            self.rows.append((stage.name, "reused", 0.0, None, _note(stage.name, record)))
             self.console.print(f"[dim]=[/] {stage.name:<12} reused (inputs unchanged)", highlight=False)
         elif kind == "done":
-            self.rows.append((stage.name, "ran", record.duration_s, _note(stage.name, record)))
-            self.console.print(f"[green]✓[/] {stage.name:<12} done in {record.duration_s:.1f}s", highlight=False)
+            self.rows.append((stage.name, "ran", record.duration_s, record.peak_rss_gb, _note(stage.name, record)))
+            peak = f", peak RSS {record.peak_rss_gb:.2f} GB" if record.peak_rss_gb is not None else ""
+            self.console.print(f"[green]✓[/] {stage.name:<12} done in {record.duration_s:.1f}s{peak}", highlight=False)
         elif kind == "failed":
             secs = time.perf_counter() - self._t0.get(stage.name, time.perf_counter())
-            self.rows.append((stage.name, "FAILED", secs, ""))
+            self.rows.append((stage.name, "FAILED", secs, None, ""))
             self.console.print(f"[red]✗[/] {stage.name:<12} failed after {secs:.1f}s", highlight=False)
 
     def mark_blocked(self, stage: str, why: str) -> None:
         """Show a stage that stopped on purpose (a failed gate) as blocked rather than failed."""
-        self.rows = [(n, "BLOCKED" if n == stage else st, secs, why if n == stage else note)
-                     for n, st, secs, note in self.rows]
+        self.rows = [(n, "BLOCKED" if n == stage else st, secs, peak, why if n == stage else note)
+                     for n, st, secs, peak, note in self.rows]
 
     def table(self, run_dir: Path) -> Table:
         t = Table(title=f"accel optimize: {run_dir}")
-        for col in ("stage", "status", "seconds", "key outputs"):
+        for col in ("stage", "status", "seconds", "peak RSS GB", "key outputs"):
             t.add_column(col, overflow="fold")
-        for name, status, secs, note in self.rows:
+        for name, status, secs, peak, note in self.rows:
             style = {"reused": "dim", "FAILED": "red", "BLOCKED": "red"}.get(status, "")
-            t.add_row(name, f"[{style}]{status}[/]" if style else status, f"{secs:.1f}", note)
-        t.add_row("total", "", f"{sum(r[2] for r in self.rows):.1f}", "")
+            t.add_row(name, f"[{style}]{status}[/]" if style else status, f"{secs:.1f}",
+                      "-" if peak is None else f"{peak:.2f}", note)
+        peaks = [r[3] for r in self.rows if r[3] is not None]
+        t.add_row("total", "", f"{sum(r[2] for r in self.rows):.1f}", f"{max(peaks):.2f}" if peaks else "-", "")
         return t
 
 

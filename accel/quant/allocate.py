@@ -316,8 +316,13 @@ class _Reference:
 def _nll(logits: torch.Tensor, ids: torch.Tensor) -> float:
     """Summed next-token NLL; logits [B*S, V] of ids [B, S] (predict token t+1 from position t)."""
     B, S = ids.shape
-    lp = torch.log_softmax(logits.reshape(B, S, -1)[:, :-1].double(), -1)  # [B, S-1, V]
-    return float(-lp.gather(-1, ids[:, 1:, None]).sum())
+    rows = logits.reshape(B, S, -1)[:, :-1].reshape(B * (S - 1), -1)  # [B*(S-1), V]
+    targets = ids[:, 1:].reshape(-1)
+    total = 0.0
+    for i in range(0, rows.shape[0], 512):  # in row chunks: a 152k vocabulary's float64 [2048, V] is 2.5 GB
+        chunk = rows[i:i + 512].double()
+        total += float((chunk.logsumexp(-1) - chunk.gather(-1, targets[i:i + 512, None])[:, 0]).sum())
+    return total
 
 
 @torch.inference_mode()
@@ -388,16 +393,14 @@ def check_and_fallback(
         raise ValueError("check_and_fallback needs held-out batches, got none")
     if step < 1:
         raise ValueError(f"step must be >= 1, got {step}")
-    from tqdm.auto import tqdm
-
-    from accel.runlog import terminal
+    from accel.progress import bar as progress_bar
 
     cands = _ordered(sensitivity.candidates)
     in_features = in_features or {n: plan.group_size for n in plan.schemes}
     schemes = dict(plan.schemes)
     promoted: list[str] = []
     ref = _reference(model, holdout_batches)
-    bar = tqdm(desc="fallback check", disable=not progress, leave=False, file=terminal())
+    bar = progress_bar(max_rounds, "fallback check (rounds at most)", progress)
     sizes = plan.sizes()
     q = joint_quality(model, plan.measured_schemes(schemes), sizes, holdout_batches, ref)
     rounds = 0

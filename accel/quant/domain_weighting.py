@@ -104,8 +104,8 @@ def pick_rows(per_domain: dict[str, torch.Tensor], counts: dict[str, int]) -> to
 @torch.inference_mode()
 def damage_weighted_batches(model: nn.Module, schemes: dict[str, str], group_size: int | dict[str, int],
                             samples: Sequence, seq_len: int, total_rows: int, probe_rows: int = 4,
-                            base: dict[str, float] | None = None, keep: float = 0.8, batch_size: int = 4
-                            ) -> tuple[list[torch.Tensor], DomainWeighting]:
+                            base: dict[str, float] | None = None, keep: float = 0.8, batch_size: int | None = None,
+                            progress: bool = False) -> tuple[list[torch.Tensor], DomainWeighting]:
     """Calibration batches whose domain mix follows the plan's per-domain RTN damage (see module doc).
 
     model: the unquantized model (left unchanged); schemes: the plan {module: scheme} (lm_head included or not).
@@ -113,16 +113,23 @@ def damage_weighted_batches(model: nn.Module, schemes: dict[str, str], group_siz
     draw's own tokens per domain. Domains with no full row of seq_len tokens are left out (their tokens still shaped
     the draw)."""
     from accel.quant.allocate import joint_quality
+    from accel.quant.plan import ROWS_PER_FORWARD
+
+    batch_size = batch_size or ROWS_PER_FORWARD
 
     if total_rows < 1:
         raise ValueError(f"total_rows={total_rows} is invalid; allowed: >= 1")
     per_domain = domain_rows(samples, seq_len)
     if not per_domain:
         raise ValueError(f"no domain of the draw has a full row of {seq_len} tokens; lower max_seq_len")
+    from accel.progress import bar
+
     damage = {}
-    for d, rows in per_domain.items():
-        probe = rows[torch.linspace(0, rows.shape[0] - 1, min(probe_rows, rows.shape[0])).round().long()]
-        damage[d] = joint_quality(model, schemes, group_size, list(probe.split(batch_size))).mean_kl
+    with bar(len(per_domain), "calibration mix (domains probed)", progress) as b:
+        for d, rows in per_domain.items():
+            probe = rows[torch.linspace(0, rows.shape[0] - 1, min(probe_rows, rows.shape[0])).round().long()]
+            damage[d] = joint_quality(model, schemes, group_size, list(probe.split(batch_size))).mean_kl
+            b.update(1)
     if not base:
         base = {}
         for u in samples:

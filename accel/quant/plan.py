@@ -33,7 +33,15 @@ def rows(batches: Iterable[torch.Tensor], seq_len: int, max_rows: int | None,
     return list(all_rows.split(batch_size or full[0].shape[0]))
 
 
-def token_batches(samples: Sequence, seq_len: int, max_rows: int | None, batch_size: int = 4) -> list[torch.Tensor]:
+ROWS_PER_FORWARD = 1
+"""Calibration rows per forward of the fp32 model (sensitivity, the plan's check, the calibration mix): what a
+forward holds grows with its tokens times the model's width and vocabulary (a 152k vocabulary's logits and their
+gradients: 3 GB per 1k tokens), and one row of 256-512 tokens already fills the GEMMs. Qwen2.5-Coder-1.5B's
+sensitivity at 4 rows of 256 peaked at 18.1 GB."""
+
+
+def token_batches(samples: Sequence, seq_len: int, max_rows: int | None,
+                  batch_size: int = ROWS_PER_FORWARD) -> list[torch.Tensor]:
     """Packed [B, seq_len] batches from drawn calibration samples (accel.calibration.to_batches)."""
     from accel.calibration import to_batches
 
@@ -45,7 +53,8 @@ def token_batches(samples: Sequence, seq_len: int, max_rows: int | None, batch_s
     return out
 
 
-def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, source_tokens: dict | None = None):
+def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, source_tokens: dict | None = None,
+                        progress: bool = False):
     """The oneshot's calibration rows: the draw's rows, or (quantization.calibration_mix 'damage', methods that
     use data) the same number of rows mixed by the plan's per-domain damage. Returns (batches, weighting|None)."""
     q, cal = recipe.quantization, recipe.calibration
@@ -62,7 +71,8 @@ def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, s
         return batches, None
     total = sum(b.shape[0] for b in batches)
     return damage_weighted_batches(model, {**plan.schemes, "lm_head": plan.lm_head}, plan.sizes(), train,
-                                   cal.max_seq_len, total, base=source_tokens, keep=q.calibration_mix_keep)
+                                   cal.max_seq_len, total, base=source_tokens, keep=q.calibration_mix_keep,
+                                   progress=progress)
 
 
 INT4F_WINS_BELOW = 0.5  # int4f joins the candidates when its weight error is under half of int4's

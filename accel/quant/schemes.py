@@ -212,29 +212,50 @@ def quantized_weight(w: torch.Tensor, name: str, scheme: str, group_size: int,
 @contextlib.contextmanager
 def fake_quantized(model: nn.Module, schemes: dict[str, str], group_size: int | dict[str, int],
                    given: dict[str, dict[str, torch.Tensor]] | None = None) -> Iterator[None]:
-    """Within the block, the named Linears hold fake-quantized weights; the originals come back afterwards.
+    """Within the block, the named Linears compute with fake-quantized weights; the originals are back afterwards.
 
     given: {scheme: {Linear: its dequantized weight}} from a real quantizer (GPTQ), used instead of RTN where present.
-    Each weight is swapped for a new Parameter (never written in place), so a tied lm_head / embedding pair is
-    never corrupted: quantizing lm_head leaves embed_tokens untouched.
+    Each weight is quantized as its Linear runs and dropped when it returns (a forward pre-hook swaps a new Parameter
+    in, never writing in place; a forward hook puts the original back): one Linear's copy exists at a time, where
+    quantizing a whole plan up front held a second copy of every weight (6.2 GB on a 1.5B model). A tied lm_head /
+    embedding pair is never corrupted: quantizing lm_head leaves embed_tokens untouched.
     """
     modules = dict(model.named_modules())
+    chosen: dict[str, tuple[str, int]] = {}
+    for name, scheme in schemes.items():
+        if scheme == "fp16":
+            continue
+        if name not in modules:
+            raise KeyError(f"module {name!r} not in model")
+        g = group_size_of(group_size, name)
+        if scheme == "int8g":  # per 32, but a head / table named in a GroupSizes (Plan.sizes: its group)
+            g = group_size.get(name, INT8_GROUP) if isinstance(group_size, dict) else INT8_GROUP
+        chosen[name] = (scheme, g)
     saved: dict[str, nn.Parameter] = {}
-    try:
-        for name, scheme in schemes.items():
-            if scheme == "fp16":
-                continue
-            if name not in modules:
-                raise KeyError(f"module {name!r} not in model")
-            mod = modules[name]
+
+    def swap_in(name: str):
+        scheme, g = chosen[name]
+
+        def fn(mod, _args):
             saved[name] = mod.weight
             with torch.no_grad():
-                g = group_size_of(group_size, name)
-                if scheme == "int8g":  # per 32, but a head / table named in a GroupSizes (Plan.sizes: its group)
-                    g = group_size.get(name, INT8_GROUP) if isinstance(group_size, dict) else INT8_GROUP
                 w = quantized_weight(mod.weight.data, name, scheme, g, given)
-                mod.weight = nn.Parameter(w.to(mod.weight.dtype), requires_grad=False)
+            mod.weight = nn.Parameter(w.to(saved[name].dtype), requires_grad=False)
+        return fn
+
+    def swap_out(name: str):
+        def fn(mod, _args, _out):
+            mod.weight = saved.pop(name)
+        return fn
+
+    handles = []
+    try:
+        for name in chosen:
+            handles.append(modules[name].register_forward_pre_hook(swap_in(name)))
+            handles.append(modules[name].register_forward_hook(swap_out(name)))
         yield
     finally:
-        for name, p in saved.items():
+        for h in handles:
+            h.remove()
+        for name, p in saved.items():  # a forward that raised between the two hooks
             modules[name].weight = p

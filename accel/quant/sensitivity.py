@@ -96,11 +96,9 @@ def _check_batches(batches: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    from accel.progress import bar
 
-    from accel.runlog import terminal
-
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, file=terminal())
+    return bar(total, desc, enabled)
 
 
 def kl_sum(ref_logits: torch.Tensor, logits: torch.Tensor, chunk: int = 512) -> float:

@@ -285,11 +285,11 @@ def test_the_sensitivity_of_a_gptq_recipe_measures_gptqs_int4(tmp_path, method, 
     monkeypatch.setattr(opt, "gptq_int4_weights", lambda *a: calls.append(r := real(*a)) or r)
     summary = opt.stage_sensitivity(ctx)
     assert summary["int4_quantizer"] == ("gptq (layer-wise)" if method == "gptq" else "rtn")
-    (given,) = calls
     sens = SensitivityResult.from_json(Path(out) / "sensitivity.json")
     if method == "rtn":
-        assert given is None
+        assert calls == []
         return
+    (given,) = calls
     assert set(given) == {"int4"} and set(given["int4"]) == {m for ms in sens.unit_map().values() for m in ms}
     # the damage measured is that of GPTQ's weights: the same measurement with them given reproduces it
     from accel.quant.plan import token_batches
@@ -317,3 +317,53 @@ def test_scale_tuning_runs_in_the_quantize_stage_and_keys_it(tmp_path):
     summary = records["quantize"].summary["scale_tuning"]
     assert summary["steps"] == 3 and summary["linears"] > 0 and summary["loss_first"] > 0
     assert summary["rows"] == 3 * 4  # distinct rows, one per read, from the draw and the units it left unused
+
+
+def test_optimize_refuses_a_memory_limit_it_cannot_fit_and_runs_within_one_it_can(tmp_path):
+    """ACCEL_MEMORY_LIMIT (or a cgroup) is checked before any stage runs: over it, one line with the numbers and
+    nothing started; under one that fits, the whole run (every stage's peak RSS, measured) stays within it."""
+    import os
+    import subprocess
+    import sys
+
+    model_dir = save_tiny_model(tmp_path / "tiny-model")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(model_dir, tmp_path / "runs")))
+
+    def run(limit):
+        env = {**os.environ, "ACCEL_MEMORY_LIMIT": limit}
+        return subprocess.run([sys.executable, "-m", "accel", "optimize", str(recipe)], capture_output=True,
+                              text=True, env=env, timeout=900)
+
+    refused = run("50M")
+    err = " ".join(refused.stderr.split())
+    assert refused.returncode == 2, refused.stderr
+    assert "accel optimize of tiny-model needs" in err and "fp32 model" in err and "ACCEL_MEMORY_LIMIT=50M allows" in err
+    assert "Traceback" not in refused.stderr and not (tmp_path / "runs" / "tiny" / "manifest.json").exists()
+    fits = run("3G")
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    stages = json.loads((tmp_path / "runs" / "tiny" / "manifest.json").read_text())["stages"]
+    assert list(stages) == STAGES
+    peaks = [s["peak_rss_gb"] for s in stages.values()]
+    assert all(p is not None for p in peaks) and max(peaks) <= 3 * (1 << 30) / 1e9
+    assert f"{max(peaks):.2f}" in fits.stdout  # the summary table's total row
+
+
+def test_memory_need_is_the_fp32_model_plus_the_largest_stage_working_set(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from accel.pipeline.optimize import memory_need
+
+    model_dir = save_tiny_model(tmp_path / "tiny-model")
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    data = tiny_recipe(model_dir, tmp_path / "runs")
+    need = memory_need(parse_recipe(data))
+    assert need.parts["fp32 model"] == 4 * params
+    longer = memory_need(parse_recipe(tiny_recipe(model_dir, tmp_path / "runs",
+                                                  calibration={"max_seq_len": 4096, "num_samples": 16})))
+    assert longer.parts["working set"] > need.parts["working set"] > 0
+    proxy = memory_need(parse_recipe(tiny_recipe(model_dir, tmp_path / "runs", quantization={
+        "sensitivity": {"metric": "proxy", "num_samples": 4, "max_seq_len": 4096}})))
+    kl = memory_need(parse_recipe(tiny_recipe(model_dir, tmp_path / "runs", quantization={
+        "sensitivity": {"metric": "kl", "num_samples": 4, "max_seq_len": 4096}})))
+    assert proxy.parts["working set"] > kl.parts["working set"]  # gradients through every layer

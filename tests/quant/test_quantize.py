@@ -580,3 +580,20 @@ def test_w8a8_for_vllm_cpu_is_quantized_within_7_bits_and_written_as_8_bit_weigh
     assert max(int(w.abs().max()) for w in ints) >= 60  # the range is used, not just clipped
     loaded = load_hf_model(ck)
     assert all(m.a8 for m in loaded.modules() if isinstance(m, Int8WeightOnlyLinear))
+
+
+def test_a_model_quantized_by_oneshot_is_freed_with_its_last_reference(tmp_path):
+    """llm-compressor keeps the model in its global session and, through torch.fx.wrap's registry, in the namespace
+    its sequential tracing ran the forward in: on a 1.5B model 7.1 GB stayed into the evaluation. Released here."""
+    import gc
+    import weakref
+
+    model = _saved_tiny(tmp_path)
+    plan = Plan(schemes=dict.fromkeys(quantizable_linears(model), "int8"), group_size=32, avg_bits=8.0,
+                estimated_kl=0.0, lm_head="int8")
+    res = oneshot_quantize(model, plan, CAL, "gptq", processor=_tokenizer())
+    save_checkpoint(res.model, plan, tmp_path / "ck")
+    ref = weakref.ref(model)
+    del model, res
+    gc.collect()
+    assert ref() is None

@@ -57,11 +57,43 @@ def test_fake_quantized_restores_and_keeps_tied_embeddings():
     m = _model(tie_word_embeddings=True)
     assert m.lm_head.weight is m.model.embed_tokens.weight
     emb = m.model.embed_tokens.weight.detach().clone()
+    seen = {}
+    m.lm_head.register_forward_hook(lambda mod, args, out: seen.update(head=mod.weight.detach().clone()))
     with fake_quantized(m, {"lm_head": "int4", "model.layers.0.mlp.up_proj": "int8"}, 32):
-        assert not torch.equal(m.lm_head.weight, emb)
+        m(torch.tensor([[1, 2, 3]]))
+        assert not torch.equal(seen["head"], emb)  # the head ran with its quantized weight
         assert torch.equal(m.model.embed_tokens.weight, emb)
+        assert m.lm_head.weight is m.model.embed_tokens.weight  # swapped only while the head runs
     assert m.lm_head.weight is m.model.embed_tokens.weight
     assert torch.equal(m.model.embed_tokens.weight, emb)
+
+
+def test_a_whole_plan_fake_quantized_holds_one_linears_copy_at_a_time():
+    """Each Linear computes with its quantized weight, made as it runs and dropped after: while one runs, every
+    other holds its original Parameter (a plan quantized up front held a second copy of the model), and the
+    logits equal quantizing every weight first."""
+    m = _model(tie_word_embeddings=False)
+    names = quantizable_linears(m) + ["lm_head"]
+    modules = dict(m.named_modules())
+    originals = {n: modules[n].weight for n in names}
+    swapped_at_once = []
+
+    def count(_mod, _args, _out):
+        swapped_at_once.append(sum(modules[n].weight is not originals[n] for n in names))
+
+    handles = [modules[n].register_forward_hook(count) for n in names]
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with fake_quantized(m, dict.fromkeys(names, "int8"), 32):
+        lazily = m(ids).logits
+    for h in handles:
+        h.remove()
+    assert swapped_at_once == [1] * len(names)
+    assert all(modules[n].weight is originals[n] for n in names)
+    upfront = {n: fake_quant_int8(originals[n].detach()) for n in names}
+    with torch.no_grad():
+        for n in names:
+            modules[n].weight = torch.nn.Parameter(upfront[n], requires_grad=False)
+        torch.testing.assert_close(m(ids).logits, lazily, rtol=0, atol=0)
 
 
 def test_sensitivity_kl_fp16_zero_int4_worse_than_int8():
