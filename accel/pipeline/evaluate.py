@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from accel import memory
+
 SPEC_EVAL_PROMPTS = 6
 """Held-out prompts whose greedy continuations the proposer is replayed on."""
 SPEC_EVAL_NEW_TOKENS = 48
@@ -145,6 +147,7 @@ def speed(recipe, model_dir: Path, requests: dict[str, list], progress: bool, sp
                                                         requests[wc.name], progress=progress))
            for wc in recipe.eval.workloads}
     del engine, backend
+    memory.collect()  # before the next model loads: a dropped model waits in reference cycles otherwise
     return out
 
 
@@ -328,6 +331,7 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
 
     t = time.perf_counter()
     q = quality(recipe, base_path, quant_dir, tokenizer, root, progress) if e.quality else {}
+    memory.collect()  # the fp32 baseline of the quality pass goes before the speed runs load theirs (14.4 GB)
     if e.quality and any(p.gguf or p.quantize for p in e.peers):  # GGUF peers: every variant also on llama.cpp's scale, next to theirs
         for name, scores in llama_scale(recipe, base_path, quant_dir, tokenizer, root).items():
             q.setdefault(name, {}).update(scores)
@@ -362,6 +366,8 @@ def evaluate(recipe, base_path: Path, quant_dir: Path | None, draft_dir: Path | 
         else:
             target, tdir = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval(), base_path
         spec_by_target[target_name] = spec_acceptance(recipe, target, tokenizer, tdir, draft_dir, root)
+        del target
+        memory.collect()
     seconds["speculation"] = time.perf_counter() - t
 
     variants = []
