@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel.quant.schemes import fake_quantized, quantizable_linears
+from accel.quant.schemes import fake_quant, fake_quantized, quantizable_linears
 from accel.quant.sensitivity import measure_sensitivity
 
 pytestmark = pytest.mark.integration
@@ -36,6 +36,10 @@ def test_real_tied_head_fake_quant_keeps_embeddings(real):
     model, _ = real
     emb = model.model.embed_tokens.weight
     before = emb[:4].clone()
-    with fake_quantized(model, {"lm_head": "int8"}, 64):
-        assert model.lm_head.weight is not emb
+    x = torch.randn(3, emb.shape[1])
+    with torch.no_grad(), fake_quantized(model, {"lm_head": "int8"}, 64):
+        out = model.lm_head(x)  # the head computes with its rounded copy while it runs ...
+        assert model.lm_head.weight is emb and torch.equal(emb[:4], before)  # ... the table is never touched
+    assert torch.allclose(out, x @ fake_quant(emb.detach(), "int8", 64).T, atol=1e-5)
+    assert not torch.allclose(out, x @ emb.detach().T, atol=1e-5)
     assert model.lm_head.weight is emb and torch.equal(emb[:4], before)
