@@ -8,7 +8,7 @@ second half of each scored; accel.eval.chunked does the same for the exports).
 
 A peer `TYPE+imatrix` is quantized from the F32 with an importance matrix, as GGUF publishers make them:
 `llama-imatrix` over the project's calibration text (calibration_data/, never the eval text), then
-`llama-quantize --imatrix` (types: Q4_K_M, IQ4_XS, Q3_K_M, Q2_K, IQ3_XXS; plain IQ4_XS / Q3_K_M / Q2_K too).
+`llama-quantize --imatrix` (types: Q4_K_M, IQ4_XS, Q3_K_M, IQ3_M, Q2_K, IQ3_XXS; plain IQ4_XS / Q3_K_M / Q2_K too).
 
 Base: the original fp32 model (accel's model zoo) for accel rows, its F32 GGUF for llama.cpp rows (the same
 weights; both PPLs are printed as a check that the two tokenizers and chunkings agree). Exports run as accel serves

@@ -24,8 +24,8 @@ N_CTX = 128  # llama-perplexity -c 128: the context the peers' published quality
 CHUNKS = 150  # ~9,400 scored tokens of the held-out text (round-robin over its domains)
 LLAMA_PERPLEXITY = "llama-perplexity"
 IMATRIX = "+imatrix"  # a peer type with this suffix is quantized with an importance matrix, as GGUF publishers do
-IMATRIX_TYPES = ("Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "IQ3_XXS")  # llama-quantize types an importance matrix serves
-PLAIN_TYPES = ("Q8_0", "Q4_1", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K")  # made without one (IQ3_XXS requires one)
+IMATRIX_TYPES = ("Q4_K_M", "IQ4_XS", "Q3_K_M", "IQ3_M", "Q2_K", "IQ3_XXS")  # types an importance matrix serves
+PLAIN_TYPES = ("Q8_0", "Q4_1", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K")  # made without one (IQ3_M / IQ3_XXS need one)
 IMATRIX_CTX = 128  # llama-imatrix's context: the scoring's
 # ~60k tokens, 4x what accel's calibration draw sees (32 x 512); llama-imatrix computes every position's logits, so its
 # time is tokens x vocabulary (Gemma 3: 262k)

@@ -230,10 +230,13 @@ def has_avx512() -> bool:
 def f32_panels(w: Tensor) -> Tensor:
     """An fp32 weight [N, K] as panels [ceil(N / 48), K, 48] (for each k, 48 consecutive outputs; N zero-padded)."""
     n, k = w.shape
-    t = -(-n // PANEL)
-    padded = torch.zeros(t * PANEL, k, dtype=torch.float32)
-    padded[:n] = w
-    return padded.view(t, PANEL, k).transpose(1, 2).contiguous()
+    t, full = -(-n // PANEL), n // PANEL
+    out = torch.empty(t, k, PANEL, dtype=torch.float32)  # written once: no padded copy beside it (a 152k-row
+    out[:full] = w[:full * PANEL].view(full, PANEL, k).transpose(1, 2)  # lm_head's were 0.93 GB each)
+    if full < t:
+        out[full].zero_()
+        out[full, :, :n - full * PANEL] = w[full * PANEL:].T
+    return out
 
 
 def f32_panel_linear(x: Tensor, panels: Tensor, out_features: int) -> Tensor:

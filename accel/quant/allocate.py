@@ -33,7 +33,7 @@ from torch import nn
 
 from accel.quant.schemes import (HEAD, INT4_SCHEMES, INT8_GROUP, SCHEME_INFO, SCHEMES, TABLE, GroupSizes,
                                  check_scheme, expand_units, fake_quantized, group_size_of)
-from accel.quant.sensitivity import SensitivityResult, kl_sum
+from accel.quant.sensitivity import SensitivityResult, f64_rows, kl_sum
 
 
 @dataclass(frozen=True)
@@ -318,10 +318,10 @@ def _nll(logits: torch.Tensor, ids: torch.Tensor) -> float:
     B, S = ids.shape
     rows = logits.reshape(B, S, -1)[:, :-1].reshape(B * (S - 1), -1)  # [B*(S-1), V]
     targets = ids[:, 1:].reshape(-1)
-    total = 0.0
-    for i in range(0, rows.shape[0], 512):  # in row chunks: a 152k vocabulary's float64 [2048, V] is 2.5 GB
-        chunk = rows[i:i + 512].double()
-        total += float((chunk.logsumexp(-1) - chunk.gather(-1, targets[i:i + 512, None])[:, 0]).sum())
+    total, n = 0.0, f64_rows(rows.shape[-1])
+    for i in range(0, rows.shape[0], n):
+        chunk = rows[i:i + n].double()
+        total += float((chunk.logsumexp(-1) - chunk.gather(-1, targets[i:i + n, None])[:, 0]).sum())
     return total
 
 

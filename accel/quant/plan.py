@@ -3,7 +3,7 @@ the plan (allocation + held-out fallback) and the damage-weighted calibration mi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -53,10 +53,11 @@ def token_batches(samples: Sequence, seq_len: int, max_rows: int | None,
     return out
 
 
-def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, source_tokens: dict | None = None,
-                        progress: bool = False):
+def calibration_batches(load_model: Callable[[], nn.Module], plan: Plan, train: Sequence, recipe,
+                        source_tokens: dict | None = None, progress: bool = False):
     """The oneshot's calibration rows: the draw's rows, or (quantization.calibration_mix 'damage', methods that
-    use data) the same number of rows mixed by the plan's per-domain damage. Returns (batches, weighting|None)."""
+    use data) the same number of rows mixed by the plan's per-domain damage, measured on the fp32 model
+    `load_model()` returns (loaded only then). Returns (batches, weighting|None)."""
     q, cal = recipe.quantization, recipe.calibration
     batches = token_batches(train, cal.max_seq_len, cal.num_samples)
     if q.calibration_mix != "damage" or q.method == "rtn":
@@ -70,7 +71,7 @@ def calibration_batches(model: nn.Module, plan: Plan, train: Sequence, recipe, s
         # one domain: nothing to mix; a domain without one full row would drop out of the mix entirely
         return batches, None
     total = sum(b.shape[0] for b in batches)
-    return damage_weighted_batches(model, {**plan.schemes, "lm_head": plan.lm_head}, plan.sizes(), train,
+    return damage_weighted_batches(load_model(), {**plan.schemes, "lm_head": plan.lm_head}, plan.sizes(), train,
                                    cal.max_seq_len, total, base=source_tokens, keep=q.calibration_mix_keep,
                                    progress=progress)
 

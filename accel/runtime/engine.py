@@ -141,7 +141,7 @@ def check_memory(path: str | Path, config: EngineConfig, device) -> None:
     if device.type != "cpu":
         return
     from accel.kernels.linear import FLOAT_SCHEMES
-    from accel.kernels.loader import is_compressed, planned_bytes
+    from accel.kernels.loader import is_compressed, planned_bytes, table_dtype_for
     from accel.memory import Need, check_fits
     from accel.runtime.models.hf_config import load_config
 
@@ -149,7 +149,7 @@ def check_memory(path: str | Path, config: EngineConfig, device) -> None:
     dtype = config.resolve_dtype(device)
     plan = config.quant_plan or {}
     quantized = is_compressed(path) or any(s not in FLOAT_SCHEMES for s in plan.values())
-    table_dtype = torch.float16 if quantized and dtype == torch.float32 else None
+    table_dtype = table_dtype_for(quantized, dtype, device)
     weights, transient = planned_bytes(path, dtype, bool(getattr(hf, "tie_word_embeddings", False)), plan,
                                        config.quant_group_size, table_dtype)
     if config.num_kv_blocks is None:

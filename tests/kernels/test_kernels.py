@@ -526,6 +526,29 @@ def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
     assert linear_scheme(packed) == "fp32" and weight_bytes(packed) == 200 * 96 * 4 + (200 * 4 if bias else 0)
 
 
+def test_pack_float_linears_frees_each_replaced_linear_before_packing_the_next(monkeypatch):
+    import weakref
+
+    from accel.kernels import linear as lin_mod
+
+    if not lin_mod.packed_linear_available():
+        pytest.skip("oneDNN is not available in this torch build")
+    model = torch.nn.Sequential(*[torch.nn.Sequential(_linear(32, 32), torch.nn.ReLU()) for _ in range(4)])
+    x = torch.randn(3, 32)
+    want = model(x)
+    replaced, real = [], lin_mod.PackedLinear.__init__
+
+    def init(self, linear):
+        assert all(r() is None for r in replaced), "a replaced Linear is still alive"
+        real(self, linear)
+        replaced.append(weakref.ref(linear))
+
+    monkeypatch.setattr(lin_mod.PackedLinear, "__init__", init)
+    assert lin_mod.pack_float_linears(model) == [f"{i}.0" for i in range(4)]
+    assert len(replaced) == 4 and all(r() is None for r in replaced)
+    assert torch.allclose(model(x), want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
 @pytest.mark.parametrize("k", [96, 104])
 def test_f32_kernel_rows_do_not_depend_on_how_many_share_the_call(k):

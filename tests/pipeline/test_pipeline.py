@@ -367,3 +367,28 @@ def test_memory_need_is_the_fp32_model_plus_the_largest_stage_working_set(tmp_pa
     kl = memory_need(parse_recipe(tiny_recipe(model_dir, tmp_path / "runs", quantization={
         "sensitivity": {"metric": "kl", "num_samples": 4, "max_seq_len": 4096}})))
     assert proxy.parts["working set"] > kl.parts["working set"]  # gradients through every layer
+
+
+def test_a_stages_fresh_model_is_transformers_model_read_into_its_own_memory(tmp_path):
+    """fresh_model reads the folder a module at a time (no mapped file whose read pages would stay in RSS beside the
+    tensors GPTQ writes): the same model as transformers' from_pretrained, parameter for parameter."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from accel.pipeline import optimize as opt
+    from accel.pipeline.stages import StageContext
+
+    model_dir = save_tiny_model(tmp_path / "tiny-model")
+    ctx = StageContext(recipe=parse_recipe(tiny_recipe(model_dir, tmp_path / "runs")), run_dir=tmp_path,
+                       out_dir=tmp_path, summaries={}, state={})
+    ours = opt.fresh_model(ctx)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    assert type(ours) is type(ref) and not ours.training
+    assert str(ours.config.name_or_path) == str(model_dir)  # llm-compressor re-reads the folder from here
+    mine, theirs = ours.state_dict(), ref.state_dict()
+    assert mine.keys() == theirs.keys()
+    for k in theirs:
+        assert mine[k].dtype == torch.float32 and torch.equal(mine[k], theirs[k]), k
+    ids = torch.randint(3, 200, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(ours(ids).logits, ref(ids).logits)

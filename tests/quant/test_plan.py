@@ -76,6 +76,10 @@ def test_token_batches_cap_keeps_rows_from_every_stratum_not_a_prefix():
     assert rows([torch.zeros(1, 7)], 20, 5) == []  # the short tail row is not a calibration row
 
 
+def _never_loaded():
+    raise AssertionError("the draw's own rows need no model")
+
+
 def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_they_cannot(monkeypatch):
     from accel.quant import allocate
     from accel.quant.plan import calibration_batches
@@ -90,18 +94,18 @@ def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_the
         return SimpleNamespace(token_ids=tuple(base + i % 50 for i in range(n)), num_tokens=n, domain=domain)
 
     train = [unit("easy", 3) for _ in range(3)] + [unit("hard", 100) for _ in range(3)]  # 6 + 6 rows of 16
-    batches, mix = calibration_batches(None, plan, train, recipe, {"easy": 900, "hard": 100})
+    batches, mix = calibration_batches(lambda: None, plan, train, recipe, {"easy": 900, "hard": 100})
     rows = torch.cat(batches)
     assert rows.shape == (12, 16) and mix is not None
     # easy keeps 0.8 of its 90% source share (~8.6 rows), the spare goes to the more damaged domain
     assert mix.rows == {"easy": 9, "hard": 3} and (rows >= 100).all(dim=1).sum() == 3
     # one domain, or a domain without a full row: the draw's own rows, no mix
     for t in ([unit("easy", 3) for _ in range(6)], train + [unit("tiny", 200, n=8)]):
-        batches, mix = calibration_batches(None, plan, t, recipe)
+        batches, mix = calibration_batches(_never_loaded, plan, t, recipe)
         assert mix is None and sum(b.shape[0] for b in batches) == sum(len(u.token_ids) for u in t) // 16
     draw_recipe = parse_recipe({**BASE, "calibration": {"num_samples": 12, "max_seq_len": 16},
                                 "quantization": {"calibration_mix": "draw"}})
-    assert calibration_batches(None, plan, train, draw_recipe)[1] is None
+    assert calibration_batches(_never_loaded, plan, train, draw_recipe)[1] is None  # no model is loaded for it
 
 
 def test_int4f_joins_int4_where_the_weights_sit_on_a_float_min_grid_unless_vllm_must_load_them():

@@ -597,3 +597,23 @@ def test_a_model_quantized_by_oneshot_is_freed_with_its_last_reference(tmp_path)
     del model, res
     gc.collect()
     assert ref() is None
+
+
+@torch.no_grad()
+def test_gptq_in_row_blocks_gives_the_whole_weights_result(tmp_path, monkeypatch):
+    """A weight larger than GPTQ_CHUNK_BYTES is quantized a block of rows at a time (lm_head: 152k rows at real
+    size); GPTQ's rows are independent, so every Linear and the lm_head come out as from one call."""
+    import accel.quant.quantize as qz
+
+    plan = _mixed_plan(_saved_tiny(tmp_path), lm_head="int8")
+    whole = oneshot_quantize(_saved_tiny(tmp_path), plan, CAL, "gptq", processor=_tokenizer()).model
+    calls = []
+    monkeypatch.setattr(qz, "GPTQ_CHUNK_BYTES", 4 * 64 * 7)  # 7 rows of a 64-column weight: blocks, one short
+    import llmcompressor.modifiers.gptq.base as gptq_base
+
+    original = gptq_base.quantize_weight
+    monkeypatch.setattr(gptq_base, "quantize_weight", lambda *a, **k: calls.append(a[0].shape) or original(*a, **k))
+    blocks = oneshot_quantize(_saved_tiny(tmp_path), plan, CAL, "gptq", processor=_tokenizer()).model
+    assert calls and all(s[1] <= 7 for s in calls)  # every call saw a block of rows
+    for (name, a), (_, b) in zip(whole.named_parameters(), blocks.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)

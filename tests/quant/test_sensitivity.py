@@ -180,3 +180,17 @@ def test_sensitivity_measures_the_quantizers_own_weights_where_given(metric):
             assert d["int8"] == pytest.approx(rtn.damage[u]["int8"], rel=1e-6)
             if u != target:
                 assert d["int4"] == pytest.approx(rtn.damage[u]["int4"], rel=1e-6)
+
+
+def test_kl_sum_runs_in_bounded_float64_chunks_and_equals_the_whole_kl(monkeypatch):
+    import accel.quant.sensitivity as sens
+
+    assert sens.f64_rows(151_936) * 8 * 151_936 <= sens.F64_CHUNK_BYTES  # Qwen2.5's vocabulary: 55 rows a chunk
+    g = torch.Generator().manual_seed(0)
+    ref, other = torch.randn(37, 1000, generator=g), torch.randn(37, 1000, generator=g)
+    a, b = ref.double().log_softmax(-1), other.double().log_softmax(-1)
+    whole = float((a.exp() * (a - b)).sum())
+    monkeypatch.setattr(sens, "F64_CHUNK_BYTES", 8 * 1000 * 5)  # 5 rows a chunk: 8 chunks, the last of 2 rows
+    assert sens.f64_rows(1000) == 5
+    assert sens.kl_sum(ref, other) == pytest.approx(whole, rel=1e-12)
+    assert sens.kl_sum(ref, ref) == 0.0

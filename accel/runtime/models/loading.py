@@ -120,7 +120,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, plan:
     quantized Linears as kernel modules, the Linears `plan` names quantized as they are read (`--quant`). A model
     served quantized on a CPU keeps a 16-bit token table at 16 bits (`Float16Embedding`), as its export stores it."""
     from accel.kernels.linear import FLOAT_SCHEMES
-    from accel.kernels.loader import is_compressed, load_weights
+    from accel.kernels.loader import is_compressed, load_weights, table_dtype_for
     from accel.runtime.models.hf_config import load_config
 
     path = Path(path)
@@ -131,7 +131,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, plan:
     with torch.device("meta"), _no_init():
         model = family(config)
     quantized = is_compressed(path) or any(s not in FLOAT_SCHEMES for s in (plan or {}).values())
-    table_dtype = torch.float16 if quantized and dtype == torch.float32 and device.type == "cpu" else None
+    table_dtype = table_dtype_for(quantized, dtype, device)
     load_weights(model, path, dtype, device, model.tie_word_embeddings, plan, group_size, table_dtype)
     model.post_load()
     model.init_rope(device, dtype)
