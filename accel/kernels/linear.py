@@ -638,6 +638,37 @@ class Int8Embedding(nn.Module):
         return dequantize_int8_per_channel(self.qweight, self.scales).to(self.dtype)
 
 
+class Int4Embedding(nn.Module):
+    """An embedding table of INT4 rows, asymmetric per group of `group_size` values (the int4 scheme's grid), as an
+    export stores it: a lookup unpacks and dequantizes only the gathered rows.
+
+    Buffers: qweight uint8 [vocab, hidden / 2] (`pack_int4`), scales fp32 and zeros uint8 [vocab, hidden / g].
+    forward(ids) -> [..., hidden] in `dtype`.
+    """
+
+    def __init__(self, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        vocab, hidden = qweight.shape[0], 2 * qweight.shape[1]
+        if (qweight.dtype != torch.uint8 or hidden % group_size or
+                tuple(scales.shape) != (vocab, hidden // group_size) or tuple(zeros.shape) != tuple(scales.shape)):
+            raise ValueError(f"an INT4 table needs packed uint8 [vocab, hidden / 2] and [vocab, hidden / {group_size}] "
+                             f"scales and zero points; got {qweight.dtype} {tuple(qweight.shape)}, "
+                             f"{tuple(scales.shape)}, {tuple(zeros.shape)}")
+        self.num_embeddings, self.embedding_dim, self.group_size, self.dtype = vocab, hidden, group_size, dtype
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales.float())
+        self.register_buffer("zeros", zeros)
+        self.register_buffer("embed_scale", None, persistent=False)  # as Int8Embedding's
+
+    def forward(self, ids: Tensor) -> Tensor:
+        flat = ids.reshape(-1)
+        rows = dequantize_int4_groupwise(unpack_int4(self.qweight[flat]), self.scales[flat], self.zeros[flat],
+                                         self.group_size).reshape(*ids.shape, self.embedding_dim)
+        rows = rows if rows.dtype == self.dtype else rows.to(self.dtype)
+        return rows if self.embed_scale is None else rows * self.embed_scale.to(self.dtype)
+
+
 class Float16Embedding(nn.Module):
     """A float table held at 16 bits (as an export stores it) whose lookups return `dtype` rows: the model is served
     quantized, so holding its largest matrix at fp32 would double what the checkpoint keeps (Qwen2.5-1.5B's untied

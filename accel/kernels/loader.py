@@ -71,6 +71,11 @@ def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int |
     its input activations are W8A8's 8-bit rows (per-channel INT8 weights only)."""
     from accel.kernels import linear as kernels
 
+    if prefix == TABLE and f"{prefix}.weight_packed" in state:  # an INT4 table (accel.quant.quantize.quantize_table)
+        q, scales, zeros = kernels.int4_packed_from_compressed_tensors(
+            state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
+            state.get(f"{prefix}.weight_zero_point"))
+        return kernels.Int4Embedding(q, scales, zeros, 2 * q.shape[1] // scales.shape[1])
     if f"{prefix}.weight_packed" in state:
         if f"{prefix}.weight_g_idx" in state:
             raise ValueError(f"{prefix}: activation-ordered groups (weight_g_idx) are not supported by accel kernels")

@@ -178,8 +178,8 @@ def gptq_int4_weights(ctx: StageContext, names, group_size: int, batches) -> dic
     from accel.quant.quantize import layerwise_gptq
 
     q = ctx.recipe.quantization
-    return {"int4": layerwise_gptq(fresh_model(ctx), names, group_size, batches, q.gptq_dampening, tokenizer(ctx),
-                                   progress=_progress(ctx))}
+    return {"int4": layerwise_gptq(lambda: fresh_model(ctx), names, group_size, batches, q.gptq_dampening,
+                                   tokenizer(ctx), progress=_progress(ctx))}
 
 
 def stage_plan(ctx: StageContext) -> dict:
@@ -194,7 +194,7 @@ def stage_plan(ctx: StageContext) -> dict:
                       target)
     plan.to_json(ctx.out_dir / "plan.json")
     return {"avg_bits": round(plan.avg_bits, 3), "group_sizes": plan.size_counts(), "counts": plan.counts(),
-            "lm_head": plan.lm_head, "tied_table": plan.tied_table, "measured_kl": plan.measured_kl,
+            "lm_head": plan.lm_head, "table": plan.table, "measured_kl": plan.measured_kl,
             "promoted": len(plan.promoted)}
 
 
@@ -439,9 +439,9 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
             Stage("sensitivity", stage_sensitivity, SENSITIVITY_FIELDS, ("load", "calibrate"),
                   ("sensitivity.json", "sensitivity.png"), version="3"),  # 3: fp16 scales in the fake quantization
             Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",),
-                  version="4"),  # 4: the range of w8a8 weights
+                  version="5"),  # 5: the table's scheme
             Stage("quantize", stage_quantize, QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
-                  ("checkpoint_quantized",), version="5"),  # bumped with the checkpoint's layout (the tied table)
+                  ("checkpoint_quantized",), version="6"),  # bumped with the checkpoint's layout (the INT8 table)
         ]
     stages += [
         Stage("draft", stage_draft, ("speculation",), ("load",), ("draft.json", "draft")),

@@ -77,7 +77,7 @@ class Rules:
 @dataclass
 class Plan:
     """The bit plan. `schemes` covers the quantizable Linears (members of a unit share one); `units` maps each
-    unit to its members; the lm_head follows the recipe's rule (the embedding table: `tied_table`)."""
+    unit to its members; the lm_head follows the recipe's rule, the embedding table `table`."""
 
     schemes: dict[str, str]
     group_size: int
@@ -91,9 +91,11 @@ class Plan:
     units: dict[str, list[str]] = field(default_factory=dict)
     group_sizes: dict[str, int] = field(default_factory=dict)
     """INT4 Linears at a group size other than `group_size` (the allocator chooses one per unit)."""
-    tied_table: bool = False
-    """A tied model's embedding table is stored once, at the INT8 lm_head's integers (accel.quant.quantize
-    .tie_int8_table), instead of a 16-bit table beside the lm_head; the held-out check measures it that way."""
+    table: str = "fp16"
+    """The embedding table's scheme (`accel.quant.plan.table_scheme`): a tied model's INT8 table is stored once, at
+    the head's integers; the held-out check measures it as stored."""
+    tied: bool = False
+    """The model ties its lm_head to the table (llm-compressor unties them while it quantizes)."""
     lm_head_group_size: int = INT8_GROUP
     """An int8g lm_head's (and tied table's) group of inputs per fp16 scale."""
     w8a8_weight_bits: int = 8
@@ -105,8 +107,7 @@ class Plan:
 
     def sizes(self) -> GroupSizes:
         """{Linear: INT4 group size} (what fake quantization, the bit count and the checkpoint take)."""
-        head = ({HEAD: self.lm_head_group_size, TABLE: self.lm_head_group_size} if self.lm_head == "int8g"
-                else {})
+        head = {n: self.lm_head_group_size for n, s in ((HEAD, self.lm_head), (TABLE, self.table)) if s == "int8g"}
         return GroupSizes(self.group_size, {**self.group_sizes, **head})
 
     def size_counts(self) -> dict[str, int]:
@@ -132,9 +133,9 @@ class Plan:
 
     def measured_schemes(self, schemes: dict[str, str] | None = None) -> dict[str, str]:
         """What the held-out check fake-quantizes: the Linears (`schemes`, default the plan's), the lm_head, and the
-        embedding table when it is stored tied at 8 bits."""
+        embedding table when it is stored at 8 bits."""
         out = {**(self.schemes if schemes is None else schemes), "lm_head": self.lm_head}
-        return {**out, "model.embed_tokens": self.lm_head} if self.tied_table else out
+        return {**out, TABLE: self.table} if self.table != "fp16" else out
 
     def to_json(self, path: str | Path | None = None) -> str:
         data = asdict(self)
@@ -424,6 +425,6 @@ def check_and_fallback(
                 avg_bits=average_bits(schemes, param_counts, in_features, sizes),
                 estimated_kl=estimated_kl(sensitivity, schemes, sizes), lm_head=plan.lm_head,
                 measured_kl=q.mean_kl, measured_ppl_increase_pct=q.ppl_increase_pct,
-                promoted=plan.promoted + promoted, units=plan.units, tied_table=plan.tied_table,
+                promoted=plan.promoted + promoted, units=plan.units, table=plan.table, tied=plan.tied,
                 lm_head_group_size=plan.lm_head_group_size,
                 group_sizes={n: g for n, g in plan.group_sizes.items() if schemes[n] in INT4_SCHEMES})

@@ -102,11 +102,27 @@ def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int
     return cands, ratio
 
 
-def stores_tied_table(model: nn.Module, lm_head: str, export_target: str | None) -> bool:
-    """Whether the plan stores a tied model's table once at the INT8 lm_head's integers (accel.quant.quantize
-    .tie_int8_table): not for a vLLM export, whose loader ties only an unquantized table."""
-    return (bool(getattr(model.config, "tie_word_embeddings", False)) and lm_head in ("int8", "int8g")
-            and export_target not in VLLM_TARGETS)
+def table_scheme(tied: bool, q, export_target: str | None) -> str:
+    """The embedding table's scheme for a recipe's quantization section `q` (`tied`: the model ties its lm_head to
+    the table): `q.table`, or by default the INT8 lm_head's (int8 / int8g), else fp16. A tied model's table is its
+    lm_head's (stored once, at the head's integers: `accel.quant.quantize.tie_int8_table`) or 16 bits; an untied
+    model's is rounded on its own (`quantize_table`). A vLLM export keeps 16 bits: vLLM ties only an unquantized
+    table and quantizes no embedding; transformers loads no 4-bit one. An untied table is the largest matrix of a
+    small model with a large vocabulary."""
+    scheme = q.table or (q.lm_head if q.lm_head in ("int8", "int8g") else "fp16")
+    if export_target in VLLM_TARGETS and q.table not in (None, "fp16"):
+        raise ValueError(f"quantization.table {q.table!r} with export.target {export_target!r}: vLLM quantizes no "
+                         "embedding; allowed: fp16, or leave it unset")
+    if export_target in VLLM_TARGETS:
+        return "fp16"
+    if scheme == "int4" and export_target not in (None, "accel"):
+        raise ValueError(f"quantization.table 'int4' with export.target {export_target!r}: transformers loads no "
+                         "4-bit embedding (accel's runtime does); allowed: export.target accel, or table int8 / int8g")
+    tied_ok = ("fp16", q.lm_head) if q.lm_head in ("int8", "int8g") else ("fp16",)
+    if tied and scheme not in tied_ok:
+        raise ValueError(f"quantization.table {scheme!r}: this model ties its table to its lm_head ({q.lm_head!r}), "
+                         f"stored once at an INT8 head's integers; allowed: {', '.join(tied_ok)}")
+    return scheme
 
 
 def allocates(q) -> bool:
@@ -147,14 +163,15 @@ def build_plan(model: nn.Module, sens: SensitivityResult, q, holdout: Sequence =
     """The plan for `q` (a recipe's quantization section): budgeted allocation over the sensitivity's units (INT4 at
     any group size measured, chosen per unit), then the held-out check that promotes units until a quality budget
     holds (`model`: the fp32 model, unchanged). Both sensitivity metrics are in KL units (the proxy estimates the
-    KL), so a quality budget is allocated directly. `export_target` decides the tied table (`stores_tied_table`) and
+    KL), so a quality budget is allocated directly. `export_target` decides the table's scheme (`table_scheme`) and
     the range of w8a8 weights (`w8a8_weight_bits`)."""
     units = sens.unit_map()
     names = [m for ms in units.values() for m in ms]
     pc, inf = param_counts(model, names), in_features_of(model, names)
     budget, rules = Budget.from_config(q.budget), Rules.from_config(q)
     plan = allocate(sens, budget, pc, rules, inf)
-    plan.tied_table = stores_tied_table(model, plan.lm_head, export_target)
+    plan.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    plan.table = table_scheme(plan.tied, q, export_target)
     plan.w8a8_weight_bits = w8a8_weight_bits(export_target)
     if budget.kl_limit() is None or len(sens.candidates) == 1:  # one candidate: nothing to promote to
         return plan

@@ -23,7 +23,8 @@ Formats written (what vLLM and transformers read; see accel/export/compatibility
 
 The lm_head's scheme is written into the checkpoint like any Linear's; when it is tied to the embeddings,
 llm-compressor unties it first (the embedding table stays 16-bit), so every loader runs the same lm_head. With
-`plan.tied_table` (an INT8 lm_head of a tied model, not for vLLM), `tie_int8_table` then stores the table once:
+`plan.table` at the INT8 lm_head's scheme of a tied model (not for vLLM), `tie_int8_table` then stores the table once
+(an untied model's table at int4 / int8 / int8g: `quantize_table`):
 - table = "int-quantized" 8-bit symmetric (channel- or, int8g, group-wise) over `model.embed_tokens` and `lm_head`: the lm_head's
   integers as an int8 `model.embed_tokens.weight`, the same fp16 scales as `model.embed_tokens.weight_scale` and
   `lm_head.weight_scale` (transformers ties only the weight, so the scales are stored twice: 10 MB of int8g's
@@ -37,13 +38,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from accel import memory
 from accel.kernels.loader import W8A8_ACTIVATIONS
 from accel.quant.allocate import Plan
 from accel.quant.schemes import INT4_SCHEMES, INT5_GROUP, INT8_GROUP, TABLE
@@ -350,18 +352,82 @@ def oneshot_quantize(model: nn.Module, plan: Plan, batches: Sequence[torch.Tenso
     return OneshotResult(model=model, seconds=time.perf_counter() - t0, method=method)
 
 
-def layerwise_gptq(model: nn.Module, names: Sequence[str], group_size: int, batches: Sequence[torch.Tensor],
-                   dampening: float = 0.01, processor=None, progress: bool = False) -> dict[str, torch.Tensor]:
-    """{Linear: its INT4 weight as GPTQ makes it (dequantized), at 16 bits}, each Linear quantized on the unquantized
-    model's inputs (the basic pipeline): what GPTQ does to a unit alone, which is what the sensitivity measures. GPTQ
-    cuts the units' damage by different factors, so an allocation on RTN's damage misplaces INT8 units. `model` (a
-    fresh fp32 copy) is consumed. Held as fp16 (half of fp32's 5.2 GB on a 1.5B model; fp16 rounds a dequantized
-    INT4 value by 2^-11 of itself, under 1% of a 4-bit step)."""
-    plan = Plan(schemes=dict.fromkeys(names, "int4"), group_size=group_size, avg_bits=4.0, estimated_kl=0.0,
-                lm_head="fp16")
-    res = oneshot_quantize(model, plan, batches, "gptq", dampening, processor, pipeline="basic", progress=progress)
-    modules = dict(res.model.named_modules())
-    return {n: modules[n].weight.detach().half() for n in names}
+# layers per pass of `layerwise_gptq`: the basic pipeline holds every targeted Linear's [in, in] fp32 Hessian at
+# once, and Qwen2.5-Coder-1.5B's 28 down_proj Hessians alone are 9 GB
+GPTQ_HESSIAN_BYTES = 3 * 2**29
+
+
+@dataclass(frozen=True)
+class PackedInt4:
+    """A Linear's INT4 weight as GPTQ made it, held at 4 bits (packed codes, fp32 scales, uint8 zero points in
+    accel's [0, 15] convention); `dequantize()` gives the fp32 weight bit for bit."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_size: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.q.shape[0], 2 * self.q.shape[1]))
+
+    def dequantize(self) -> torch.Tensor:
+        from accel.kernels.linear import dequantize_int4_groupwise, unpack_int4
+
+        return dequantize_int4_groupwise(unpack_int4(self.q), self.scales, self.zeros, self.group_size)
+
+    @classmethod
+    def of(cls, module: nn.Module, group_size: int) -> PackedInt4:
+        """From a Linear llm-compressor quantized in place: its dequantized weight, `weight_scale` and
+        `weight_zero_point` (compressed-tensors' signed codes, ours - 8)."""
+        from accel.kernels.linear import pack_int4
+
+        w, scale = module.weight.detach().float(), module.weight_scale.detach().float()
+        zp = module.weight_zero_point.detach().float()
+        out_f, in_f = w.shape
+        codes = torch.round(w.reshape(out_f, -1, group_size) / scale[..., None]) + zp[..., None] + 8
+        q, zeros = codes.clamp_(0, 15).to(torch.uint8).reshape(out_f, in_f), (zp + 8).to(torch.uint8)
+        packed = cls(pack_int4(q), scale, zeros, group_size)
+        if not torch.equal(packed.dequantize(), w):
+            raise ValueError("a GPTQ weight is off its INT4 grid (scale / zero point do not reproduce it)")
+        return packed
+
+
+def layerwise_gptq(load_model: Callable[[], nn.Module], names: Sequence[str], group_size: int,
+                   batches: Sequence[torch.Tensor], dampening: float = 0.01, processor=None,
+                   progress: bool = False) -> dict[str, PackedInt4]:
+    """{Linear: its INT4 weight as GPTQ makes it}, each Linear quantized on the unquantized model's inputs (the basic
+    pipeline): what GPTQ does to a unit alone, which is what the sensitivity measures. GPTQ cuts the units' damage by
+    different factors, so an allocation on RTN's damage misplaces INT8 units. The decoder layers go in passes whose
+    Hessians fit GPTQ_HESSIAN_BYTES, each on a fresh fp32 model from `load_model` (consumed: the layers of earlier
+    passes must not reach later ones quantized); the weights are kept at 4 bits (`PackedInt4`)."""
+    import re
+
+    layer_of = {n: int(re.search(r"layers\.(\d+)\.", n).group(1)) for n in names}
+    passes: list[list[str]] = []
+    held = GPTQ_HESSIAN_BYTES + 1
+    out: dict[str, PackedInt4] = {}
+    model = load_model()
+    shapes = {n: model.get_submodule(n).in_features for n in names}
+    for layer in sorted(set(layer_of.values())):
+        members = [n for n in names if layer_of[n] == layer]
+        need = sum(4 * shapes[n] ** 2 for n in members)
+        if held + need > GPTQ_HESSIAN_BYTES:
+            passes.append([])
+            held = 0
+        passes[-1] += members
+        held += need
+    for i, group in enumerate(passes):
+        if i:
+            model = load_model()
+        plan = Plan(schemes=dict.fromkeys(group, "int4"), group_size=group_size, avg_bits=4.0, estimated_kl=0.0,
+                    lm_head="fp16")
+        res = oneshot_quantize(model, plan, batches, "gptq", dampening, processor, pipeline="basic",
+                               progress=progress)
+        out.update({n: PackedInt4.of(res.model.get_submodule(n), group_size) for n in group})
+        del res, model
+        memory.collect()
+    return out
 
 
 def _fp16_exact_enough(t: torch.Tensor) -> bool:
@@ -404,23 +470,46 @@ def store_16bit(folder: str | Path) -> int:
     return saved
 
 
+def _single_file_state(folder: Path) -> tuple[Path, dict, dict[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if len(files) != 1:
+        raise ValueError(f"{folder}: storing the table at 8 bits needs one safetensors file, found {len(files)}")
+    with safe_open(str(files[0]), "pt") as src:
+        return files[0], src.metadata(), {k: src.get_tensor(k) for k in src.keys()}
+
+
+def _table_group(folder: Path, targets: list[str], weights: dict | None = None, tied: bool = False,
+                 fmt: str = "int-quantized") -> None:
+    """config.json: the table's "int-quantized" group over `targets`, with `weights` (default: taken from the
+    lm_head's group, whose target it leaves)."""
+    import json
+
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    qc = cfg["quantization_config"]
+    for group in qc["config_groups"].values():
+        if "lm_head" in group["targets"] and "lm_head" in targets:
+            weights = dict(group["weights"])
+            group["targets"] = [t for t in group["targets"] if t != "lm_head"]
+    qc["config_groups"] = {n: g for n, g in qc["config_groups"].items() if g["targets"]}
+    qc["config_groups"]["table"] = {"targets": targets, "weights": weights, "format": fmt,
+                                    "input_activations": None, "output_activations": None}
+    if tied:
+        cfg["tie_word_embeddings"] = True
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def tie_int8_table(folder: str | Path) -> None:
     """Store a tied model's INT8 lm_head once as its embedding table too (see the module doc): the embedding rows
     become the lm_head's integers, the separate 16-bit table and lm_head tensors go."""
-    import json
-
     from safetensors.torch import save_file
 
     from accel.kernels.linear import int8_from_compressed_tensors
 
     folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    if len(files) != 1:
-        raise ValueError(f"{folder}: tying the table needs one safetensors file, found {len(files)}")
-    from safetensors import safe_open
-
-    with safe_open(str(files[0]), "pt") as src:
-        metadata, state = src.metadata(), {k: src.get_tensor(k) for k in src.keys()}
+    file, metadata, state = _single_file_state(folder)
     packed, shape = state.pop("lm_head.weight_packed", None), state.pop("lm_head.weight_shape", None)
     if packed is None or int(shape[1]) != 4 * packed.shape[1]:
         raise ValueError(f"{folder}: the lm_head is not pack-quantized INT8; only an INT8 lm_head is stored as a table")
@@ -430,21 +519,43 @@ def tie_int8_table(folder: str | Path) -> None:
         raise ValueError(f"{folder}: lm_head {tuple(q.shape)} and {TABLE} {tuple(table.shape)} are not one table")
     scale = state.pop("lm_head.weight_scale")
     state.update({f"{TABLE}.weight": q, f"{TABLE}.weight_scale": scale, "lm_head.weight_scale": scale.clone()})
-    save_file(state, str(files[0]), metadata=metadata)
+    save_file(state, str(file), metadata=metadata)
+    _table_group(folder, [TABLE, "lm_head"], tied=True)
 
-    cfg_path = folder / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    qc = cfg["quantization_config"]
-    weights = None
-    for group in qc["config_groups"].values():
-        if "lm_head" in group["targets"]:
-            weights = dict(group["weights"])
-            group["targets"] = [t for t in group["targets"] if t != "lm_head"]
-    qc["config_groups"] = {n: g for n, g in qc["config_groups"].items() if g["targets"]}
-    qc["config_groups"]["table"] = {"targets": [TABLE, "lm_head"], "weights": weights, "format": "int-quantized",
-                                    "input_activations": None, "output_activations": None}
-    cfg["tie_word_embeddings"] = True
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+def quantize_table(folder: str | Path, scheme: str, group_size: int) -> None:
+    """An untied model's embedding table stored at `scheme`, rounded on its own by RTN, the held-out check's rounding
+    (`accel.quant.schemes.fake_quant`; a row is a token's vector): int8 one scale per token, int8g and int4 per
+    `group_size` of its values. INT8 is "int-quantized" int8 `weight` + fp16 `weight_scale`; int4 "pack-quantized"
+    as a Linear's. transformers decompresses both; accel's runtime gathers rows from them (`Int8Embedding`,
+    `Int4Embedding`)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from safetensors.torch import save_file
+
+    from accel.kernels.linear import quantize_int4_groupwise, quantize_int8_groupwise, quantize_int8_per_channel
+
+    folder = Path(folder)
+    file, metadata, state = _single_file_state(folder)
+    table = state[f"{TABLE}.weight"]
+    fmt = "int-quantized"
+    if scheme == "int8":
+        q, scale = quantize_int8_per_channel(table)
+        state.update({f"{TABLE}.weight": q, f"{TABLE}.weight_scale": scale[:, None].half()})
+    elif scheme == "int8g":
+        q, scale = quantize_int8_groupwise(table, group_size)
+        state.update({f"{TABLE}.weight": q, f"{TABLE}.weight_scale": scale.half()})
+    elif scheme == "int4":  # compressed-tensors' signed values and zero points (ours - 8), packed as it packs them
+        q, scale, zeros = quantize_int4_groupwise(table, group_size)
+        del state[f"{TABLE}.weight"]
+        state.update({f"{TABLE}.weight_packed": pack_to_int32((q.to(torch.int16) - 8).to(torch.int8), 4).contiguous(),
+                      f"{TABLE}.weight_scale": scale.half(), f"{TABLE}.weight_shape": torch.tensor(tuple(q.shape)),
+                      f"{TABLE}.weight_zero_point": pack_to_int32((zeros.to(torch.int16) - 8).to(torch.int8), 4,
+                                                                  packed_dim=0).contiguous()})
+        fmt = "pack-quantized"
+    else:
+        raise ValueError(f"the table is stored at int4, int8 or int8g, not {scheme!r}")
+    save_file(state, str(file), metadata=metadata)
+    _table_group(folder, [TABLE], _weights_args(scheme, group_size), fmt=fmt)
 
 
 def pack_int4f(folder: str | Path) -> int:
@@ -520,10 +631,12 @@ def write_compressed(model: nn.Module, out_dir: str | Path) -> Path:
 
 
 def finish_checkpoint(out: Path, plan: Plan, processor=None) -> Path:
+    if plan.table != "fp16" and not plan.tied:  # from the table as the model held it, as the held-out check rounds it
+        quantize_table(out, plan.table, plan.sizes()[TABLE])
     store_16bit(out)
     pack_int4f(out)
     widen_w8a8(out)
-    if plan.tied_table:
+    if plan.table != "fp16" and plan.tied:
         tie_int8_table(out)
     if processor is not None:
         processor.save_pretrained(out)

@@ -20,8 +20,7 @@ Glossary
                                   accel.quant.quantize.pack_int4f)
     fp16: 16
 - average bits: the parameter-count-weighted mean over the quantizable Linears (the lm_head follows the recipe's
-  rule and is reported apart; the embedding table at 16 bits, or once with an INT8
-  lm_head when tied: `Plan.tied_table`).
+  rule and is reported apart; the embedding table's is `Plan.table`).
 
 Fake quantization (quantize then dequantize in float) reproduces compressed-tensors' numerics exactly for the
 RTN min-max observer (same ranges, same rounding), so the sensitivity measured here is what the library's RTN
@@ -206,7 +205,9 @@ def quantized_weight(w: torch.Tensor, name: str, scheme: str, group_size: int,
     g = (given or {}).get(scheme, {}).get(name)
     if scheme == "int8g" and name not in (HEAD, TABLE):  # int8g Linears: always per 32
         group_size = INT8_GROUP
-    return g if g is not None else fake_quant(w, scheme, group_size)
+    if g is None:
+        return fake_quant(w, scheme, group_size)
+    return g.dequantize().to(w.dtype) if hasattr(g, "dequantize") else g  # held at 4 bits (quantize.PackedInt4)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from accel.eval.gguf import IMATRIX_TEXT_CHARS, calibration_text, llama_perplexity_path, parse_kld, quantized_gguf, score_ggufs
+from accel.eval.gguf import (IMATRIX_TEXT_CHARS, calibration_text, imatrix_chunks, llama_perplexity_path, parse_kld,
+                             quantized_gguf, score_ggufs)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,6 +118,18 @@ def fake_quantize_tools(bin_dir: Path) -> Path:
     return log
 
 
+def test_importance_matrix_reads_chunks_in_proportion_to_the_model(tmp_path):
+    """llama-imatrix's cost is tokens x parameters: a 1.78B F32 file (Qwen2.5-Coder-1.5B) reads 158 chunks of 128
+    tokens, a 135M one (SmolLM2) more than the 200k-character text holds (read whole)."""
+    f = tmp_path / "model.F32.gguf"
+    with f.open("wb") as out:
+        out.truncate(4 * 1_777_088_000)
+    assert imatrix_chunks(f) == 158
+    with f.open("r+b") as out:
+        out.truncate(4 * 134_515_008)
+    assert imatrix_chunks(f) * 128 > 2 * IMATRIX_TEXT_CHARS // 3
+
+
 def test_peers_with_an_importance_matrix_learn_it_from_the_calibration_text_only(tmp_path, monkeypatch):
     """`TYPE+imatrix` peers: llama-imatrix runs once over calibration_data/ (never the eval text), and
     llama-quantize takes it for those peers only; plain k- / i-quant peers are quantized without it."""
@@ -125,14 +138,14 @@ def test_peers_with_an_importance_matrix_learn_it_from_the_calibration_text_only
     f32 = tmp_path / "model.F32.gguf"
     f32.write_text("f")
     files = {k: quantized_gguf(tmp_path, f32, k, ROOT, 2) for k in ["Q4_K_M+imatrix", "IQ4_XS+imatrix", "Q3_K_M"]}
-    tag = hashlib.sha256(calibration_text(ROOT).encode()).hexdigest()[:8]
+    tag = f"{hashlib.sha256(calibration_text(ROOT).encode()).hexdigest()[:8]}-c{imatrix_chunks(f32)}"
     assert {k: v.name for k, v in files.items()} == {"Q4_K_M+imatrix": f"model.Q4_K_M-imatrix-{tag}.gguf",
                                                      "IQ4_XS+imatrix": f"model.IQ4_XS-imatrix-{tag}.gguf",
                                                      "Q3_K_M": "model.Q3_K_M.gguf"}
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert [Path(c[0]).name for c in calls] == ["llama-imatrix", "llama-quantize", "llama-quantize", "llama-quantize"]
     assert calls[0][1:] == ["-m", str(f32), "-f", calls[0][4], "-o", calls[0][6], "-c", "128", "-b", "128", "-t", "2",
-                            "--no-ppl"]
+                            "--no-ppl", "--chunks", str(imatrix_chunks(f32))]
     assert (tmp_path / "home" / "peers" / "gguf" / f"model.F32.imatrix-{tag}.gguf").is_file()  # renamed once done
     assert [("--imatrix" in c) for c in calls[1:]] == [True, True, False]
     seen = (tmp_path / "seen.txt").read_text()

@@ -17,7 +17,7 @@ from tests.runtime.test_families import family_config
 KINDS = ["llama_tied", "qwen2", "qwen3", "mistral_window", "gemma3", "phi3"]
 
 
-def _quantized(kind: str, root, head: str = "int8", tied_table: bool = False):
+def _quantized(kind: str, root, head: str = "int8", table: str = "fp16"):
     """A tiny random `kind` model saved under root / "base", quantized (RTN) by a plan of one scheme per fused unit
     (INT4 / INT8 / 16-bit in turn) and the lm_head at `head`; returns the checkpoint folder."""
     from accel.quant.allocate import Plan
@@ -36,7 +36,7 @@ def _quantized(kind: str, root, head: str = "int8", tied_table: bool = False):
     units = quant_units(quantizable_linears(model))
     schemes = expand_units({u: ("int4", "int8", "fp16")[i % 3] for i, u in enumerate(units)}, units)
     plan = Plan(schemes=schemes, group_size=64, avg_bits=0, estimated_kl=0, lm_head=head, units=units,
-                tied_table=tied_table)
+                table=table, tied=bool(model.config.tie_word_embeddings))
     cal = [torch.randint(3, 320, (2, 32), generator=torch.Generator().manual_seed(0))]
     return save_checkpoint(oneshot_quantize(model, plan, cal, "rtn").model, plan, root / "ck")
 
@@ -58,7 +58,7 @@ def test_gemmas_scaled_table_stored_once_at_8_bits_loads_alike_everywhere(tmp_pa
     from accel.kernels.loader import load_hf_model
     from accel.runtime.engine import Engine
 
-    ck = _quantized("gemma3", tmp_path, head, tied_table=True)
+    ck = _quantized("gemma3", tmp_path, head, table=head)
     hf = transformers.AutoModelForCausalLM.from_pretrained(ck, dtype=torch.float32).eval()
     mods = load_hf_model(ck)
     assert isinstance(mods.model.embed_tokens, Int8Embedding)

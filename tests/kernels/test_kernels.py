@@ -353,7 +353,7 @@ def test_int4_integer_zeros_stream_as_fp16_scale_zero_pairs_with_the_fp32_pairs_
 
 
 @pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")
-@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("group_size", [32, 64, 128, 256])
 @pytest.mark.parametrize("fp16_grid", [False, True])
 def test_int4_vnni_tiles_give_a_row_the_same_result_at_any_row_count(group_size, fp16_grid):
     # the INT4 tile layout: each row bit-identical alone or batched (speculation exact), equal to the row layout's

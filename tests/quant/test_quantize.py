@@ -10,7 +10,7 @@ import torch
 from accel.quant.allocate import Plan
 from accel.kernels.loader import load_hf_model
 from accel.quant.quantize import build_modifiers, oneshot_quantize, recipe_config, save_checkpoint
-from accel.quant.schemes import fake_quantized, quantizable_linears
+from accel.quant.schemes import fake_quant, fake_quantized, quantizable_linears
 from tests.conftest import make_tiny_llama
 
 PLAN = Plan(schemes={"model.layers.0.self_attn.q_proj": "int4", "model.layers.0.mlp.up_proj": "int8",
@@ -272,7 +272,7 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
     model = _saved_tiny(tmp_path, tie_word_embeddings=True)
     names = quantizable_linears(model)  # no 16-bit Linear: the checkpoint then stores no rounded float matrix
     plan = Plan(schemes={n: ("int4", "int8")[i % 2] for i, n in enumerate(names)}, group_size=32, avg_bits=0.0,
-                estimated_kl=0.0, lm_head=head, tied_table=True)
+                estimated_kl=0.0, lm_head=head, table=head, tied=True)
     assert plan.measured_schemes()["model.embed_tokens"] == head
     with fake_quantized(model, plan.measured_schemes(), 32):
         measured = model(X).logits  # what the held-out check measures: the table's rows at 8 bits in and out
@@ -306,20 +306,116 @@ def test_tied_int8_table_is_stored_once_and_every_loader_runs_what_the_plan_meas
     assert "vLLM ties only an unquantized table" in support["vllm"].refused["model.embed_tokens"]
 
 
-def test_the_table_is_tied_only_for_a_tied_int8_lm_head_outside_vllm():
-    from accel.quant.plan import stores_tied_table
+def test_the_tables_scheme_follows_an_int8_lm_head_and_is_refused_where_no_loader_takes_it():
+    from accel.quant.plan import table_scheme
+    from accel.recipe import QuantizationConfig
 
-    tied, untied = make_tiny_llama(tie_word_embeddings=True), make_tiny_llama(tie_word_embeddings=False)
-    assert stores_tied_table(tied, "int8", "transformers") and stores_tied_table(tied, "int8", None)
-    assert stores_tied_table(tied, "int8g", None)
-    assert not stores_tied_table(tied, "int8", "vllm")  # vLLM ties only an unquantized table
-    assert not stores_tied_table(tied, "fp16", "transformers") and not stores_tied_table(untied, "int8", None)
+    tied, untied = True, False
+
+    def q(**kw):
+        return QuantizationConfig(**kw)
+
+    assert table_scheme(tied, q(lm_head="int8"), "transformers") == "int8"
+    assert table_scheme(tied, q(lm_head="int8"), None) == "int8"
+    assert table_scheme(tied, q(lm_head="int8g"), None) == "int8g" == table_scheme(untied, q(lm_head="int8g"), None)
+    assert table_scheme(tied, q(lm_head="int8"), "vllm") == "fp16"  # vLLM ties only an unquantized table
+    assert table_scheme(untied, q(lm_head="int8"), "vllm-cpu") == "fp16"  # and quantizes no embedding
+    assert table_scheme(tied, q(lm_head="fp16"), None) == "fp16" == table_scheme(untied, q(lm_head="int4"), None)
+    assert table_scheme(untied, q(lm_head="int8", table="int4"), None) == "int4"
+    assert table_scheme(tied, q(lm_head="int8", table="fp16"), None) == "fp16"
+    with pytest.raises(ValueError, match="ties its table to its lm_head .'int8'.*allowed: fp16, int8"):
+        table_scheme(tied, q(lm_head="int8", table="int4"), None)
+    with pytest.raises(ValueError, match="ties its table to its lm_head .'int4'.*allowed: fp16$"):
+        table_scheme(tied, q(lm_head="int4", table="int4"), None)
+    with pytest.raises(ValueError, match="table 'int8' with export.target 'vllm': vLLM quantizes no embedding"):
+        table_scheme(untied, q(table="int8"), "vllm")
+    with pytest.raises(ValueError, match="table 'int4' with export.target 'transformers': transformers loads no"):
+        table_scheme(untied, q(table="int4"), "transformers")
+
+
+@pytest.mark.parametrize("table", ["int8", "int8g", "int4"])
+@torch.no_grad()
+def test_untied_table_is_rounded_on_its_own_and_every_loader_runs_what_the_plan_measured(tmp_path, table):
+    """An untied model's table at 8 or 4 bits (RTN, per token, or per group of its values), and transformers,
+    accel's loader and its runtime all compute what the held-out check measured; vLLM, which quantizes no
+    embedding, is refused by name."""
+    import json
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from accel.export.compatibility import loader_support
+    from accel.kernels.linear import (Int4Embedding, Int8Embedding, dequantize_int4_groupwise,
+                                      int4_from_compressed_tensors)
+    from accel.runtime.models import load_model
+
+    model = _saved_tiny(tmp_path, tie_word_embeddings=False)
+    names = quantizable_linears(model)
+    head = "int8g" if table == "int8g" else "int8"
+    plan = Plan(schemes={n: "int4" if ".layers.0." in n else "int8" for n in names}, group_size=32, avg_bits=0.0,
+                estimated_kl=0.0, lm_head=head, table=table)
+    with fake_quantized(model, plan.measured_schemes(), plan.sizes()):
+        measured = model(X).logits
+    with fake_quantized(model, plan.all_schemes(), plan.sizes()):
+        table_16bit = model(X).logits
+    assert not torch.allclose(measured, table_16bit, atol=1e-5)  # the table's rounding is measured
+    weight = model.model.embed_tokens.weight.detach().clone()
+    res = oneshot_quantize(model, plan, CAL, "rtn", processor=_tokenizer())
+    ck = save_checkpoint(res.model, plan, tmp_path / "ck")
+    config = json.loads((ck / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    groups = config["quantization_config"]["config_groups"]
+    assert groups["table"]["targets"] == ["model.embed_tokens"]
+    assert groups["table"]["format"] == ("pack-quantized" if table == "int4" else "int-quantized")
+    assert groups["table"]["weights"]["strategy"] == ("channel" if table == "int8" else "group")
+    assert any("lm_head" in g["targets"] for g in groups.values())  # the head keeps its own group and integers
+    with safe_open(str(ck / "model.safetensors"), "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys() if k.startswith("model.embed_tokens.")}
+    if table == "int4":
+        q, scale, zeros = int4_from_compressed_tensors(*(stored[f"model.embed_tokens.weight_{k}"]
+                                                         for k in ("packed", "scale", "shape", "zero_point")))
+        rows = dequantize_int4_groupwise(q, scale, zeros, 32)
+        assert stored["model.embed_tokens.weight_packed"].numel() * 4 == weight.numel() // 2  # 4 bits a value
+    else:
+        q, scale = stored["model.embed_tokens.weight"], stored["model.embed_tokens.weight_scale"]
+        assert q.dtype == torch.int8 and scale.dtype == torch.float16
+        assert tuple(scale.shape) == (weight.shape[0], weight.shape[1] // 32 if table == "int8g" else 1)
+        rows = (q.float().reshape(q.shape[0], scale.shape[1], -1) * scale.float()[:, :, None]).reshape(weight.shape)
+    torch.testing.assert_close(rows, fake_quant(weight, table, 32), atol=0, rtol=0)
+    support = loader_support(config)
+    assert support["accel"].loads and support["transformers"].loads == (table != "int4")
+    assert "vLLM quantizes no embedding" in support["vllm"].refused["model.embed_tokens"]
+    if table != "int4":
+        hf = AutoModelForCausalLM.from_pretrained(ck).eval()
+        torch.testing.assert_close(hf(X).logits, measured, atol=1e-4, rtol=1e-4)
+    loaded = load_hf_model(ck)
+    assert isinstance(loaded.model.embed_tokens, Int4Embedding if table == "int4" else Int8Embedding)
+    torch.testing.assert_close(loaded(X).logits, measured, **KERNEL_TOL)
+    runtime = load_model(ck, torch.float32, torch.device("cpu"))
+    torch.testing.assert_close(runtime.model.embed_tokens(X[0]), rows[X[0]], atol=0, rtol=0)
+    torch.testing.assert_close(runtime.model.embed_tokens(X), rows[X], atol=0, rtol=0)
+    from accel.kernels import cpu
+
+    if cpu.available():  # the native decode step takes an INT8 table's rows itself, an INT4 table's gathered
+        from accel.runtime.engine import Engine
+        from accel.runtime.sampling_params import SamplingParams
+
+        engine = Engine.from_pretrained(ck, num_kv_blocks=64, block_size=8, enable_prefix_caching=False)
+        native, greedy = engine.model.native_decode, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        assert native is not None and native.has_tables == (table != "int4")
+        outs = []
+        for mode in (native, None):
+            engine.model.native_decode = mode
+            outs.append([o.token_ids for o in engine.generate([[5, 9, 13], [7] * 11], greedy)])
+        assert outs[0] == outs[1]
 
 
 @torch.no_grad()
-def test_layerwise_gptq_gives_each_linears_int4_weight_with_less_output_error_than_rtn(tmp_path):
+def test_layerwise_gptq_gives_each_linears_int4_weight_with_less_output_error_than_rtn(tmp_path, monkeypatch):
     """What the sensitivity measures for a GPTQ recipe: every Linear at INT4 as GPTQ makes it on the unquantized
-    model's inputs, on the INT4 grid, with less error on those inputs than RTN's."""
+    model's inputs, on the INT4 grid, with less error on those inputs than RTN's; held at 4 bits; passes of fewer
+    layers (Hessians within GPTQ_HESSIAN_BYTES) give the same weights."""
+    from accel.quant import quantize
     from accel.quant.quantize import layerwise_gptq
     from accel.quant.schemes import fake_quant_int4
 
@@ -332,12 +428,21 @@ def test_layerwise_gptq_gives_each_linears_int4_weight_with_less_output_error_th
     ref(CAL[0])
     for h in hooks:
         h.remove()
-    weights = layerwise_gptq(model, names, 32, CAL, processor=_tokenizer())
+    weights = layerwise_gptq(lambda: copy.deepcopy(model), names, 32, CAL, processor=_tokenizer())
     assert set(weights) == set(names)
+    monkeypatch.setattr(quantize, "GPTQ_HESSIAN_BYTES", 1)  # a pass per layer: the same weights, Hessians apart
+    passes = []
+    real = quantize.oneshot_quantize
+    monkeypatch.setattr(quantize, "oneshot_quantize",
+                        lambda m, plan, *a, **k: passes.append(plan) or real(m, plan, *a, **k))
+    apart = layerwise_gptq(lambda: copy.deepcopy(model), names, 32, CAL, processor=_tokenizer())
+    assert [sorted(p.schemes) for p in passes] == [sorted(n for n in names if f".layers.{i}." in n) for i in range(2)]
     gptq_err = rtn_err = 0.0
     for n in names:
         w, x = ref.get_submodule(n).weight, inputs[n]
-        q = weights[n]
+        assert weights[n].q.numel() == w.numel() // 2  # held at 4 bits
+        q = weights[n].dequantize()
+        torch.testing.assert_close(apart[n].dequantize(), q, atol=1e-6, rtol=0)
         assert q.shape == w.shape and not torch.equal(q, w)
         groups = q.reshape(q.shape[0], -1, 32)
         assert max(len(torch.unique(groups[r, g])) for r in range(q.shape[0]) for g in range(groups.shape[1])) <= 16
@@ -469,7 +574,7 @@ def test_a_gguf_releases_grids_export_bit_for_bit_at_int5_int4f_int8g_and_load_e
     ref = model(X).logits
     names = quantizable_linears(model)
     plan = Plan(schemes={n: "int4f" if n.endswith(("o_proj", "down_proj")) else "int5" for n in names},
-                group_size=32, avg_bits=0.0, estimated_kl=0.0, lm_head="int8g", tied_table=True,
+                group_size=32, avg_bits=0.0, estimated_kl=0.0, lm_head="int8g", table="int8g", tied=True,
                 lm_head_group_size=head_group)
     with fake_quantized(model, plan.schemes, plan.sizes()):
         torch.testing.assert_close(model(X).logits, ref, atol=1e-5, rtol=0)  # the Linears come back exactly

@@ -102,11 +102,13 @@ class NativeDecode:
             from accel.kernels.linear import Int8Embedding
 
             table = model.model.embed_tokens
-            # an INT8 table's own integers and scales (its `.weight` would be a dequantized fp32 copy)
+            # an INT8 table's own integers and scales (its `.weight` would be a dequantized fp32 copy); an INT4
+            # table has none the native gather reads: its rows are gathered before the call (`inputs`)
             embed, embed_scales = ((table.qweight, table.scales) if isinstance(table, Int8Embedding)
-                                   else (table.weight, _NO_FLOATS))
+                                   else (getattr(table, "weight", None), _NO_FLOATS))
             tables = [model.cos, model.sin_signed]
-            if (all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2 for t in tables)
+            if (embed is not None and all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2
+                                          for t in tables)
                     and embed.dtype in (torch.float32, torch.float16, torch.int8)
                     and getattr(table, "embed_scale", None) is None):
                 native.tensors.set_tables(embed.contiguous(), *(t.contiguous() for t in tables),
