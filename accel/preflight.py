@@ -179,14 +179,14 @@ def _check_calibration(recipe: Recipe, project_root: Path | None) -> list[str]:
 def _check_linear_shapes(recipe: Recipe, model_dir: Path) -> list[str]:
     """The bit budget and INT4 group size against the real Linear shapes (Llama-family config.json)."""
     from accel.quant.allocate import apply_overrides
-    from accel.quant.schemes import INT4_SCHEMES, SCHEME_INFO, SCHEMES
+    from accel.quant.schemes import bits_per_weight, group_sized, schemes as scheme_order
 
     shapes = _linear_shapes(model_dir / "config.json")
     if not shapes:
         return []
     q = recipe.quantization
     problems = []
-    int4 = set(INT4_SCHEMES) & (set(q.candidates) | set(q.overrides.values()))
+    int4 = any(group_sized(s) for s in (*q.candidates, *q.overrides.values()))
     for gs in q.int4_group_sizes:
         bad = sorted({k for k, _ in shapes.values() if k % gs})
         if int4 and bad:
@@ -197,10 +197,10 @@ def _check_linear_shapes(recipe: Recipe, model_dir: Path) -> list[str]:
     gs = max(q.int4_group_sizes)  # the cheapest plan's INT4 metadata
     target = q.budget.target_avg_bits
     if target is not None:
-        cheapest = min(q.candidates, key=SCHEMES.index)
+        cheapest = min(q.candidates, key=scheme_order().index)
         schemes = apply_overrides({n: cheapest for n in shapes}, q.overrides)
         total = sum(k * n for k, n in shapes.values())
-        lowest = sum(SCHEME_INFO[s].bits_per_weight(shapes[n][0], gs) * shapes[n][0] * shapes[n][1]
+        lowest = sum(bits_per_weight(s, shapes[n][0], gs) * shapes[n][0] * shapes[n][1]
                      for n, s in schemes.items()) / total
         if target + 1e-9 < lowest:
             problems.append(f"quantization.budget.target_avg_bits: {target} is unreachable with candidates "

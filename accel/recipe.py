@@ -22,23 +22,25 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from accel import schemes
 
 from accel.runtime.config import STRICT, RuntimeConfig
 from accel.speculative.config import SpeculativeConfig
 
-Scheme = Literal["int4", "int4f", "int5", "int8", "w8a8", "int8g", "fp16"]
-"""int4: integer zero point (vLLM-loadable W4A16); int4f: float zero point per group (GGUF Q4_1 / Q4_K form, lossless
-on weights from such a release; transformers and accel load it, vLLM does not); int5: symmetric 5-bit per 32 (GGUF
-Q5_0 form, 5.5 bits; not vLLM); int8: per output channel; w8a8: int8 with activations rounded to INT8 per token
-(vLLM's W8A8, which vLLM-CPU runs); int8g: per 32 inputs (GGUF Q8_0 form); fp16 = the model's
-16-bit dtype, or fp32 where the device prefers it."""
-HeadScheme = Literal["int4", "int4f", "int8", "int8g", "fp16"]
-"""The lm_head's (and a tied table's): a Scheme, or int8g = INT8 with one fp16 scale per 32 inputs (the GGUF Q8_0
-grid, 8.5 bits): a 262k-row table whose rows span 100x in range loses to one scale per row (Gemma 3 270M, every
-Linear at 16 bits: held-out KL 0.0187 per row)."""
-TableScheme = Literal["int4", "int8", "int8g", "fp16"]
-"""The token table's: int4 at the recipe's INT4 group size, int8 per token, int8g per 32 (lm_head_group_size)."""
+def _scheme(role: str):
+    """A scheme name a recipe may use in `role` (accel.schemes: the registry decides, its schema lists them)."""
+    return Annotated[str, AfterValidator(lambda v: schemes.check(v, role)),
+                     Field(json_schema_extra=schemes.json_enum(role))]
+
+
+Scheme = _scheme("candidate")
+"""A scheme the allocator may give a unit (`accel.schemes`: each one's bits, loaders and form)."""
+HeadScheme = _scheme("head")
+"""The lm_head's (and a tied table's)."""
+TableScheme = _scheme("table")
+"""An untied token table's: int4 at the recipe's INT4 group size, int8 per token, int8g per lm_head_group_size."""
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -187,8 +189,7 @@ class QuantizationConfig(Strict):
         # the nominal floor of the cheapest candidate; accel.preflight checks the exact one on the model's shapes
         target = self.budget.target_avg_bits
         g = max(self.int4_group_sizes)
-        floors = {"int4": 4 + 20 / g, "int4f": 4 + 32 / g, "int5": 5.5, "int8": 8.0, "w8a8": 8.0, "int8g": 8.5,
-                  "fp16": 16.0}  # as stored (schemes.py)
+        floors = {s: schemes.get(s).floor_bits(g) for s in self.candidates}  # as stored
         cheapest = min(self.candidates, key=floors.__getitem__)
         if target is not None and target < floors[cheapest]:
             raise ValueError(f"budget.target_avg_bits {target} is unreachable with candidates {self.candidates}: "
@@ -432,15 +433,14 @@ class Recipe(Strict):
     def _target_runs_the_schemes(self) -> Recipe:
         """export.target vllm-cpu plans only with what vLLM's CPU kernels run (accel.export.compatibility)."""
         if self.export.enabled and self.export.target == "vllm-cpu":
-            from accel.export.compatibility import VLLM_CPU_SCHEMES
-
             q = self.quantization
-            bad = sorted({s for s in [*q.candidates, *q.overrides.values()] if s not in VLLM_CPU_SCHEMES})
+            runs = [s for s in schemes.names() if "vllm-cpu" in schemes.get(s).loaders]
+            bad = sorted({s for s in [*q.candidates, *q.overrides.values()] if s not in runs})
             if bad or q.lm_head != "fp16":
                 raise ValueError(
                     f"export.target vllm-cpu: candidates / overrides {bad} and lm_head {q.lm_head!r}: vLLM's CPU "
                     f"kernels run 4-bit weight-only and W8A8 INT8, not weight-only INT8 or accel's float-zero / "
-                    f"5-bit forms; allowed: schemes in {list(VLLM_CPU_SCHEMES)} and lm_head 'fp16'")
+                    f"5-bit forms; allowed: schemes in {runs} and lm_head 'fp16'")
         return self
 
     def run_dir(self) -> Path:

@@ -103,8 +103,8 @@ def bench_in_process(args, prompts: list[str]) -> dict:
 # ---- phase 2: server --------------------------------------------------------------------------------------
 
 def start_server(args, port: int) -> subprocess.Popen:
-    code = ("import json,sys; from accel.server.serve import run_server; "
-            "run_server(sys.argv[1], port=int(sys.argv[2]), log_level='warning', max_queue=100000, "
+    code = ("import json,sys; from accel.server.config import ServerConfig; from accel.server.serve import run_server; "
+            "run_server(sys.argv[1], ServerConfig(port=int(sys.argv[2]), log_level='warning'), max_waiting=100000, "
             "**json.loads(sys.argv[3]))")
     return subprocess.Popen([sys.executable, "-c", code, args.model, str(port), json.dumps(engine_kwargs(args))],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

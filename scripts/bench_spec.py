@@ -151,7 +151,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(target_path))
     model = load_model(target_path, torch.float32, torch.device("cpu"))
     if args.quant:
-        from accel.kernels.linear import apply_plan
+        from accel.schemes import apply_plan
         from accel.quant.schemes import uniform_plan
 
         apply_plan(model, uniform_plan(model.config.num_hidden_layers, args.quant), group_size=args.quant_group_size)

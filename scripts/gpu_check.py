@@ -70,7 +70,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from accel.draft_training.eagle_train import EagleTrainer  # noqa: E402
 from accel.kernels import cpu  # noqa: E402
-from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, apply_plan  # noqa: E402
+from accel.kernels.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear  # noqa: E402
+from accel.schemes import apply_plan  # noqa: E402
 from accel.runtime.engine import Engine, EngineConfig  # noqa: E402
 from accel.runtime.models import fuse_projections, load_model  # noqa: E402
 from accel.runtime.sampling_params import SamplingParams  # noqa: E402

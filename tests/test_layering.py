@@ -38,3 +38,11 @@ def test_only_the_engine_wires_speculation_into_the_runtime():
 def test_speculation_uses_the_runtime_leaves_never_the_engine_or_scheduler():
     for f, mods in imports("speculative").items():
         assert not mods & {"accel.runtime.engine", "accel.runtime.scheduler", "accel.runtime"}, f
+
+
+def test_the_scheme_registry_sits_on_the_kernels_and_the_kernels_read_only_it():
+    for f, mods in imports("schemes").items():
+        assert {m for m in mods if not m.startswith(("accel.schemes", "accel.kernels"))} == set(), f
+    for f, mods in imports("kernels").items():
+        assert {m for m in mods if not m.startswith(("accel.schemes", "accel.kernels", "accel.tensorio",
+                                                     "accel.memory"))} == set(), f

@@ -48,10 +48,7 @@ def test_the_recipe_the_server_the_engine_and_the_scheduler_share_every_default(
     # what `optimize` evaluates with is what `serve` starts: the same EngineConfig from both
     assert EngineConfig(model="m", **engine_kwargs(recipe)) == EngineConfig(
         model="m", dtype="auto", **{k: served[k] for k in RUNTIME_FIELDS})
-    scheduler = SchedulerConfig()
-    for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_wait_steps",
-                 "long_prefill_token_threshold", "preemption_mode"):
-        assert getattr(scheduler, name) == defaults[name], name
+    assert SchedulerConfig().runtime.runtime_fields() == defaults  # the scheduler holds a RuntimeConfig
     assert NON_DEFAULT.keys() == defaults.keys()
 
 
@@ -67,6 +64,28 @@ def test_every_serve_option_is_a_runtime_field_and_reaches_the_server(monkeypatc
     assert {k: served[k] for k in RUNTIME_FIELDS} == NON_DEFAULT
 
 
+SERVER_NON_DEFAULT = dict(host="0.0.0.0", port=8123, api_key="sk-x", served_model_name="m2", kv_pressure_threshold=0.5,
+                          drain_timeout_s=3.0, allow_priority=True, protect_metrics=True, skip_verify=True,
+                          log_level="debug")
+
+
+def test_every_server_setting_is_a_serve_option_that_reaches_the_server(monkeypatch):
+    from accel.server.config import ServerConfig
+
+    assert SERVER_NON_DEFAULT.keys() == {f.name for f in dataclasses.fields(ServerConfig)}
+    args = []
+    for name, value in SERVER_NON_DEFAULT.items():
+        flag = "--" + name.replace("_", "-")
+        args += [flag] if value is True else [flag, str(value)]
+    assert _served(monkeypatch, args)["server"] == ServerConfig(**SERVER_NON_DEFAULT)
+    assert _served(monkeypatch, [])["server"] == ServerConfig()
+    # the key may come from the environment instead of the process list
+    monkeypatch.setenv("ACCEL_API_KEY", "sk-env")
+    assert _served(monkeypatch, [])["server"].api_key == "sk-env"
+    # requests waiting before a 429 are the runtime's max_waiting: the server declares no limit of its own
+    assert "max_waiting" in RUNTIME_FIELDS and not {"max_queue", "max_waiting"} & SERVER_NON_DEFAULT.keys()
+
+
 def test_every_runtime_value_of_a_recipe_reaches_the_engine(tiny_model_dir):
     from accel.pipeline.evaluate import engine_kwargs
 
@@ -74,12 +93,11 @@ def test_every_runtime_value_of_a_recipe_reaches_the_engine(tiny_model_dir):
                            "runtime": NON_DEFAULT})
     engine = Engine.from_pretrained(tiny_model_dir, **engine_kwargs(recipe))
     assert engine.config.runtime_fields() == NON_DEFAULT
-    sched = engine.scheduler.config
-    assert (sched.max_num_seqs, sched.max_num_batched_tokens, sched.max_waiting, sched.max_wait_steps,
-            sched.long_prefill_token_threshold, sched.preemption_mode, sched.max_model_len) == (3, 96, 7, 9, 32, "swap",
-                                                                                           100)
+    # the scheduler and the runner read the engine's own RuntimeConfig, not copies of its fields
+    assert engine.scheduler.config.runtime is engine.config and engine.runner.config.runtime is engine.config
+    assert engine.scheduler.config.max_model_len == 100
     assert engine.kv.block_size == 8 and engine.kv.enable_prefix_caching is False
-    assert engine.runner.config.kv_cache_dtype == "int8" and engine.runner.device.type == "cpu"
+    assert engine.runner.config.runtime.kv_cache_dtype == "int8" and engine.runner.device.type == "cpu"
     from accel.runtime.model_runner import kv_bytes_per_block
 
     per_block = kv_bytes_per_block(engine.model, 8, "int8", torch.float32)

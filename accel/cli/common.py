@@ -8,6 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from accel import schemes
+
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -53,8 +55,9 @@ def int_pair(value: str, name: str) -> tuple[int, int]:
     return lo, hi
 
 
-QUANT_CHOICES = (None, "int8", "int8g", "w8a8", "int4", "int4f")
-QUANT_HELP = "Quantize every Linear and the lm_head on load (RTN): int8, int8g (per 32 inputs), int4 or int4f."
+QUANT_CHOICES = (None, *schemes.names("on_load"))
+QUANT_HELP = "Quantize every Linear and the lm_head on load (RTN): " + "; ".join(
+    f"{s}: {schemes.get(s).summary}" for s in schemes.names("on_load")) + "."
 
 
 def quant_kwargs(path, quant: str | None, group_size: int) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +11,7 @@ import typer
 from accel.cli.common import QUANT_CHOICES, QUANT_HELP, console, err_console, fail, int_pair, quant_kwargs
 from accel.cli.options import build_config, config_options
 from accel.runtime.config import RuntimeConfig
-from accel.server.protocol import DRAIN_TIMEOUT_S
+from accel.server.config import API_KEY_ENV, ServerConfig
 
 
 def _speculative_help() -> str:
@@ -23,27 +24,18 @@ def _speculative_help() -> str:
             f"(fields: {', '.join(f.name for f in fields(SpeculativeConfig))}).")
 
 
+@config_options(ServerConfig, dest="server")
 @config_options(RuntimeConfig, dest="runtime")
 def serve(
     model: Annotated[str, typer.Argument(help="Model name, HF folder, .gguf file or exported checkpoint.")],
-    host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes it beyond this machine.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    api_key: Annotated[Optional[str], typer.Option(envvar="ACCEL_API_KEY", help="Require this Bearer key.")] = None,
     speculative_config: Annotated[Optional[str], typer.Option(help=_speculative_help())] = None,
-    served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send.")] = None,
-    max_queue: Annotated[int, typer.Option(min=1, help="Waiting requests before 429.")] = 256,
-    skip_verify: Annotated[bool, typer.Option(help="Serve an export even when its files do not match its "
-                                                   "accel.json (checked by default).")] = False,
     quant: Annotated[Optional[str], typer.Option(help=QUANT_HELP)] = None,
     quant_group_size: Annotated[int, typer.Option(help="INT4 group size for --quant int4 / int4f.")] = 64,
-    drain_timeout: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight requests get to finish on "
-                                                               "shutdown; then they are aborted.")] = DRAIN_TIMEOUT_S,
-    allow_priority: Annotated[bool, typer.Option(help="Honour requests' `priority` without an API key.")] = False,
-    protect_metrics: Annotated[bool, typer.Option(help="/metrics needs the API key too.")] = False,
     runtime: Optional[dict] = None,
+    server: Optional[dict] = None,
 ) -> None:
-    """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API. The runtime's options
-    (RuntimeConfig) are the recipe's `runtime:` fields, with the same defaults."""
+    """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API. The server's options are
+    ServerConfig's fields, the runtime's RuntimeConfig's (the recipe's `runtime:` fields), with their defaults."""
     from accel.models import ModelNotFoundError, resolve_model
     from accel.server import run_server
     from accel.server.serve import speculative_config as parse_speculative_config
@@ -52,15 +44,16 @@ def serve(
         fail(f"--quant {quant!r} is invalid; allowed: {', '.join(q for q in QUANT_CHOICES if q)}")
     try:
         settings = build_config(RuntimeConfig, runtime or {})
+        given = server or {}
+        if given.get("api_key") is None and os.environ.get(API_KEY_ENV):
+            given = {**given, "api_key": os.environ[API_KEY_ENV]}
+        http = build_config(ServerConfig, given)
         quant_fields = quant_kwargs(resolve_model(model), quant, quant_group_size) if quant else {}
         spec = None if speculative_config is None else parse_speculative_config(speculative_config)
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))
     try:
-        run_server(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                   speculative=spec, max_queue=max_queue, skip_verify=skip_verify, drain_timeout_s=drain_timeout,
-                   allow_priority=allow_priority, protect_metrics=protect_metrics, **settings.runtime_fields(),
-                   **quant_fields)
+        run_server(model, server=http, speculative=spec, **settings.runtime_fields(), **quant_fields)
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))
 

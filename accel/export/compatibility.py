@@ -34,7 +34,6 @@ from accel.quant.schemes import TABLE, quant_units
 
 LOADERS = ("accel", "transformers", "vllm", "vllm-cpu", "vllm-cpu-avx2")
 VLLM_TARGETS = ("vllm", "vllm-cpu")  # export targets whose loader ties only an unquantized table, no float zeros
-VLLM_CPU_SCHEMES = ("int4", "w8a8", "fp16")
 AVX2_WEIGHT_ONLY = ("weight-only INT: vLLM-CPU's AVX2 build has no WNA16 kernel (only its AVX-512 build does); it "
                     "runs W8A8 INT8 and 16-bit weights")  # accel's schemes vLLM-CPU runs (int4: uint4 with zero points, W4A16)
 
@@ -145,19 +144,12 @@ def _vllm_cpu_refuses(w: dict, activations, target: str, config: dict) -> str | 
 
 
 def _accel_refuses(w: dict, fmt: str | None, activations: dict | None = None) -> str | None:
-    from accel.kernels.loader import activation_mismatch
+    from accel import schemes
 
-    if activations:
-        bad = activation_mismatch(activations)
-        if bad or w.get("num_bits") != 8 or w.get("strategy") != "channel":
-            return (f"input activations {bad or activations} on {w.get('num_bits')}-bit {w.get('strategy')} weights: "
-                    "accel runs W8A8 only (per-channel INT8 weights, dynamic per-token INT8 activations)")
-    if w.get("type", "int") != "int" or w.get("num_bits") not in (4, 5, 8):
-        return f"{w.get('num_bits')}-bit {w.get('type')} weights: accel's kernels are INT4 and INT8 (INT5 as INT8)"
-    if w.get("num_bits") == 5 and (not w.get("symmetric") or fmt != "pack-quantized"):
-        return "5-bit weights load symmetric and pack-quantized only (int5)"
     if fmt not in ("pack-quantized", "int-quantized"):
         return f"format {fmt!r}: accel reads pack-quantized and int-quantized"
+    if schemes.identify(w, fmt, activations) is None:
+        return schemes.describe_unread(w, activations)
     return None
 
 

@@ -1,4 +1,4 @@
-"""Weight-only quantized Linear layers (INT8 per-channel, INT4 group-wise) and a per-layer plan applier.
+"""Weight-only quantized Linear layers (INT8 per-channel and per group, INT4 group-wise) and the one RTN rounding.
 
 Two verbs, as in gpt-fast: *quantize* a float weight offline (pure functions below, which are also the float
 reference), then *convert* it into a module whose forward calls the fastest correct kernel for its device.
@@ -57,10 +57,6 @@ from torch import Tensor, nn
 
 from accel.kernels import cpu
 
-SCHEMES = ("int8", "int8g", "w8a8", "int4", "int4f", "fp16", "bf16", "fp32")  # what a runtime --quant may ask for
-INT8_SCHEMES = ("int8", "int8g", "w8a8")  # Int8WeightOnlyLinear's: per channel, per 32, per channel + 8-bit activations
-INT4_SCHEMES = ("int4", "int4f")  # int4f: float (not integer) zero point per group, see quantize_int4_groupwise
-FLOAT_SCHEMES = ("fp16", "bf16", "fp32")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 INT8_GROUP = 32  # int8g's group: the kernels' activation block, so a group's scale folds into the block's FMA
 # Rows of x at which a CPU without AVX512-VNNI switches from the native kernels to dequantize + fp32 GEMM (see
@@ -237,7 +233,7 @@ def quantize_int4_groupwise(w: Tensor, group_size: int, float_zero: bool = False
     scale / min pairs on the fp16 grid the kernel streams at half the bytes.
     """
     _check_weight(w)
-    _check_group_size(w.shape[1], group_size)
+    check_group_size(w.shape[1], group_size)
     out_f, in_f = w.shape
     wg = w.float().reshape(out_f, in_f // group_size, group_size)  # [out, G, g]
     lo = wg.amin(dim=-1).clamp(max=0.0)  # [out, G]
@@ -362,7 +358,7 @@ def _check_weight(w: Tensor) -> None:
         raise ValueError(f"expected a float weight [out, in]; got dtype {w.dtype}, shape {tuple(w.shape)}")
 
 
-def _check_group_size(in_features: int, group_size: int) -> None:
+def check_group_size(in_features: int, group_size: int) -> None:
     if group_size not in INT4_GROUP_SIZES or in_features % group_size:
         allowed = [g for g in INT4_GROUP_SIZES if in_features % g == 0]
         raise ValueError(f"int4 group_size={group_size} is invalid for in_features={in_features}; allowed: {allowed}")
@@ -703,7 +699,7 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
     def __init__(self, in_features: int, out_features: int, group_size: int = 64, bias: bool = False,
                  dequant_min_rows: int | None = None, float_zero: bool = False) -> None:
         super().__init__()
-        _check_group_size(in_features, group_size)
+        check_group_size(in_features, group_size)
         if in_features % 2:
             raise ValueError(f"int4 needs an even in_features; got {in_features}")
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
@@ -1040,105 +1036,6 @@ def concat_quantized(mods: list[nn.Module]) -> nn.Module:
                                             first.group_size, bias, dequant_min_rows=first.dequant_min_rows)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Plans.
-# ----------------------------------------------------------------------------------------------------------
-
-
-def check_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> None:
-    """Raise ValueError naming the entry when `plan` ({hf_module_name: scheme}) cannot apply to `model` (a scheme
-    that does not exist, a module that is not an nn.Linear of the model, a width the scheme's groups do not divide).
-    Reads shapes only: the model may still be on the meta device."""
-    modules = dict(model.named_modules())
-    for name, scheme in plan.items():
-        if scheme not in SCHEMES:
-            raise ValueError(f"plan[{name!r}] = {scheme!r} is not a scheme; allowed: {SCHEMES}")
-        if name not in modules:
-            linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
-            raise ValueError(f"plan names module {name!r}, which the model does not have; "
-                             f"Linear modules are: {linears[:8]}{' ...' if len(linears) > 8 else ''}")
-        if not isinstance(modules[name], nn.Linear):
-            raise ValueError(f"plan names module {name!r} of type {type(modules[name]).__name__}; "
-                             f"only nn.Linear can be quantized")
-        if scheme in INT4_SCHEMES:
-            try:
-                _check_group_size(modules[name].in_features, group_size)
-            except ValueError as e:
-                raise ValueError(f"module {name!r}: {e}") from None
-        if scheme == "int8g" and modules[name].in_features % INT8_GROUP:
-            raise ValueError(f"module {name!r}: int8g needs in_features divisible by {INT8_GROUP}; got "
-                             f"{modules[name].in_features}")
-
-
-def quantize_rows(rows: Rows, out_features: int, in_features: int, scheme: str, group_size: int = 64,
-                  bias: Tensor | None = None) -> nn.Module:
-    """The kernel module of a quantized `scheme` (RTN), its weight read a block of rows at a time (`from_rows`)."""
-    if scheme in INT8_SCHEMES:
-        return Int8WeightOnlyLinear.from_rows(rows, out_features, in_features,
-                                              INT8_GROUP if scheme == "int8g" else None, bias, a8=scheme == "w8a8")
-    if scheme in INT4_SCHEMES:
-        return Int4WeightOnlyLinear.from_rows(rows, out_features, in_features, group_size, scheme == "int4f", bias)
-    raise ValueError(f"{scheme!r} is not a quantized scheme; allowed: {INT8_SCHEMES + INT4_SCHEMES}")
-
-
-def quantize_linear(linear: nn.Linear, scheme: str, group_size: int = 64) -> nn.Module:
-    """`linear` as the kernel module of `scheme` (RTN), or `linear` itself for a float scheme."""
-    if scheme in FLOAT_SCHEMES:
-        return linear
-    w = linear.weight.detach()
-    return quantize_rows(lambda a, b: w[a:b], *w.shape, scheme, group_size, linear.bias).to(w.device)
-
-
-def apply_plan(model: nn.Module, plan: dict[str, str], group_size: int = 64) -> nn.Module:
-    """Replace the nn.Linear submodules named in `plan` ({hf_module_name: scheme}) in place; returns `model`.
-
-    "int8" / "int8g" / "w8a8" / "int4" / "int4f" swap in the quantized modules (int8g per group of 32; w8a8 int8 with
-    8-bit activations; int4 with `group_size`; int4f with float zero points); "fp16" / "bf16" / "fp32" leave the
-    layer unchanged in the model's dtype. The plan is checked before anything is replaced (`check_plan`), so a bad
-    plan leaves the model untouched. A tied lm_head is replaced by a module with its own quantized copy; the
-    embedding keeps the original float tensor. (A model loaded from disk gets its plan as it loads:
-    `accel.kernels.loader.load_weights`.)
-    """
-    check_plan(model, plan, group_size)
-    for name, scheme in plan.items():
-        new = quantize_linear(model.get_submodule(name), scheme, group_size)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-    return model
-
-
-_FLOAT_DTYPE_SCHEME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-
-
-def linear_scheme(module: nn.Module) -> str:
-    """The scheme of a Linear-like module: "int8", "int4", "int4f", or its float dtype as "fp16" / "bf16" / "fp32"."""
-    if isinstance(module, Int8WeightOnlyLinear):
-        return "int8g" if module.group_size else "w8a8" if module.a8 else "int8"
-    if isinstance(module, Int4WeightOnlyLinear):
-        return "int4f" if module.float_zero else "int4"
-    if isinstance(module, PackedLinear):
-        return "fp32"
-    if isinstance(module, nn.Linear) and module.weight.dtype in _FLOAT_DTYPE_SCHEME:
-        return _FLOAT_DTYPE_SCHEME[module.weight.dtype]
-    raise ValueError(f"{type(module).__name__} is not a Linear accel knows; expected nn.Linear (fp16/bf16/fp32), "
-                     f"Int8WeightOnlyLinear or Int4WeightOnlyLinear")
-
-
-def held_bytes(scheme: str, out_features: int, in_features: int, group_size: int = 64,
-               dtype: torch.dtype = torch.float32) -> int:
-    """Bytes a Linear's weight of `scheme` holds once loaded for the CPU kernels (compacted: the kernel layout is
-    the only copy): INT8 1 byte a weight + its scales, INT4 half a byte + a 4-byte (scale, zero) pair per group
-    (8 for an int4f grid off fp16), a float Linear its dtype's bytes. Bias not counted."""
-    n = out_features * in_features
-    if scheme in ("int8", "w8a8"):
-        return n + 4 * out_features
-    if scheme == "int8g":
-        return n + 2 * n // INT8_GROUP + 4 * out_features
-    if scheme in INT4_SCHEMES:
-        return n // 2 + (8 if scheme == "int4f" else 4) * n // group_size
-    return n * torch.empty(0, dtype=dtype).element_size()
-
-
 def module_bytes(model: nn.Module) -> int:
     """Bytes of every tensor `model` holds (parameters, buffers, kernel layouts; storage shared counted once)."""
     seen: dict[int, int] = {}
@@ -1158,7 +1055,8 @@ def weight_bytes(module: nn.Module) -> int:
 
     Kernel-layout caches are not counted. A tied lm_head nn.Linear counts its (shared) weight.
     """
-    linear_scheme(module)  # validates the type
+    if not isinstance(module, (nn.Linear, PackedLinear, _WeightOnlyLinear)):
+        raise ValueError(f"{type(module).__name__} is not a Linear accel knows")
     if isinstance(module, PackedLinear):
         return module.in_features * module.out_features * 4 + (module.bias.numel() * 4 if module.bias is not None else 0)
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-TABLE = "model.embed_tokens"  # the token table (tied to lm_head in small models)
+from accel.schemes import TABLE, QuantScheme, describe_unread, identify
+
 ROWS_PER_READ = 8192  # rows of a table or planned Linear read at once: bounds the float transient of a load
 
 
@@ -29,31 +30,25 @@ def is_compressed(path: str | Path) -> bool:
     return q.get("quant_method") == "compressed-tensors"
 
 
-W8A8_ACTIVATIONS = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True, "strategy": "token"}
-"""The input activations accel runs (vLLM's dynamic per-token INT8, W8A8's): compressed-tensors' QuantizationArgs
-fields that must hold; an export quantizing activations any other way is refused."""
+def _quantizes(scheme: str | None) -> bool:
+    """Whether a runtime plan's entry (None: not planned) rounds its Linear as it loads."""
+    from accel.schemes import quantized
+
+    return scheme is not None and quantized(scheme)
 
 
-def activation_mismatch(act: dict) -> dict:
-    """The fields of an `input_activations` config where it differs from W8A8_ACTIVATIONS ({} where accel runs it)."""
-    return {k: act.get(k) for k, v in W8A8_ACTIVATIONS.items() if act.get(k) != v}
-
-
-def activation_quantized(config: dict) -> list[str]:
-    """The targets of the config groups that quantize their Linears' input activations (W8A8: `W8A8_ACTIVATIONS`),
-    from a config.json: module names, "re:" patterns or "Linear" (`targeted`). Raises ValueError naming the group
-    for any other activation scheme."""
+def stored_schemes(config: dict) -> list[tuple[list[str], QuantScheme]]:
+    """(targets, scheme) of each config group of a config.json's compressed-tensors quantization (targets: module
+    names, "re:" patterns or "Linear", see `targeted`); ValueError naming a group no registered scheme reads."""
     qc = config.get("quantization_config") or {}
-    out: list[str] = []
+    out = []
     for name, group in (qc.get("config_groups") or {}).items():
-        act = group.get("input_activations")
-        if not act:
-            continue
-        bad = activation_mismatch(act)
-        if bad:
-            raise ValueError(f"config group {name!r}: input activations {bad}; accel runs only dynamic "
-                             f"per-token symmetric INT8 (W8A8: {W8A8_ACTIVATIONS})")
-        out += group.get("targets") or []
+        weights, act = group.get("weights") or {}, group.get("input_activations")
+        scheme = identify(weights, group.get("format") or qc.get("format"), act)
+        if scheme is None:
+            raise ValueError(f"config group {name!r}: no accel scheme reads weights {weights} with input activations "
+                             f"{act} ({describe_unread(weights, act)})")
+        out.append((group.get("targets") or [], scheme))
     return out
 
 
@@ -65,10 +60,9 @@ def targeted(name: str, targets: list[str]) -> bool:
     return any(t == name or t == "Linear" or (t.startswith("re:") and re.match(t[3:], name)) for t in targets)
 
 
-def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int | None, bias,
-                  a8: bool = False) -> nn.Module:
-    """The kernel module of quantized Linear `prefix` from its stored tensors (compressed-tensors' forms); `a8`:
-    its input activations are W8A8's 8-bit rows (per-channel INT8 weights only)."""
+def kernel_module(state: dict[str, torch.Tensor], prefix: str, scheme: QuantScheme, bias) -> nn.Module:
+    """The kernel module of quantized `prefix` from its stored tensors: the token table's own modules (INT4, INT8
+    rows), any Linear its scheme's reader (`QuantScheme.read`)."""
     from accel.kernels import linear as kernels
 
     if prefix == TABLE and f"{prefix}.weight_packed" in state:  # an INT4 table (accel.quant.quantize.quantize_table)
@@ -76,45 +70,10 @@ def kernel_module(state: dict[str, torch.Tensor], prefix: str, group_size: int |
             state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
             state.get(f"{prefix}.weight_zero_point"))
         return kernels.Int4Embedding(q, scales, zeros, 2 * q.shape[1] // scales.shape[1])
-    if f"{prefix}.weight_packed" in state:
-        if f"{prefix}.weight_g_idx" in state:
-            raise ValueError(f"{prefix}: activation-ordered groups (weight_g_idx) are not supported by accel kernels")
-        packed, shape = state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_shape"]
-        bits = packed.shape[1] * 32 // int(shape[1])  # dense packing: ceil(in * bits / 32) words a row
-        if bits in (5, 8):  # int5 (5-bit codes, held as int8g) or int8 / int8g
-            w = (kernels.int8_from_compressed_tensors(packed, shape) if bits == 8 else
-                 kernels.int5_from_compressed_tensors(packed, shape))
-            scale = kernels.per_block_scales(state[f"{prefix}.weight_scale"], int(shape[1]))
-            return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias)
-        if bits != 4:
-            raise ValueError(f"{prefix}: {bits}-bit packed weights have no accel kernel; allowed: 4, 5, 8 bits")
-        q, scales, zeros = kernels.int4_packed_from_compressed_tensors(
-            state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
-            state.get(f"{prefix}.weight_zero_point"))
-        if group_size is None:
-            group_size = 2 * q.shape[1] // scales.shape[1]
-        return kernels.Int4WeightOnlyLinear.from_packed(q, scales, zeros, group_size, bias=bias)
-    w = state.get(f"{prefix}.weight")
-    if w is None and prefix == "lm_head":  # a tied table: the lm_head's integers are the embedding's
-        w = state[f"{TABLE}.weight"]
     if prefix == TABLE:
+        w = state[f"{prefix}.weight"]
         return kernels.Int8Embedding(w, kernels.per_block_scales(state[f"{prefix}.weight_scale"], w.shape[1]))
-    if w.dtype != torch.int8:
-        raise ValueError(f"{prefix}.weight is {w.dtype}; expected int8 for an int-quantized layer")
-    scale = state[f"{prefix}.weight_scale"]
-    zp = state.get(f"{prefix}.weight_zero_point")
-    if scale.dim() == 2 and scale.shape[1] > 1 and zp is not None:  # 4-bit values in an int8 container ("int4f")
-        if int(w.min()) < -8 or int(w.max()) > 7:
-            raise ValueError(f"{prefix}: group-wise int-quantized layer needs 4-bit values in [-8, 7] and a zero point")
-        q = (w.to(torch.int16) + 8).to(torch.uint8)  # signed -> the kernels' [0, 15]
-        zeros = zp.float().reshape(scale.shape) + 8.0
-        zeros = zeros if zp.is_floating_point() else zeros.to(torch.uint8)
-        return kernels.Int4WeightOnlyLinear.from_quantized(q, scale.float(), zeros,
-                                                           group_size or w.shape[1] // scale.shape[1], bias=bias)
-    scale = kernels.per_block_scales(scale, w.shape[1])
-    if a8 and scale.dim() == 2 and scale.shape[1] > 1:
-        raise ValueError(f"{prefix}: 8-bit activations (W8A8) need per-channel INT8 weights, not group-wise")
-    return kernels.Int8WeightOnlyLinear.from_quantized(w, scale, bias=bias, a8=a8)  # per channel, or int8g
+    return scheme.read(state, prefix, bias)
 
 
 def share_table(model: nn.Module) -> None:
@@ -167,12 +126,13 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
     - `tied`: lm_head shares the token table (or, quantized, is rounded from it).
 
     Raises ValueError naming what does not match."""
-    from accel.kernels.linear import FLOAT_SCHEMES, Float16Embedding, check_plan, quantize_rows
+    from accel.kernels.linear import Float16Embedding
+    from accel.schemes import check_plan, quantize_rows
     from accel.tensorio import TensorFiles
 
     folder, plan = Path(folder), dict(plan or {})
     check_plan(model, plan, group_size)
-    a8_targets = activation_quantized(json.loads((folder / "config.json").read_text())) \
+    stored = stored_schemes(json.loads((folder / "config.json").read_text())) \
         if (folder / "config.json").is_file() else []
     files = TensorFiles(folder)
     groups: dict[str, list[str]] = {}
@@ -180,14 +140,14 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
         groups.setdefault(_module_prefix(name), []).append(name)
     quant = {p for p in groups if f"{p}.weight_scale" in files}
     head_scheme = plan.get("lm_head")
-    head_quantized = "lm_head" in quant or head_scheme not in (None, *FLOAT_SCHEMES)
+    head_quantized = "lm_head" in quant or _quantizes(head_scheme)
     unexpected: list[str] = []
 
     def rows_of(name: str):
         return lambda a, b: files.read_rows(name, a, b).to(device)
 
     def planned(prefix: str) -> bool:
-        return plan.get(prefix) not in (None, *FLOAT_SCHEMES)
+        return _quantizes(plan.get(prefix))
 
     def quantize_from_file(prefix: str, weight: str) -> None:
         """A planned Linear rounded from the file a block of rows at a time: its float weight is never whole."""
@@ -209,8 +169,10 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
         """A module's tensors (HF names, as stored) into the tree."""
         if prefix in quant:
             bias = state.get(f"{prefix}.bias")
-            module = kernel_module(state, prefix, None, None if bias is None else bias.to(dtype),
-                                   a8=targeted(prefix, a8_targets)).to(device)
+            scheme = next((sc for targets, sc in stored if targeted(prefix, targets)), None)
+            if scheme is None and prefix != TABLE:
+                raise ValueError(f"{prefix}: quantized tensors, but no config group names it")
+            module = kernel_module(state, prefix, scheme, None if bias is None else bias.to(dtype)).to(device)
             if prefix == TABLE:  # the INT8 table's lookups return the model's dtype, scaled as the module it replaces
                 _scale_like(model, module, dtype)
             _replace(model, prefix, module)
@@ -263,21 +225,21 @@ def planned_bytes(folder: str | Path, dtype: torch.dtype, tied: bool, plan: dict
     """From the safetensors headers alone, before anything is read: (bytes `load_weights` will hold with these
     arguments, bytes of the largest transient while loading: a tensor read and, quantized on load, its fp32
     rounding temporaries)."""
-    from accel.kernels.linear import FLOAT_SCHEMES, held_bytes
+    from accel.schemes import held_bytes
     from accel.tensorio import TensorFiles
 
     files, plan = TensorFiles(folder), dict(plan or {})
     size = torch.empty(0, dtype=dtype).element_size()
     quant = {_module_prefix(n) for n in files if n.endswith(".weight_scale")}
     held, transient = 0, 0
-    head_planned = plan.get("lm_head") not in (None, *FLOAT_SCHEMES)
+    head_planned = _quantizes(plan.get("lm_head"))
     for name, info in files.infos.items():
         prefix, numel = _module_prefix(name), math.prod(info.shape)
-        if not (name == f"{TABLE}.weight" or plan.get(prefix) not in (None, *FLOAT_SCHEMES)):
+        if not (name == f"{TABLE}.weight" or _quantizes(plan.get(prefix))):
             transient = max(transient, info.nbytes)  # read whole
         if prefix in quant:  # stored integers as they are; 16-bit scales and zero points held at 32 bits
             held += info.nbytes * (1 if info.dtype in (torch.int8, torch.uint8, torch.int32) else 2)
-        elif name == f"{prefix}.weight" and plan.get(prefix) not in (None, *FLOAT_SCHEMES):
+        elif name == f"{prefix}.weight" and _quantizes(plan.get(prefix)):
             held += held_bytes(plan[prefix], info.shape[0], info.shape[1], group_size)
             # the rounding's fp32 temporaries of a block of rows
             transient = max(transient, 16 * min(info.shape[0], ROWS_PER_READ) * info.shape[1])

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accel import memory
+from accel import memory, schemes
 from accel.fsutil import atomic_write_text
 from accel.preflight import preflight
 from accel.recipe import Recipe, RecipeError, dump_recipe
@@ -490,7 +490,7 @@ def memory_need(recipe: Recipe):
             work.append(ROWS_PER_FORWARD * q.sensitivity.max_seq_len * (vocab * 4 * 6 + backward))
         work.append(ROWS_PER_FORWARD * recipe.calibration.max_seq_len * vocab * 4 * 4)
         if recipe.eval.quality or recipe.eval.speed:
-            bits = max([{"int4": 4, "int4f": 4, "int5": 5}.get(c, 8) for c in q.candidates if c != "fp16"] or [16])
+            bits = max([schemes.get(c).code_bits for c in q.candidates if schemes.get(c).quantized] or [16])
             work.append(fp32 * bits // 32 + vocab * hidden * 2)
     return Need(f"accel optimize of {path.name}", {"fp32 model": fp32, "working set": max(work)})
 

@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from accel.quant.schemes import (HEAD, INT4_SCHEMES, INT8_GROUP, SCHEME_INFO, SCHEMES, TABLE, GroupSizes,
-                                 check_scheme, expand_units, fake_quantized, group_size_of)
+from accel.quant.schemes import (HEAD, INT8_GROUP, TABLE, GroupSizes, bits_per_weight, check_scheme, expand_units,
+                                 fake_quantized, group_size_of, group_sized)
+from accel.quant.schemes import schemes as scheme_order
 from accel.quant.sensitivity import SensitivityResult, f64_rows, kl_sum
 
 
@@ -103,7 +104,7 @@ class Plan:
     (`accel.quant.plan.w8a8_weight_bits`); stored as 8-bit weights either way."""
 
     def counts(self) -> dict[str, int]:
-        return {s: sum(1 for v in self.schemes.values() if v == s) for s in SCHEMES}
+        return {s: sum(1 for v in self.schemes.values() if v == s) for s in scheme_order()}
 
     def sizes(self) -> GroupSizes:
         """{Linear: INT4 group size} (what fake quantization, the bit count and the checkpoint take)."""
@@ -115,7 +116,7 @@ class Plan:
         sizes = self.sizes()
         out: dict[str, int] = {}
         for n, s in self.schemes.items():
-            if s in INT4_SCHEMES:
+            if group_sized(s):
                 out[str(sizes[n])] = out.get(str(sizes[n]), 0) + 1
         return dict(sorted(out.items()))
 
@@ -157,7 +158,7 @@ def average_bits(schemes: dict[str, str], param_counts: dict[str, int], in_featu
                  group_size: int | dict[str, int]) -> float:
     """Parameter-count-weighted mean bits per weight (metadata included, see schemes.py)."""
     total = sum(param_counts[n] for n in schemes)
-    bits = sum(SCHEME_INFO[s].bits_per_weight(in_features[n], group_size_of(group_size, n)) * param_counts[n]
+    bits = sum(bits_per_weight(s, in_features[n], group_size_of(group_size, n)) * param_counts[n]
                for n, s in schemes.items())
     return bits / total
 
@@ -179,7 +180,7 @@ def estimated_kl(sens: SensitivityResult, schemes: dict[str, str], group_size: i
 
 
 def _ordered(candidates: Sequence[str]) -> list[str]:
-    return [s for s in SCHEMES if s in candidates]
+    return [s for s in scheme_order() if s in candidates]
 
 
 def apply_overrides(schemes: dict[str, str], overrides: dict[str, str],
@@ -223,10 +224,10 @@ def allocate(
     in_features = in_features or {n: default_gs for n in names}  # only int8 metadata depends on it (tiny)
 
     def bits(u, s, g):
-        return sum(SCHEME_INFO[s].bits_per_weight(in_features[m], g) * param_counts[m] for m in units[u])
+        return sum(bits_per_weight(s, in_features[m], g) * param_counts[m] for m in units[u])
 
     def at(s, only):  # the group sizes whose measurement has scheme s (int4f joins only where exact: plan.py)
-        if s not in INT4_SCHEMES:
+        if not group_sized(s):
             return [default_gs]
         return [g for g in sizes if s in by_g[g].candidates] or (sizes if only else [])
 
@@ -287,7 +288,7 @@ def allocate(
             cur_kl += o[2] - choice[u][2]
             cur_bits += o[3] - choice[u][3]
             choice[u] = o
-    group_sizes = {m: c[1] for u, c in choice.items() if c[0] in INT4_SCHEMES and c[1] != default_gs
+    group_sizes = {m: c[1] for u, c in choice.items() if group_sized(c[0]) and c[1] != default_gs
                    for m in units[u]}
     return Plan(schemes=expand_units({u: c[0] for u, c in choice.items()}, units), group_size=default_gs,
                 avg_bits=cur_bits / total_params, estimated_kl=cur_kl, lm_head=rules.lm_head, units=units,
@@ -427,4 +428,4 @@ def check_and_fallback(
                 measured_kl=q.mean_kl, measured_ppl_increase_pct=q.ppl_increase_pct,
                 promoted=plan.promoted + promoted, units=plan.units, table=plan.table, tied=plan.tied,
                 lm_head_group_size=plan.lm_head_group_size,
-                group_sizes={n: g for n, g in plan.group_sizes.items() if schemes[n] in INT4_SCHEMES})
+                group_sizes={n: g for n, g in plan.group_sizes.items() if group_sized(schemes[n])})

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from accel import schemes
 from accel.export.compatibility import VLLM_TARGETS
 from accel.quant.allocate import Budget, Plan, Rules, allocate, check_and_fallback, overridden_units
 from accel.quant.schemes import fake_quant, in_features_of, param_counts, quantizable_linears
@@ -109,7 +110,8 @@ def table_scheme(tied: bool, q, export_target: str | None) -> str:
     model's is rounded on its own (`quantize_table`). A vLLM export keeps 16 bits: vLLM ties only an unquantized
     table and quantizes no embedding; transformers loads no 4-bit one. An untied table is the largest matrix of a
     small model with a large vocabulary."""
-    scheme = q.table or (q.lm_head if q.lm_head in ("int8", "int8g") else "fp16")
+    head_ties = schemes.get(q.lm_head).ties_table
+    scheme = q.table or (q.lm_head if head_ties else "fp16")
     if export_target in VLLM_TARGETS and q.table not in (None, "fp16"):
         raise ValueError(f"quantization.table {q.table!r} with export.target {export_target!r}: vLLM quantizes no "
                          "embedding; allowed: fp16, or leave it unset")
@@ -118,7 +120,7 @@ def table_scheme(tied: bool, q, export_target: str | None) -> str:
     if scheme == "int4" and export_target not in (None, "accel"):
         raise ValueError(f"quantization.table 'int4' with export.target {export_target!r}: transformers loads no "
                          "4-bit embedding (accel's runtime does); allowed: export.target accel, or table int8 / int8g")
-    tied_ok = ("fp16", q.lm_head) if q.lm_head in ("int8", "int8g") else ("fp16",)
+    tied_ok = ("fp16", q.lm_head) if head_ties else ("fp16",)
     if tied and scheme not in tied_ok:
         raise ValueError(f"quantization.table {scheme!r}: this model ties its table to its lm_head ({q.lm_head!r}), "
                          f"stored once at an INT8 head's integers; allowed: {', '.join(tied_ok)}")

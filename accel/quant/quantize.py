@@ -46,36 +46,13 @@ import torch
 from torch import nn
 
 from accel import memory
-from accel.kernels.loader import W8A8_ACTIVATIONS
+from accel import schemes as registry
 from accel.quant.allocate import Plan
-from accel.quant.schemes import INT4_SCHEMES, INT5_GROUP, INT8_GROUP, TABLE
+from accel.quant.schemes import TABLE
+from accel.schemes.base import GRID_OBSERVER
 
 METHODS = ("gptq", "rtn", "awq", "smoothquant+gptq")
 PLAN_FILE = "accel_plan.json"
-
-
-def _weights_args(scheme: str, group_size: int, w8a8_bits: int = 8) -> dict:
-    # scale_dtype float16: the library rounds every scale to fp16 before it quantizes with it (GPTQ compensates for the
-    # rounding too), so the fp16 scales the checkpoint stores are exactly the ones measured; int4 then costs
-    # 4 + 20/g bits per weight (accel.quant.schemes).
-    if scheme in ("int8", "w8a8"):  # w8a8_bits 7: quantized within [-64, 63], written as 8-bit (`widen_w8a8`)
-        return {"num_bits": w8a8_bits if scheme == "w8a8" else 8, "type": "int", "symmetric": True,
-                "strategy": "channel", "scale_dtype": "float16"}
-    if scheme in ("int8g", "int5"):
-        return {"num_bits": 8 if scheme == "int8g" else 5, "type": "int", "symmetric": True, "strategy": "group",
-                "group_size": group_size, "scale_dtype": "float16", "observer": GRID_OBSERVER}
-    if scheme == "int4":
-        return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
-                "scale_dtype": "float16"}
-    if scheme == "int4f":
-        return {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": group_size,
-                "scale_dtype": "float16", "zp_dtype": "float16", "observer": GRID_OBSERVER}
-    raise ValueError(f"no llm-compressor weights config for scheme {scheme!r}; allowed: int8, w8a8, int8g, int5, int4, "
-                     "int4f")
-
-
-FORMATS = {"int8": "pack-quantized", "w8a8": "int-quantized", "int8g": "pack-quantized", "int5": "pack-quantized",
-           "int4": "pack-quantized", "int4f": "int-quantized"}
 
 
 # GPTQ's INT4 scales and zero points come from llm-compressor's imatrix-weighted MSE search (per group, the clip
@@ -85,7 +62,6 @@ FORMATS = {"int8": "pack-quantized", "w8a8": "int-quantized", "int8g": "pack-qua
 # a group already on a grid of their codes keeps it, any other is min-max, as the fake quantization rounds.
 SEARCHED_OBSERVER = "imatrix_mse"
 SEARCHED_METHODS = ("gptq", "smoothquant+gptq")
-GRID_OBSERVER = "accel_grid"
 
 
 def register_grid_observer() -> None:
@@ -126,11 +102,7 @@ def register_grid_observer() -> None:
 
 def _group_of(plan: Plan, name: str, scheme: str) -> int | None:
     """The group size Linear (or lm_head) `name` is written at under `scheme`."""
-    if scheme in INT4_SCHEMES:
-        return plan.sizes()[name]
-    if scheme == "int8g":
-        return plan.lm_head_group_size if name == "lm_head" else INT8_GROUP
-    return INT5_GROUP if scheme == "int5" else None
+    return registry.get(scheme).group_of(name, plan.sizes()[name], plan.lm_head_group_size)
 
 
 def recipe_config(plan: Plan, method: str = "rtn") -> dict:
@@ -144,20 +116,23 @@ def recipe_config(plan: Plan, method: str = "rtn") -> dict:
     """
     schemes = {**plan.schemes, "lm_head": plan.lm_head}
     groups = {}
-    for scheme, fmt in FORMATS.items():
-        default = plan.group_size if scheme in INT4_SCHEMES else _group_of(plan, "", scheme)
+    for scheme in registry.names():
+        s = registry.get(scheme)
+        if not s.quantized:
+            continue
+        default = s.group_of("", plan.group_size, plan.lm_head_group_size)
         at: dict[int | None, list[str]] = {}
-        for n, s in schemes.items():
-            if s == scheme:
-                at.setdefault(_group_of(plan, n, s), []).append(n)
+        for n, sn in schemes.items():
+            if sn == scheme:
+                at.setdefault(_group_of(plan, n, sn), []).append(n)
         for g, targets in sorted(at.items(), key=lambda kv: kv[0] != default):
-            weights = _weights_args(scheme, g, plan.w8a8_weight_bits)
-            if scheme == "int4" and method in SEARCHED_METHODS:
+            weights = s.weights_args(g, plan.w8a8_weight_bits)
+            if s.searched and method in SEARCHED_METHODS:
                 weights["observer"] = SEARCHED_OBSERVER
             name = scheme if g == default else f"{scheme}_g{g}"
-            groups[name] = {"targets": targets, "weights": weights, "format": fmt}
-            if scheme == "w8a8":
-                groups[name]["input_activations"] = dict(W8A8_ACTIVATIONS)
+            groups[name] = {"targets": targets, "weights": weights, "format": s.format}
+            if s.input_activations:
+                groups[name]["input_activations"] = dict(s.input_activations)
     return {"config_groups": groups, "ignore": [n for n, s in schemes.items() if s == "fp16"]}
 
 
@@ -555,7 +530,7 @@ def quantize_table(folder: str | Path, scheme: str, group_size: int) -> None:
     else:
         raise ValueError(f"the table is stored at int4, int8 or int8g, not {scheme!r}")
     save_file(state, str(file), metadata=metadata)
-    _table_group(folder, [TABLE], _weights_args(scheme, group_size), fmt=fmt)
+    _table_group(folder, [TABLE], registry.get(scheme).weights_args(group_size), fmt=fmt)
 
 
 def pack_int4f(folder: str | Path) -> int:

@@ -34,7 +34,13 @@ from typing import Any
 from accel.bench.latency import BenchResult, SweepResult
 from accel.speculative.stats import SpecDecodeStats
 
-SCHEME_BITS = {"int4": 4, "int4f": 4, "int5": 5, "int8": 8, "w8a8": 8, "int8g": 8.5, "fp16": 16, "bf16": 16, "fp32": 32}
+def scheme_bits(scheme: str) -> float | None:
+    """Bits of one stored code of a plan's scheme (a float dtype: its width); None for what is not a scheme."""
+    from accel import schemes
+
+    if scheme in ("bf16", "fp32"):
+        return {"bf16": 16, "fp32": 32}[scheme]
+    return schemes.get(scheme).code_bits if scheme in schemes.names() else None
 
 
 class ReportInputError(ValueError):
@@ -128,10 +134,13 @@ def _plan(p: Any) -> dict[str, str] | None:
         return None
     if not isinstance(p, dict):
         raise ReportInputError("'plan' must be an object {module: scheme}")
-    bad = {m: s for m, s in p.items() if s not in SCHEME_BITS}
+    bad = {m: s for m, s in p.items() if scheme_bits(s) is None}
     if bad:
+        from accel import schemes
+
         m, s = next(iter(bad.items()))
-        raise ReportInputError(f"plan[{m!r}] = {s!r} is not a scheme; allowed: {', '.join(SCHEME_BITS)}")
+        raise ReportInputError(f"plan[{m!r}] = {s!r} is not a scheme; allowed: "
+                               f"{', '.join((*schemes.names(), 'bf16', 'fp32'))}")
     return dict(p)
 
 

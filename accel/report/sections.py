@@ -8,7 +8,7 @@ from accel.bench.latency import DEFINITIONS, BenchResult, Dist
 from accel.bench.probes import contended_runs
 from accel.report import plots
 from accel.report.doc import Code, Document, Figure, Section, Table, Text, fmt
-from accel.report.schema import SCHEME_BITS, RunReport
+from accel.report.schema import RunReport, scheme_bits
 
 # *_llama: scored as `llama-perplexity -c 128 --kl-divergence` scores, the scale GGUF peers are measured on
 BASE_QUALITY_KEYS = ("ppl", "ppl_increase_pct", "kl_mean", "kl_p99", "top1", "task_accuracy")
@@ -246,7 +246,7 @@ def quantization_section(report: RunReport) -> Section | None:
                             "Sensitivity (KL vs the unquantized model)"))
     if report.plan:
         modules = list(report.plan)
-        bits = [SCHEME_BITS[report.plan[m]] for m in modules]
+        bits = [scheme_bits(report.plan[m]) for m in modules]
         blocks.append(Figure("bits", plots.bits_per_layer(modules, bits), "Weight bits per module in the plan"))
         blocks.append(Table(["module", "scheme", "bits"], [[m, report.plan[m], str(b)] for m, b in zip(modules, bits)],
                             f"Bit plan ({len(modules)} modules, average {sum(bits) / len(bits):.2f} bits)"))

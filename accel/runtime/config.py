@@ -61,8 +61,9 @@ class RuntimeConfig:
     """Requests running in one step."""
     max_num_batched_tokens: int = 512
     """Tokens (prefill chunks plus decode rows) one step may carry."""
-    max_waiting: int = 1024
-    """Waiting requests; one more is refused (HTTP 429 in the server)."""
+    max_waiting: int = 256
+    """Requests accepted but not yet running; one more is refused (HTTP 429 in the server): beyond it, queueing only
+    adds latency a client would rather spend retrying elsewhere."""
     max_wait_steps: int = 256
     """Starvation bound: a request that waited this many steps can no longer be passed by a higher priority."""
     long_prefill_token_threshold: int | None = None

@@ -140,7 +140,7 @@ def check_memory(path: str | Path, config: EngineConfig, device) -> None:
     not fit this process's memory budget (`accel.memory`), in one line with the numbers."""
     if device.type != "cpu":
         return
-    from accel.kernels.linear import FLOAT_SCHEMES
+    from accel.schemes import quantized as quantizes
     from accel.kernels.loader import is_compressed, planned_bytes, table_dtype_for
     from accel.memory import Need, check_fits
     from accel.runtime.models.hf_config import load_config
@@ -148,7 +148,7 @@ def check_memory(path: str | Path, config: EngineConfig, device) -> None:
     hf = load_config(path)
     dtype = config.resolve_dtype(device)
     plan = config.quant_plan or {}
-    quantized = is_compressed(path) or any(s not in FLOAT_SCHEMES for s in plan.values())
+    quantized = is_compressed(path) or any(quantizes(s) for s in plan.values())
     table_dtype = table_dtype_for(quantized, dtype, device)
     weights, transient = planned_bytes(path, dtype, bool(getattr(hf, "tie_word_embeddings", False)), plan,
                                        config.quant_group_size, table_dtype)
@@ -158,7 +158,7 @@ def check_memory(path: str | Path, config: EngineConfig, device) -> None:
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         kv = config.num_kv_blocks * config.block_size * hf.num_hidden_layers * 2 * hf.num_key_value_heads * \
             head_dim * (1 if config.kv_cache_dtype == "int8" else torch.empty(0, dtype=dtype).element_size())
-    schemes = sorted({s for s in plan.values() if s not in FLOAT_SCHEMES})
+    schemes = sorted({s for s in plan.values() if quantizes(s)})
     what = f"{path}" + (f" at {'/'.join(schemes)}" if schemes else "")
     check_fits(Need(what, {"weights": weights, "KV cache": kv, "loading": max(0, transient - kv)}),
                "lower kv_cache_memory_gb, quantize further (--quant int4), or raise the limit")
@@ -187,17 +187,13 @@ class Engine:
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, layout.windows)
         spec = config.speculative or (SpeculativeConfig() if proposer is not None else None)
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-            max_waiting=config.max_waiting, max_wait_steps=config.max_wait_steps, max_model_len=max_model_len,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-            preemption_mode=config.preemption_mode, max_step_rows=spec.max_step_rows if spec else None),
-            self.kv)
+        self.scheduler = Scheduler(SchedulerConfig(config, max_model_len=max_model_len,
+                                                   max_step_rows=spec.max_step_rows if spec else None), self.kv)
         if hasattr(model, "prepare_cpu_decode"):  # before the KV cache: its transients then peak below the end
             model.prepare_cpu_decode()  # 2 MB pages; decode steps in one native call where every layer fits it
             if config.kv_cache_dtype != "auto":
                 model.native_decode = None  # the native step reads an fp32 cache
-        self.runner = ModelRunner(model, RunnerConfig(config.block_size, num_blocks, config.kv_cache_dtype))
+        self.runner = ModelRunner(model, RunnerConfig(num_blocks, config))
 
         self.eos_token_id = _eos_id(model.config, tokenizer)
         self._states: dict[str, _RequestState] = {}
@@ -243,6 +239,11 @@ class Engine:
 
             tokenizer = load_tokenizer(path)
         return cls(model, config, tokenizer)
+
+    @property
+    def max_waiting(self) -> int:
+        """Requests that may wait; one more is refused (`RuntimeConfig.max_waiting`, the server's 429 too)."""
+        return self.config.max_waiting
 
     def memory(self) -> dict[str, int]:
         """Bytes this engine holds: the model's weights (kernel layouts included) and its KV cache."""

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from accel.runtime.config import KV_CACHE_DTYPES
+from accel.runtime.config import RuntimeConfig
 from accel.runtime.attention import AttentionMetadata, DecodeGroup, PagedKVCache, PrefillSpan
 from accel.runtime.models import CausalLM, longs
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, SpecBurst
@@ -46,16 +46,14 @@ def kv_bytes_per_block(model: CausalLM, block_size: int, kv_cache_dtype: str, dt
 
 @dataclass
 class RunnerConfig:
-    block_size: int
-    num_blocks: int
-    kv_cache_dtype: str = "auto"  # "auto" = the model dtype, "int8" = quantized KV
-    # decode batching: a request joins the current group while its context is at most this factor of the
-    # group's shortest (bounds the padding waste of batched decode attention)
-    decode_group_ratio: float = 1.5
+    """What the model runner reads: the runtime's settings (block size, KV dtype: `RuntimeConfig`, held, never
+    copied) and the pool's size in blocks."""
 
-    def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid; allowed: {KV_CACHE_DTYPES}")
+    num_blocks: int
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    decode_group_ratio: float = 1.5
+    """A request joins the current decode group while its context is at most this factor of the group's shortest
+    (bounds the padding of batched decode attention)."""
 
 
 class ModelRunner:
@@ -65,10 +63,10 @@ class ModelRunner:
         self.sampler = sampler or Sampler()
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else self.dtype
+        kv_dtype = torch.int8 if config.runtime.kv_cache_dtype == "int8" else self.dtype
         layout = model.kv_layout
         self.num_kv_groups = layout.num_groups
-        tensors = PagedKVCache.allocate(layout.num_tensors, config.num_blocks, config.block_size,
+        tensors = PagedKVCache.allocate(layout.num_tensors, config.num_blocks, config.runtime.block_size,
                                         model.num_kv_heads, model.head_dim, kv_dtype, self.device, self.dtype)
         # one cache per layer: its group's view of the tensor it shares with the same place in other groups
         self.kv_caches = [tensors[t] if layout.num_groups == 1 else tensors[t].for_group(g)
@@ -136,7 +134,7 @@ class ModelRunner:
         """Keep the final hidden state of every computed position next to its K/V (hidden_size values per slot:
         ~5% of the K/V bytes of a 30-layer model; allocated on top of the KV budget)."""
         if self.feature_cache is None:
-            n = self.config.num_blocks * self.config.block_size
+            n = self.config.num_blocks * self.config.runtime.block_size
             self.feature_cache = torch.zeros(n, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
 
     def release(self, request_id: str) -> None:
@@ -148,7 +146,7 @@ class ModelRunner:
     def swap(self, swap_out: dict[str, list[int]], swap_in: dict[str, list[int]]) -> None:
         """Copy preempted requests' blocks to host memory, and resumed ones back (`HostSwap`)."""
         self.host.swap(swap_out, swap_in, self.kv_caches, self.feature_cache, self.config.num_blocks,
-                       self.config.block_size, self.device)
+                       self.config.runtime.block_size, self.device)
 
     # ---- one step --------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -163,10 +161,10 @@ class ModelRunner:
             native = self._native_decode(features=True)
             if burst is not None:
                 return spec_steps(native, sched, burst, self.kv_caches, self.feature_cache)
-            return decode_steps(native, sched, self.kv_caches, self.config.block_size, self.feature_cache)
+            return decode_steps(native, sched, self.kv_caches, self.config.runtime.block_size, self.feature_cache)
         native = self._native_step(sched.scheduled)
         if native is not None:
-            step_inputs, sample_rows = native_inputs(sched.scheduled, self.config.block_size)
+            step_inputs, sample_rows = native_inputs(sched.scheduled, self.config.runtime.block_size)
         else:
             input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
         spec_rows = [(i, row) for i, row in sample_rows if sched.scheduled[i].spec_token_ids]
@@ -342,7 +340,7 @@ class ModelRunner:
         The per-token arrays are built as Python lists and become tensors in one call each: every small torch op
         costs dispatch and hands the GIL away (which the server's event loop then holds for up to a switch
         interval), and at batch 1 these few microseconds of arithmetic were ~5% of a step."""
-        bs = self.config.block_size
+        bs = self.config.runtime.block_size
         ids: list[int] = []
         positions: list[int] = []
         slots: list[list[int]] = [[] for _ in range(self.num_kv_groups)]  # per KV group
@@ -391,7 +389,7 @@ class ModelRunner:
         kernel reads a request's blocks once for all its rows and balances spans over threads itself)."""
         if not decodes:
             return []
-        bs = self.config.block_size
+        bs = self.config.runtime.block_size
         if self._paged_decode_kernel:
             nb = -(-max(d[1] for d in decodes) // bs)
             rows, offsets = [], [0]

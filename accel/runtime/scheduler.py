@@ -16,9 +16,9 @@ Policy, in order:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from accel.runtime.config import PREEMPTION_MODES, RUNTIME_DEFAULTS
+from accel.runtime.config import RuntimeConfig
 from accel.runtime.kv_cache_manager import KVCacheManager
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from accel.runtime.sequence import FinishReason, Sequence, SequenceStatus
@@ -28,29 +28,22 @@ class QueueFullError(RuntimeError):
     """Raised by `add` when the waiting queue is at `max_waiting`."""
 
 
-_D = RUNTIME_DEFAULTS  # the settings' one declaration (accel.runtime.config.RuntimeConfig)
-
-
 @dataclass
 class SchedulerConfig:
-    """The scheduler's part of `RuntimeConfig` (the fields mean the same there), plus what the engine derives."""
+    """What the scheduler reads: the runtime's settings (`RuntimeConfig`, held, never copied: an engine passes its
+    own) and what the engine derives from the model and the proposer."""
 
-    max_num_seqs: int = _D["max_num_seqs"]
-    max_num_batched_tokens: int = _D["max_num_batched_tokens"]
-    max_waiting: int = _D["max_waiting"]
-    max_wait_steps: int = _D["max_wait_steps"]
-    max_model_len: int = 8192  # the engine passes RuntimeConfig.max_model_len resolved against the model
-    num_lookahead_tokens: int = 0  # KV slots reserved per step for draft tokens (speculative decoding)
-    max_step_rows: int | None = None  # SpeculativeConfig.max_step_rows of a speculating engine (None: no cap)
-    long_prefill_token_threshold: int | None = _D["long_prefill_token_threshold"]
-    preemption_mode: str = _D["preemption_mode"]
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    max_model_len: int = 8192
+    """RuntimeConfig.max_model_len resolved against the model."""
+    num_lookahead_tokens: int = 0
+    """KV slots reserved per step for draft tokens (speculative decoding)."""
+    max_step_rows: int | None = None
+    """SpeculativeConfig.max_step_rows of a speculating engine (None: no cap)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_wait_steps", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} is invalid; allowed: an integer >= 1")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode={self.preemption_mode!r} is invalid; allowed: {PREEMPTION_MODES}")
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len={self.max_model_len} is invalid; allowed: an integer >= 1")
         if self.num_lookahead_tokens < 0:
             raise ValueError(f"num_lookahead_tokens={self.num_lookahead_tokens} is invalid; allowed: >= 0")
         if self.max_step_rows is not None and self.max_step_rows < 2:
@@ -79,14 +72,14 @@ class Scheduler:
                              f"fewer than max_model_len={self.config.max_model_len}")
         max_len = min(seq.num_prompt_tokens + seq.params.max_tokens, self.config.max_model_len)
         need = self.kv.max_blocks(max_len + self.config.num_lookahead_tokens,
-                                  self.config.max_num_batched_tokens + self.config.num_lookahead_tokens)
+                                  self.config.runtime.max_num_batched_tokens + self.config.num_lookahead_tokens)
         if need > self.kv.pool.num_blocks:
             raise ValueError(f"request {seq.request_id!r} needs up to {need} KV blocks (prompt {seq.num_prompt_tokens} "
                              f"+ max_tokens {seq.params.max_tokens}) but the pool has {self.kv.pool.num_blocks}; "
                              "lower max_tokens or give the KV cache more memory")
-        if len(self.waiting) >= self.config.max_waiting:
+        if len(self.waiting) >= self.config.runtime.max_waiting:
             raise QueueFullError(f"request {seq.request_id!r} rejected: the waiting queue is full "
-                                 f"({len(self.waiting)} requests waiting, max_waiting={self.config.max_waiting}); "
+                                 f"({len(self.waiting)} requests waiting, max_waiting={self.config.runtime.max_waiting}); "
                                  "retry later or raise max_waiting")
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
@@ -147,7 +140,7 @@ class Scheduler:
         running request is scheduled as one decode row, and each gets num_steps - 1 lookahead KV slots from free
         blocks (taken after everything else is scheduled, so they never preempt anyone); else 1."""
         self.num_steps += 1
-        budget = self.config.max_num_batched_tokens
+        budget = self.config.runtime.max_num_batched_tokens
         scheduled: dict[str, ScheduledRequest] = {}
         preempted: list[Sequence] = []
 
@@ -216,8 +209,8 @@ class Scheduler:
         """Tokens to schedule: what is left (incl. drafts), capped by the budget, the model length, the chunk cap."""
         done = seq.num_computed_tokens if num_computed is None else num_computed
         n = min(seq.num_tokens_with_spec - done, budget, self.config.max_model_len - done)
-        if self.config.long_prefill_token_threshold is not None:
-            n = min(n, self.config.long_prefill_token_threshold)
+        if self.config.runtime.long_prefill_token_threshold is not None:
+            n = min(n, self.config.runtime.long_prefill_token_threshold)
         return n
 
     @staticmethod
@@ -228,7 +221,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        if self.config.preemption_mode == "swap" and seq.num_computed_tokens > 0:
+        if self.config.runtime.preemption_mode == "swap" and seq.num_computed_tokens > 0:
             self._swap_out[seq.request_id] = self.kv.held_blocks(seq, seq.num_computed_tokens)
             seq.swapped = True
         self.kv.free(seq)
@@ -241,7 +234,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _waiting_order(self) -> list[Sequence]:
-        bound = self.config.max_wait_steps
+        bound = self.config.runtime.max_wait_steps
         # starved requests first, among themselves by arrival only (priority no longer counts for them)
         return sorted(self.waiting, key=lambda s: (0, 0, s.arrival_time) if s.waited_steps >= bound
                       else (1, s.priority, s.arrival_time))
@@ -249,9 +242,9 @@ class Scheduler:
     def _admit_waiting(self, budget: int, scheduled: dict[str, ScheduledRequest]) -> int:
         admitted: list[Sequence] = []
         for seq in self._waiting_order():
-            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+            if budget == 0 or len(self.running) >= self.config.runtime.max_num_seqs:
                 break
-            starved = seq.waited_steps >= self.config.max_wait_steps
+            starved = seq.waited_steps >= self.config.runtime.max_wait_steps
             hits, num_hit_tokens = self.kv.get_computed_blocks(seq)
             # a swapped-out request keeps its computed tokens (and gets no hits); others start from the hits
             num_new = self._num_new_tokens(seq, budget, num_computed=seq.num_computed_tokens + num_hit_tokens)

@@ -182,13 +182,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error_response(APIError(500, f"internal error: {type(e).__name__}", "internal_error"))
 
 
-def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
+def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = None,
               kv_pressure_threshold: float | None = None, served_model_names: list[str] | None = None,
               drain_timeout_s: float = DRAIN_TIMEOUT_S, bind_host: str = "127.0.0.1", allow_priority: bool = False,
               protect_metrics: bool = False, body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
     """The app over a (not necessarily started) AsyncEngine; the app's lifespan starts and drains it.
 
-    max_queue / kv_pressure_threshold override the engine's AdmissionPolicy when given.
+    kv_pressure_threshold overrides the engine's AdmissionPolicy when given.
     served_model_names: names accepted in `model` (default: [model_name]).
     bind_host: on loopback, requests addressed to another host are refused (`check_host`).
     allow_priority: honour a request's `priority` without an API key (with one, a key holder may set it).
@@ -196,10 +196,8 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
     """
     if protect_metrics and api_key is None:
         raise ValueError("protect_metrics needs an api_key: without one /metrics has nothing to check")
-    overrides = {k: v for k, v in (("max_queue", max_queue), ("kv_pressure_threshold", kv_pressure_threshold))
-                 if v is not None}
-    if overrides:
-        async_engine.policy = dataclasses.replace(async_engine.policy, **overrides)  # re-validates
+    if kv_pressure_threshold is not None:  # re-validated
+        async_engine.policy = dataclasses.replace(async_engine.policy, kv_pressure_threshold=kv_pressure_threshold)
     names = list(served_model_names or [model_name])
     metrics = async_engine.metrics or ServerMetrics(model_name)
     async_engine.metrics = metrics

@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from accel.runtime.config import RUNTIME_DEFAULTS
 from accel.runtime.engine import MAX_BURST_S
 from accel.runtime.sampling_params import SamplingParams
 from accel.server.metrics import ServerMetrics
@@ -64,21 +65,16 @@ class RequestFailed(Exception):
 
 @dataclass
 class AdmissionPolicy:
-    """When the server answers 429 instead of queueing.
+    """When the server answers 429 instead of queueing (beyond the engine's own `max_waiting`, `RuntimeConfig`).
 
-    max_queue: requests accepted but not yet running (the engine's waiting queue). Beyond it,
-      queueing only adds latency the client would rather spend retrying elsewhere.
     kv_pressure_threshold: refuse when KV usage is at least this AND requests are already waiting: the pool is
       the bottleneck, and more waiting requests would only wait longer or preempt running ones.
     """
 
-    max_queue: int = 256
     kv_pressure_threshold: float = 0.95
     retry_after_s: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_queue < 1:
-            raise ValueError(f"max_queue={self.max_queue} is invalid; allowed: an integer >= 1")
         if not 0.0 < self.kv_pressure_threshold <= 1.0:
             raise ValueError(f"kv_pressure_threshold={self.kv_pressure_threshold} is invalid; allowed: (0, 1]")
         if self.retry_after_s < 1:
@@ -93,6 +89,8 @@ class EngineSnapshot:
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
     num_held_blocks: int = 0
+    max_waiting: int = RUNTIME_DEFAULTS["max_waiting"]
+    """The engine's `RuntimeConfig.max_waiting`."""
 
 
 def admission_error(policy: AdmissionPolicy, snap: EngineSnapshot, accepting: bool) -> AdmissionError | None:
@@ -101,9 +99,9 @@ def admission_error(policy: AdmissionPolicy, snap: EngineSnapshot, accepting: bo
         return AdmissionError(503, "shutting_down", "the server is shutting down and accepts no new requests",
                               policy.retry_after_s)
     queued = snap.num_waiting
-    if queued >= policy.max_queue:
-        return AdmissionError(429, "queue_full", f"the server is overloaded: {queued} requests queued "
-                              f"(max_queue={policy.max_queue}); retry later", policy.retry_after_s)
+    if queued >= snap.max_waiting:
+        return AdmissionError(429, "queue_full", f"the server is overloaded: {queued} requests waiting "
+                              f"(max_waiting={snap.max_waiting}); retry later", policy.retry_after_s)
     if snap.kv_cache_usage >= policy.kv_pressure_threshold and queued > 0:
         return AdmissionError(429, "kv_pressure", f"the server is overloaded: KV cache {snap.kv_cache_usage:.0%} "
                               f"full with {queued} requests waiting; retry later", policy.retry_after_s)
@@ -285,7 +283,8 @@ class AsyncEngine:
         """Read the engine's counts now (the loop's thread only: between steps) into `snapshot` and the gauges.
         Not done per step: admission and /metrics read them when they need them."""
         s = self.engine.stats()
-        snap = EngineSnapshot(s.num_running, s.num_waiting, s.kv_cache_usage, _held_blocks(self.engine))
+        snap = EngineSnapshot(s.num_running, s.num_waiting, s.kv_cache_usage, _held_blocks(self.engine),
+                              self.engine.max_waiting)
         self.snapshot = snap
         if self.metrics is not None:
             self.metrics.update_engine(snap.num_running, snap.num_waiting, snap.kv_cache_usage,

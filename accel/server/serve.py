@@ -21,6 +21,7 @@ import uvicorn
 from accel.server.app import build_app
 from accel.server.protocol import DRAIN_TIMEOUT_S
 from accel.server.async_engine import AdmissionPolicy, AsyncEngine
+from accel.server.config import ServerConfig
 
 log = logging.getLogger("accel.server")
 
@@ -90,39 +91,37 @@ def speculative_config(spec: str | dict):
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-               speculative=None, served_model_name: str | None = None, max_queue: int = 256,
-               kv_pressure_threshold: float = 0.95, drain_timeout_s: float = DRAIN_TIMEOUT_S, log_level: str = "info",
-               skip_verify: bool = False, allow_priority: bool = False, protect_metrics: bool = False,
-               **engine_kwargs) -> None:
+def run_server(model: str, server: ServerConfig | None = None, speculative=None, **engine_kwargs) -> None:
     """Serve `model` (a model name known to accel.models, or an HF folder / exported checkpoint) until stopped.
 
-    engine_kwargs are EngineConfig fields (max_num_seqs, num_kv_blocks, max_model_len, dtype, ...).
-    `speculative`: a SpeculativeConfig, or its JSON / dict (`speculative_config`); acceptance counters go into each
-    response's usage and /metrics.
+    `server`: the HTTP server's settings; engine_kwargs are EngineConfig fields (max_num_seqs, max_waiting,
+    num_kv_blocks, max_model_len, dtype, ...). `speculative`: a SpeculativeConfig, or its JSON / dict
+    (`speculative_config`); acceptance counters go into each response's usage and /metrics.
     An accel export (a folder with accel.json) is served only when every file matches its manifest's sha256
-    (`skip_verify` serves it anyway); a damaged folder raises ModelLoadError naming the file.
+    (`server.skip_verify` serves it anyway); a damaged folder raises ModelLoadError naming the file.
     """
     from accel.export.load import load_engine
 
+    cfg = server or ServerConfig()
+    host, port = cfg.host, cfg.port
     path = _resolve(model)
-    if not skip_verify:
+    if not cfg.skip_verify:
         verify_before_serving(path)
     if speculative is not None:
         engine_kwargs["speculative"] = speculative if not isinstance(speculative, (str, dict)) \
             else speculative_config(speculative)
-    name = served_model_name or (model if not Path(model).exists() else Path(model).name)
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
+    name = cfg.served_model_name or (model if not Path(model).exists() else Path(model).name)
+    logging.basicConfig(level=getattr(logging, cfg.log_level.upper(), logging.INFO))
     # plain HF folders and accel exports (compressed-tensors), built on this thread: it runs the event loop that
     # steps the engine, and torch's OpenMP pool belongs to the thread that first runs parallel work
     async_engine = AsyncEngine(load_engine(path, **engine_kwargs),
-                               AdmissionPolicy(max_queue=max_queue, kv_pressure_threshold=kv_pressure_threshold))
+                               AdmissionPolicy(kv_pressure_threshold=cfg.kv_pressure_threshold))
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the server is reachable from other machines%s", host,
-                    "" if api_key else " and has NO API key (pass --api-key)")
-    server = make_server(async_engine, name, host=host, port=port, api_key=api_key,
-                         drain_timeout_s=drain_timeout_s, log_level=log_level.lower(), allow_priority=allow_priority,
-                         protect_metrics=protect_metrics)
+                    "" if cfg.api_key else " and has NO API key (pass --api-key)")
+    server = make_server(async_engine, name, host=host, port=port, api_key=cfg.api_key,
+                         drain_timeout_s=cfg.drain_timeout_s, log_level=cfg.log_level,
+                         allow_priority=cfg.allow_priority, protect_metrics=cfg.protect_metrics)
     from accel.memory import GB, current_rss, peak_line
 
     held = async_engine.engine.memory()

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from accel.runtime.kv_cache_manager import KVCacheManager
 from accel.runtime.models import CausalLM, fuse_projections, load_model
+from accel.runtime.config import RuntimeConfig
 from accel.runtime.model_runner import ModelRunner, RunnerConfig
 from accel.runtime.outputs import ScheduledRequest
 from accel.runtime.sampler import Sampler, is_greedy, plain_greedy
@@ -40,7 +41,7 @@ _GREEDY = SamplingParams(temperature=0.0)
 def quantize_draft(model: CausalLM, scheme: str, head: bool = False) -> None:
     """Quantize every decoder Linear of the draft with `scheme` ("int8" | "int4"); lm_head too with `head` (a
     token draft keeps it float: its reduced-vocabulary rows are copied out of it)."""
-    from accel.kernels.linear import apply_plan
+    from accel.schemes import apply_plan
 
     plan = {name: scheme for name, m in model.named_modules()
             if isinstance(m, nn.Linear) and (head or name != "lm_head")}
@@ -57,7 +58,7 @@ class PagedDraftProposer(Proposer):
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16,
                  vocab_ids: list[int] | None = None) -> None:
         self.model = model
-        self.runner = ModelRunner(model, RunnerConfig(block_size, num_blocks))
+        self.runner = ModelRunner(model, RunnerConfig(num_blocks, RuntimeConfig(block_size=block_size)))
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False, windows=model.kv_layout.windows)
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions = int(model.config.max_position_embeddings)

@@ -10,12 +10,10 @@ from accel.kernels.linear import (
     INT4_DEQUANT_MIN_ROWS,
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
-    apply_plan,
     concat_quantized,
     dequantize_int4_groupwise,
     dequantize_int8_per_channel,
     int4_from_compressed_tensors,
-    linear_scheme,
     pack_int4,
     quantize_int4_groupwise,
     quantize_int8_per_channel,
@@ -23,6 +21,8 @@ from accel.kernels.linear import (
     unpack_int4,
     weight_bytes,
 )
+from accel.schemes import apply_plan
+from accel.schemes import scheme_of as linear_scheme
 
 # bf16 activations on the CPU int-pack paths: ~3e-3 relative error per matmul; the fp32 GEMM path is exact.
 REL_TOL = 1e-2
@@ -263,7 +263,7 @@ def test_apply_plan_tied_lm_head_leaves_embedding_untouched():
 
 
 @pytest.mark.parametrize("plan, match", [
-    ({"lm_head": "int3"}, r"'int3' is not a scheme; allowed: \('int8', 'int8g', 'w8a8', 'int4'"),
+    ({"lm_head": "int3"}, r"'int3' is not a scheme; allowed: int4, int4f, int8, w8a8, int8g, fp16"),
     ({"model.layers.9.mlp.up_proj": "int8"}, r"does not have; Linear modules are"),
     ({"model.layers.0.input_layernorm": "int8"}, r"LlamaRMSNorm; only nn.Linear"),
     ({"model.layers.0.mlp.up_proj": "int4"}, r"up_proj.*group_size=128.*allowed: \[32, 64\]"),

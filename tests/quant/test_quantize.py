@@ -193,7 +193,8 @@ def _q4_1_grid(model, group_size=32):
 def test_int4f_float_zero_point_is_lossless_on_q4_1_weights_and_loads_in_runtime_and_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from accel.kernels.linear import Int4WeightOnlyLinear, linear_scheme
+    from accel.kernels.linear import Int4WeightOnlyLinear
+    from accel.schemes import scheme_of as linear_scheme
 
     src = tmp_path / "q41"
     tiny = make_tiny_llama(initializer_range=0.1, tie_word_embeddings=True)
@@ -240,7 +241,8 @@ def test_int4f_float_zero_point_is_lossless_on_q4_1_weights_and_loads_in_runtime
 
 
 def test_int4f_kernel_module_matches_its_dequantized_weight_on_every_cpu_path():
-    from accel.kernels.linear import Int4WeightOnlyLinear, apply_plan, quantize_int4_groupwise
+    from accel.kernels.linear import Int4WeightOnlyLinear, quantize_int4_groupwise
+    from accel.schemes import apply_plan
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48, bias=False)
@@ -613,8 +615,9 @@ def test_w8a8_exports_vllms_w8a8_and_accel_transformers_run_the_same_integer_act
     from transformers import AutoModelForCausalLM
 
     from accel.export.compatibility import loader_support
-    from accel.kernels.linear import Int8WeightOnlyLinear, linear_scheme
-    from accel.kernels.loader import W8A8_ACTIVATIONS
+    from accel.kernels.linear import Int8WeightOnlyLinear
+    from accel.schemes import scheme_of as linear_scheme
+    from accel.schemes.w8a8 import W8A8_ACTIVATIONS
 
     model = _saved_tiny(tmp_path, fp16_values=True)
     names = quantizable_linears(model)
@@ -647,14 +650,14 @@ def test_w8a8_exports_vllms_w8a8_and_accel_transformers_run_the_same_integer_act
 
 def test_the_loader_refuses_activation_schemes_accel_does_not_run(tmp_path):
     from accel.export.compatibility import loader_support
-    from accel.kernels.loader import activation_quantized
+    from accel.kernels.loader import stored_schemes
 
     static = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": False, "strategy": "tensor"}
     config = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
         "targets": ["Linear"], "format": "int-quantized", "input_activations": static,
         "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}}}}}
-    with pytest.raises(ValueError, match="'g'.*dynamic.*False"):
-        activation_quantized(config)
+    with pytest.raises(ValueError, match="'g'.*dynamic.*False.*W8A8 only"):
+        stored_schemes(config)
     why = loader_support(config)["accel"].refused["Linear"]
     assert "W8A8 only" in why
 

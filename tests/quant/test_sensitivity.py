@@ -49,7 +49,7 @@ def test_fake_quant_int4_levels_and_zero():
         for g in range(2):
             assert len(torch.unique(q[r, g * 32:(g + 1) * 32])) <= 16
     assert fake_quant_int4(torch.zeros(2, 32), 32).abs().max() == 0
-    with pytest.raises(ValueError, match="group_size 48"):
+    with pytest.raises(ValueError, match="group_size=48 is invalid"):
         fake_quant_int4(w, 48)
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from accel.kernels import cpu
-from accel.kernels.linear import (Float16Embedding, Int4WeightOnlyLinear, Int8WeightOnlyLinear, apply_plan, held_bytes,
-                                  module_bytes, quantize_rows)
+from accel.kernels.linear import Float16Embedding, Int4WeightOnlyLinear, Int8WeightOnlyLinear, module_bytes
+from accel.schemes import apply_plan, held_bytes, quantize_rows
 from accel.kernels.loader import planned_bytes
 from accel.quant.schemes import uniform_plan
 from accel.runtime.engine import Engine

@@ -1,5 +1,6 @@
 import pytest
 
+from accel.runtime.config import RuntimeConfig
 from accel.runtime.kv_cache_manager import KVCacheManager
 from accel.runtime.outputs import ModelRunnerOutput
 from accel.runtime.sampling_params import SamplingParams
@@ -8,7 +9,9 @@ from accel.runtime.sequence import FinishReason, Sequence, SequenceStatus
 
 
 def make(num_blocks=64, block_size=4, caching=False, **cfg) -> Scheduler:
-    return Scheduler(SchedulerConfig(**cfg), KVCacheManager(num_blocks, block_size, caching))
+    """A scheduler over RuntimeConfig's fields in `cfg`, the engine-derived ones (max_model_len, ...) beside them."""
+    own = {k: cfg.pop(k) for k in ("max_model_len", "num_lookahead_tokens", "max_step_rows") if k in cfg}
+    return Scheduler(SchedulerConfig(RuntimeConfig(**cfg), **own), KVCacheManager(num_blocks, block_size, caching))
 
 
 def req(rid, n, max_tokens=4, priority=0, t=0.0) -> Sequence:

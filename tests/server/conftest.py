@@ -26,11 +26,10 @@ class Running:
 
 
 @contextlib.contextmanager
-def serve_in_thread(engine, model_name: str = MODEL, max_queue: int = 64, kv_pressure_threshold: float = 1.0,
+def serve_in_thread(engine, model_name: str = MODEL, kv_pressure_threshold: float = 1.0,
                     drain_timeout_s: float = 5.0, **kwargs):
     """Run uvicorn over `engine` in a thread; yields once it accepts connections, stops it (bounded) after."""
-    async_engine = AsyncEngine(engine, AdmissionPolicy(max_queue=max_queue,
-                                                       kv_pressure_threshold=kv_pressure_threshold))
+    async_engine = AsyncEngine(engine, AdmissionPolicy(kv_pressure_threshold=kv_pressure_threshold))
     port = free_port()
     server = make_server(async_engine, model_name, port=port, drain_timeout_s=drain_timeout_s, **kwargs)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)

@@ -116,10 +116,10 @@ def malformed_requests(seed: int, n: int):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = save_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny", max_position_embeddings=256)
-    engine = Engine.from_pretrained(path, num_kv_blocks=256, block_size=16, max_model_len=256)
+    engine = Engine.from_pretrained(path, num_kv_blocks=256, block_size=16, max_model_len=256, max_waiting=512)
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     expected = engine.generate("The quick brown fox", greedy)[0].text  # before the server owns the engine
-    with serve_in_thread(engine, model_name="tiny", max_queue=512) as running:
+    with serve_in_thread(engine, model_name="tiny") as running:
         running.expected_text = expected
         yield running
 

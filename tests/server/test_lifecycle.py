@@ -31,19 +31,19 @@ def drained(running) -> bool:
     (EngineSnapshot(2, 0, 0.99), True, None),  # KV full but nobody waiting: the batch is just busy
     (EngineSnapshot(2, 1, 0.96), True, (429, "kv_pressure")),
     (EngineSnapshot(2, 1, 0.94), True, None),
-    (EngineSnapshot(2, 4, 0.10), True, (429, "queue_full")),
-    (EngineSnapshot(2, 3, 0.10), True, None),
+    (EngineSnapshot(2, 4, 0.10, max_waiting=4), True, (429, "queue_full")),
+    (EngineSnapshot(2, 3, 0.10, max_waiting=4), True, None),
     (EngineSnapshot(0, 0, 0.00), False, (503, "shutting_down")),
 ])
 def test_admission_decision(snap, accepting, expected):
-    policy = AdmissionPolicy(max_queue=4, kv_pressure_threshold=0.95, retry_after_s=2)
+    policy = AdmissionPolicy(kv_pressure_threshold=0.95, retry_after_s=2)
     err = admission_error(policy, snap, accepting)
     assert (None if err is None else (err.status, err.reason)) == expected
     if err is not None:
         assert err.retry_after == 2
 
 
-@pytest.mark.parametrize("kw", [dict(max_queue=0), dict(kv_pressure_threshold=0.0), dict(retry_after_s=0)])
+@pytest.mark.parametrize("kw", [dict(kv_pressure_threshold=0.0), dict(retry_after_s=0)])
 def test_admission_policy_rejects_bad_values(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         AdmissionPolicy(**kw)
@@ -77,7 +77,7 @@ def test_non_streaming_client_timeout_aborts_and_frees_blocks():
 
 def test_overload_every_request_answered_or_refused_none_lost():
     n = 40
-    with serve_in_thread(FakeEngine(step_delay=0.005, max_num_seqs=2), max_queue=3) as running:
+    with serve_in_thread(FakeEngine(step_delay=0.005, max_num_seqs=2, max_waiting=3)) as running:
         with httpx.Client(base_url=running.base_url, timeout=20,
                           limits=httpx.Limits(max_connections=n)) as http:
             with ThreadPoolExecutor(n) as pool:
@@ -97,11 +97,21 @@ def test_overload_every_request_answered_or_refused_none_lost():
                 f'{float(statuses.count(429))}') in metrics
 
 
-def test_engine_queue_full_is_a_429_with_retry_after():
-    with serve_in_thread(FakeEngine(max_waiting=0)) as running:
+def test_the_engines_max_waiting_is_the_servers_queue_limit_and_its_own_refusal_a_429_too():
+    with serve_in_thread(FakeEngine(max_waiting=0)) as running:  # admission reads the engine's max_waiting
         r = httpx.post(running.base_url + "/v1/completions", json=body(max_tokens=2), timeout=10)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
-        assert "waiting queue is full" in r.json()["error"]["message"]
+        assert "0 requests waiting (max_waiting=0)" in r.json()["error"]["message"]
+    from accel.runtime.scheduler import QueueFullError
+
+    def full(*args, **kwargs):
+        raise QueueFullError("request rejected: the waiting queue is full")
+
+    engine = FakeEngine()
+    engine.add_request = full  # the queue filled between admission and add
+    with serve_in_thread(engine) as running:
+        r = httpx.post(running.base_url + "/v1/completions", json=body(max_tokens=2), timeout=10)
+        assert r.status_code == 429 and "waiting queue is full" in r.json()["error"]["message"]
 
 
 # ---- engine failures --------------------------------------------------------------------------------------

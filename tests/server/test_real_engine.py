@@ -109,9 +109,9 @@ def test_run_server_subprocess_sigint_drains_in_flight_then_exits(tiny_dir):
     from accel.server.serve import free_port
 
     port = free_port()
-    code = ("import sys; from accel.server.serve import run_server; "
-            "run_server(sys.argv[1], port=int(sys.argv[2]), served_model_name='tiny', log_level='warning', "
-            "num_kv_blocks=64, max_model_len=256, drain_timeout_s=20)")
+    code = ("import sys; from accel.server.config import ServerConfig; from accel.server.serve import run_server; "
+            "run_server(sys.argv[1], ServerConfig(port=int(sys.argv[2]), served_model_name='tiny', log_level='warning', "
+            "drain_timeout_s=20), num_kv_blocks=64, max_model_len=256)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tiny_dir), str(port)],
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     base = f"http://127.0.0.1:{port}"

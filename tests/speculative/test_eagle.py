@@ -72,6 +72,7 @@ def test_teacher_is_the_targets_distribution_over_the_draft_vocabulary(tiny_mode
 
 def test_trainer_and_runtime_draft_compute_the_same_features(tmp_path, tiny_model_dir):
     from accel.runtime.kv_cache_manager import KVCacheManager
+    from accel.runtime.config import RuntimeConfig
     from accel.runtime.model_runner import ModelRunner, RunnerConfig
     from accel.runtime.outputs import ScheduledRequest
     from accel.runtime.sequence import Sequence
@@ -86,7 +87,7 @@ def test_trainer_and_runtime_draft_compute_the_same_features(tmp_path, tiny_mode
     feats = torch.randn(len(tokens), 64)
     with torch.no_grad():
         want = trainer.eval()(embed[torch.tensor(tokens)][None], feats[None], torch.ones(1, len(tokens)))[0]
-    runner = ModelRunner(draft, RunnerConfig(16, 8))
+    runner = ModelRunner(draft, RunnerConfig(8, RuntimeConfig(block_size=16)))
     kv = KVCacheManager(8, 16, enable_prefix_caching=False)
     seq = Sequence("r", tokens, SamplingParams(temperature=0))
     kv.allocate_slots(seq, len(tokens))
@@ -197,7 +198,7 @@ def test_swap_keeps_the_features_of_preempted_requests(tiny_model_dir):
     engine = Engine.from_pretrained(tiny_model_dir)
     runner = engine.runner
     runner.enable_feature_cache()
-    feats = runner.feature_cache.view(runner.config.num_blocks, runner.config.block_size, -1)
+    feats = runner.feature_cache.view(runner.config.num_blocks, runner.config.runtime.block_size, -1)
     feats[3] = 7.0
     runner.swap({"a": [[(0, 3)]]}, {})  # group 0, table index 0: block 3
     feats[3] = 0.0

@@ -119,7 +119,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, plan:
     (`accel.kernels.loader.load_weights`, the one way from disk to kernels): plain tensors as stored, an export's
     quantized Linears as kernel modules, the Linears `plan` names quantized as they are read (`--quant`). A model
     served quantized on a CPU keeps a 16-bit token table at 16 bits (`Float16Embedding`), as its export stores it."""
-    from accel.kernels.linear import FLOAT_SCHEMES
+    from accel.schemes import quantized as quantizes
     from accel.kernels.loader import is_compressed, load_weights, table_dtype_for
     from accel.runtime.models.hf_config import load_config
 
@@ -130,7 +130,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, plan:
     family = family_of(config)
     with torch.device("meta"), _no_init():
         model = family(config)
-    quantized = is_compressed(path) or any(s not in FLOAT_SCHEMES for s in (plan or {}).values())
+    quantized = is_compressed(path) or any(quantizes(s) for s in (plan or {}).values())
     table_dtype = table_dtype_for(quantized, dtype, device)
     load_weights(model, path, dtype, device, model.tie_word_embeddings, plan, group_size, table_dtype)
     model.post_load()
