@@ -93,7 +93,7 @@ def _check_vllm_peers(recipe: Recipe) -> list[str]:
 def _check_gguf_peers(recipe: Recipe) -> list[str]:
     """The GGUF files and the llama-perplexity binary the peers' quality scoring runs."""
     from accel.eval.gguf import IMATRIX, llama_perplexity_path
-    from accel.models import REGISTRY
+    from accel.hub import REGISTRY
 
     GGUF_MODELS = {name for name, spec in REGISTRY.items() if spec.gguf_file}  # noqa: N806
 
@@ -122,8 +122,8 @@ def _check_gguf_peers(recipe: Recipe) -> list[str]:
 
 def _check_model(spec: str, field: str) -> tuple[Path | None, str | None]:
     """(the local HF folder when it is already there, a problem or None); a registry name is pulled on use."""
-    from accel.models import REGISTRY, models_dir
-    from accel.models.zoo import is_hf_folder
+    from accel.hub import REGISTRY, models_dir
+    from accel.hub.zoo import is_hf_folder
 
     path = Path(spec).expanduser()
     if path.exists():
@@ -135,7 +135,7 @@ def _check_model(spec: str, field: str) -> tuple[Path | None, str | None]:
     if spec in REGISTRY:
         pulled = models_dir() / spec
         return (pulled if is_hf_folder(pulled) else None), None
-    from accel.models import hub
+    from accel.hub import hf_hub as hub
 
     if hub.is_hub_id(spec):  # fetched (or found in the Hub cache) now, as vLLM resolves its model at start-up
         try:

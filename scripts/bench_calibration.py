@@ -245,7 +245,7 @@ def main():
     from accel.eval.text_protocol import EvalProtocol
     from accel.eval.runner import build_windows, evaluate_text, summarize_text
     from accel.fsutil import atomic_write_text
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
     from accel.quant.allocate import Budget, Rules, allocate
     from accel.quant.domain_weighting import damage_weighted_batches
     from accel.quant.quantize import oneshot_quantize, save_checkpoint

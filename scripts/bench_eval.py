@@ -71,7 +71,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
 
     model = resolve_model(args.model, pull_if_missing=True)
     tok = AutoTokenizer.from_pretrained(model)

@@ -191,7 +191,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"cpu capability {torch.backends.cpu.get_cpu_capability()}")
     if args.weights is None:
-        from accel.models import resolve_model
+        from accel.hub import resolve_model
 
         args.weights = resolve_model("smollm2-135m", pull_if_missing=True) / "model.safetensors"
     sd = load_file(str(args.weights))

@@ -162,7 +162,7 @@ def parse_llama_bench(stdout: str, test: str = "tg") -> float:
 # ---- peers and models -------------------------------------------------------------------------------------------
 
 def accel_home() -> Path:
-    from accel.models import accel_home as home
+    from accel.hub import accel_home as home
 
     return home()
 
@@ -183,7 +183,7 @@ def shipped_type(gguf: Path) -> str:
 def make_ggufs(bin_dir: Path, pairs: list[str], model_name: str, own_file: bool = True) -> dict[str, Path]:
     """{GGUF type: file}, requantized from the shipped GGUF (the pair of its own type uses the shipped file itself
     unless not `own_file`: quality is scored against the shipped file's F32, where the file itself scores 0)."""
-    from accel.models import get_spec
+    from accel.hub import get_spec
 
     src = accel_home() / "downloads" / get_spec(model_name).gguf_file
     if not src.is_file():
@@ -529,7 +529,7 @@ def main() -> None:
 
 
 def run(a, pairs: list[str], sections: list[str]) -> None:
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
 
     model = Path(resolve_model(a.model, pull_if_missing=True))
     bin_dir = llama_bin() if PEER == "llama.cpp" else None

@@ -70,7 +70,7 @@ def peer_rows(model: str, peers: list[str], text: str, n_ctx: int, chunks: int, 
     if SHIPPED in peers:
         from bench_peers import accel_home, shipped_type
 
-        from accel.models import get_spec
+        from accel.hub import get_spec
 
         files[SHIPPED] = accel_home() / "downloads" / get_spec(model).gguf_file
         shipped = f"{SHIPPED} {shipped_type(files[SHIPPED])}"
@@ -88,7 +88,7 @@ def accel_rows(model: str, exports: list[Path], text: str, n_ctx: int, chunks: i
 
     from accel.eval.chunked import score_chunks, text_chunks
     from accel.kernels.loader import load_hf_model
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
 
     base_dir = resolve_model(model)
     tok = AutoTokenizer.from_pretrained(base_dir)

@@ -138,7 +138,7 @@ def main():
     from accel.eval.data import load_texts
     from accel.eval.text_protocol import EvalProtocol
     from accel.eval.runner import build_windows, evaluate_text, summarize_text
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
     from accel.quant.allocate import Budget, Plan, Rules, allocate, average_bits
     from accel.quant.quantize import oneshot_quantize, save_checkpoint
     from accel.quant.plan import token_batches

@@ -37,7 +37,7 @@ from accel.runtime.sampling_params import SamplingParams
 
 
 def resolve(model: str) -> str:
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
 
     return str(resolve_model(model, pull_if_missing=True))
 

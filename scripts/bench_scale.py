@@ -46,7 +46,7 @@ def make_folder(name: str, out: Path) -> Path:
     import torch
     import transformers
 
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
 
     if (out / "config.json").is_file():
         return out
@@ -117,7 +117,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    from accel.models import accel_home
+    from accel.hub import accel_home
 
     bin_dir = llama_bin()
     rows = []

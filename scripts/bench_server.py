@@ -67,7 +67,7 @@ def engine_kwargs(args) -> dict:
 # ---- phase 1: in-process ----------------------------------------------------------------------------------
 
 def bench_in_process(args, prompts: list[str]) -> dict:
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
     from accel.runtime.engine import Engine
     from accel.runtime.sampling_params import SamplingParams
 

@@ -141,7 +141,7 @@ def main() -> None:
 
     from accel.bench.probes import PLACEMENTS, core_to_core_ns, fp32_gflops, placement, read_bandwidth_gbs
     from accel.draft_training.prompts import chat_prompts, input_grounded_prompts, load_samples
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
     from accel.runtime.engine import Engine, EngineConfig
     from accel.runtime.models import fuse_projections, load_model
     from accel.runtime.sampling_params import SamplingParams

@@ -789,7 +789,7 @@ class TokenCounter:
         from tokenizers import Tokenizer
 
         if path is None:
-            from accel.models import resolve_model
+            from accel.hub import resolve_model
 
             path = resolve_model("smollm2-135m", pull_if_missing=True) / "tokenizer.json"
 

@@ -74,7 +74,7 @@ def main() -> None:
 
     from accel.eval.chunked import held_out_text
     from accel.eval.gguf import BaseLogits, kld_vs_base, llama_perplexity_path, run_llama_perplexity
-    from accel.models import accel_home, get_spec, resolve_model
+    from accel.hub import accel_home, get_spec, resolve_model
 
     torch.set_num_threads(args.threads)
     folder, spec = resolve_model(args.model), get_spec(args.model)

@@ -37,7 +37,7 @@ ap.add_argument("--first-gates", default="",
                 help="first-token gates (draft_min_first_confidence) to simulate under each path gate, e.g. 0.1,0.2")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
-from accel.models import resolve_model  # noqa: E402
+from accel.hub import resolve_model  # noqa: E402
 
 M = str(resolve_model(args.target))
 tok = AutoTokenizer.from_pretrained(M)

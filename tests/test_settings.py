@@ -118,10 +118,10 @@ def test_every_speculation_value_of_a_recipe_reaches_the_engine_config():
 
 def test_draft_train_options_are_the_recipes_distill_fields(monkeypatch, tmp_path):
     import accel.draft_training
-    import accel.models
+    import accel.hub
 
     got = {}
-    monkeypatch.setattr(accel.models, "resolve_model", lambda name, **kw: name)
+    monkeypatch.setattr(accel.hub, "resolve_model", lambda name, **kw: name)
     monkeypatch.setattr(accel.draft_training, "distill_draft",
                         lambda target, out, config, calibration_dir: got.update(config=config) or _Result())
     res = runner.invoke(app, ["draft", "train", "t", "--out", str(tmp_path)])

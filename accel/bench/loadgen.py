@@ -246,7 +246,7 @@ def bench(url: str | None = None, model: str | None = None, concurrency: int | N
 def _resolve(name: str) -> str:
     if Path(name).exists():
         return name
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
 
     return str(resolve_model(name))
 

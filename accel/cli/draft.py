@@ -27,7 +27,7 @@ def draft_train(
     distill: Optional[dict] = None,
 ) -> None:
     """Distil a small draft from the target's own replies and next-token distributions (CPU, time-boxed)."""
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
 
     try:
         config = build_config(DistillConfig, distill or {})

@@ -23,7 +23,7 @@ def eval_(
     """Evaluate quality: perplexity, KL and top-1 vs a baseline, task accuracy; prints a table, writes JSON."""
     from accel.eval import render_table, run_eval
     from accel.fsutil import atomic_write_text
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
 
     root = Path(__file__).resolve().parents[2] / "eval"  # the project's eval/ (texts and tasks)
     try:

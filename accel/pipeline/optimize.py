@@ -35,7 +35,7 @@ STAGE_NAMES = ("load", "calibrate", "sensitivity", "plan", "quantize", "draft", 
 
 def model_path(ctx: StageContext) -> Path:
     if "model_path" not in ctx.state:
-        from accel.models import resolve_model
+        from accel.hub import resolve_model
 
         ctx.state["model_path"] = Path(resolve_model(ctx.recipe.model.path, pull_if_missing=True))
     return ctx.state["model_path"]
@@ -43,7 +43,7 @@ def model_path(ctx: StageContext) -> Path:
 
 def model_fingerprint(recipe: Recipe) -> str:
     """Identity of the target model for the load stage's key: its files' sizes and mtimes (cheap, no hashing)."""
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
 
     try:
         p = Path(resolve_model(recipe.model.path))
@@ -242,7 +242,7 @@ def stage_draft(ctx: StageContext) -> dict:
     if s.method == "ngram":
         info["ngram"] = {"min_n": s.ngram_min_n, "max_n": s.ngram_max_n}
     elif s.method == "draft":
-        from accel.models import resolve_model
+        from accel.hub import resolve_model
         from accel.speculative.tokenizer_check import check_tokenizers_match
 
         path = Path(resolve_model(s.draft_model, pull_if_missing=True))
@@ -474,7 +474,7 @@ def memory_need(recipe: Recipe):
 
     from accel.kernels.loader import planned_bytes
     from accel.memory import Need
-    from accel.models import resolve_model
+    from accel.hub import resolve_model
     from accel.quant.plan import ROWS_PER_FORWARD
     from accel.runtime.models.hf_config import load_config
 
@@ -514,7 +514,7 @@ def optimize(recipe: Recipe, *, on_event: Callable | None = None, force: tuple[s
     if problems:
         raise RecipeError(str(recipe.run_dir() / "recipe.yaml"), problems)
     from accel.memory import check_fits
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
 
     with contextlib.suppress(FileNotFoundError, ModelNotFoundError):  # a model still to be pulled: checked by pull
         resolve_model(recipe.model.path)

@@ -92,7 +92,7 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def run_server(model: str, server: ServerConfig | None = None, speculative=None, **engine_kwargs) -> None:
-    """Serve `model` (a model name known to accel.models, or an HF folder / exported checkpoint) until stopped.
+    """Serve `model` (a model name known to accel.hub, or an HF folder / exported checkpoint) until stopped.
 
     `server`: the HTTP server's settings; engine_kwargs are EngineConfig fields (max_num_seqs, max_waiting,
     num_kv_blocks, max_model_len, dtype, ...). `speculative`: a SpeculativeConfig, or its JSON / dict
@@ -162,8 +162,8 @@ def verify_before_serving(path: Path) -> None:
 
 
 def _resolve(model: str) -> Path:
-    """A registry name, an HF folder or a .gguf file -> a local HF folder (accel.models does the work)."""
-    from accel.models import resolve_model
+    """A registry name, an HF folder or a .gguf file -> a local HF folder (accel.hub does the work)."""
+    from accel.hub import resolve_model
 
     return Path(resolve_model(model))
 

@@ -165,7 +165,7 @@ def test_peers_with_an_importance_matrix_learn_it_from_the_calibration_text_only
 
 def test_a_registry_models_base_is_its_shipped_gguf_at_f32_made_once(tmp_path, monkeypatch):
     from accel.eval.gguf import original_gguf
-    from accel.models import get_spec
+    from accel.hub import get_spec
 
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
     log = fake_quantize_tools(tmp_path)

@@ -60,7 +60,7 @@ def test_old_rope_fields_become_rope_parameters(tmp_path):
 def test_real_folders_read_light(name):
     from transformers import AutoConfig, PreTrainedConfig
 
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
 
     try:
         path = resolve_model(name)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from accel.runtime.attention import AttentionMetadata, PagedKVCache
 from accel.runtime.models import llama
-from accel.runtime.models.layers import MLP, Attention, RMSNorm, rope_cos_sin, signed_sin
+from accel.runtime.models.layers import MLP, Attention, LayerSpec, RMSNorm, rope_cos_sin, signed_sin
 
 SUPPORTED_MODEL_TYPES = ("gemma3_text",)
 
@@ -36,6 +36,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = GemmaRMSNorm(h, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+
+    def spec(self) -> LayerSpec:
+        """Gemma 3: post-attention and post-MLP norms around a pre-MLP norm, q / k norms, a local rotary table on
+        sliding layers."""
+        return LayerSpec(self.input_layernorm, self.pre_feedforward_layernorm, self.self_attn.q_norm,
+                         self.self_attn.k_norm, self.post_attention_layernorm, self.post_feedforward_layernorm,
+                         self.attention_type == "sliding_attention")
 
     def forward(self, h: Tensor, residual: Tensor | None, ropes: dict[str, tuple[Tensor, Tensor]],
                 cache: PagedKVCache, meta: AttentionMetadata) -> tuple[Tensor, Tensor]:

@@ -8,6 +8,7 @@ is a plain replaceable `nn.Linear`.
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,21 @@ def apply_rope_rolled(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
 def _fused_cpu_ops(x: Tensor) -> bool:
     """accel's fused CPU kernels (RoPE, SwiGLU) apply: fp32 on CPU and the kernels compiled."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and cpu.available()
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What the native decode step runs of one decoder layer, declared by its family (`DecoderLayer.spec()`): the
+    norm before attention and before the MLP, the optional q / k norms and the norms after attention and after the
+    MLP (Gemma 3), and whether the layer's rotary table is the local one (sliding-window layers)."""
+
+    pre_attn_norm: nn.Module
+    pre_mlp_norm: nn.Module
+    q_norm: nn.Module | None = None
+    k_norm: nn.Module | None = None
+    post_attn_norm: nn.Module | None = None
+    post_mlp_norm: nn.Module | None = None
+    local_rope: bool = False
 
 
 class RMSNorm(nn.Module):

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from accel.kernels import cpu
 from accel.runtime.attention import AttentionMetadata, PagedKVCache
 from accel.runtime.kv_cache_manager import KVLayout
-from accel.runtime.models.layers import MLP, Attention, RMSNorm, rope_cos_sin, signed_sin
+from accel.runtime.models.layers import MLP, Attention, LayerSpec, RMSNorm, rope_cos_sin, signed_sin
 from accel.runtime.models.native import NativeDecode
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
@@ -26,6 +26,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def spec(self) -> LayerSpec:
+        """Llama: the pre-MLP norm is named post_attention_layernorm; Qwen3 adds q / k norms."""
+        attn = self.self_attn
+        return LayerSpec(self.input_layernorm, self.post_attention_layernorm, getattr(attn, "q_norm", None),
+                         getattr(attn, "k_norm", None))
 
     def forward(self, h: Tensor, residual: Tensor | None, cos: Tensor, sin: Tensor, cache: PagedKVCache,
                 meta: AttentionMetadata) -> tuple[Tensor, Tensor]:

@@ -73,18 +73,13 @@ class NativeDecode:
             lins = [_native_linear(m, add) for m in mods]
             if any(x is None for x in lins):
                 return None
-            # Gemma 3: post-attention and post-MLP norms around a pre-MLP norm; Llama: its pre-MLP norm is named
-            # post_attention_layernorm
-            gemma = hasattr(layer, "pre_feedforward_layernorm")
-            pre_mlp = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
-            spec += [add(layer.input_layernorm.weight), add(pre_mlp.weight)]
+            ls = layer.spec()  # the family's own declaration of its norms and rotary table
+            spec += [add(ls.pre_attn_norm.weight), add(ls.pre_mlp_norm.weight)]
             for x in lins:
                 spec += x
-            norms = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None),
-                     layer.post_attention_layernorm if gemma else None,
-                     layer.post_feedforward_layernorm if gemma else None]
-            rope = 1 if getattr(layer, "attention_type", "full_attention") == "sliding_attention" else 0
-            local_rope |= rope == 1
+            norms = [ls.q_norm, ls.k_norm, ls.post_attn_norm, ls.post_mlp_norm]
+            rope = int(ls.local_rope)
+            local_rope |= ls.local_rope
             spec += [add(n.weight) if n is not None else -1 for n in norms]
             spec += [attn.window or 0, rope, list(FUSED_ACTIVATIONS).index(mlp.act), layer_group[i]]
         spec.append(add(model.model.norm.weight))

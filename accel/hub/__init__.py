@@ -1,7 +1,7 @@
 """Model zoo and loading: registry of known models, GGUF -> safetensors conversion, cache dir."""
 
-from accel.models.registry import REGISTRY, ModelSpec, get_spec
-from accel.models.zoo import (
+from accel.hub.registry import REGISTRY, ModelSpec, get_spec
+from accel.hub.zoo import (
     ModelInfo,
     ModelNotFoundError,
     accel_home,

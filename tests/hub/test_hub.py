@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from accel.models.hub import is_hub_id
+from accel.hub.hf_hub import is_hub_id
 from tests.conftest import save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,7 +203,7 @@ def hf_env(tmp_path, hub) -> dict[str, str]:
 
 RUNNER = """
 import json, sys
-from accel.models.hub import HubModelError, download
+from accel.hub.hf_hub import HubModelError, download
 try:
     print(json.dumps({"path": str(download(sys.argv[1], known=json.loads(sys.argv[2])))}))
 except HubModelError as e:

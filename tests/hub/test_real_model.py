@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 def test_converted_logits_match_gguf_loaded_directly(real_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from accel.models import accel_home, get_spec
+    from accel.hub import accel_home, get_spec
 
     gguf = accel_home() / "downloads" / get_spec("smollm2-135m").gguf_file
     if not gguf.is_file():

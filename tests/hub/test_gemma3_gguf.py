@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from accel.models import gemma3_gguf
-from accel.models.zoo import convert_gguf
-from tests.models.gguf_writing import add_tensor, decoder_writer, finish
+from accel.hub import gemma3_gguf
+from accel.hub.zoo import convert_gguf
+from tests.hub.gguf_writing import add_tensor, decoder_writer, finish
 
 NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 3, 4, 6
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]

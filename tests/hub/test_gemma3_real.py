@@ -18,7 +18,7 @@ def test_token_ids_equal_llama_cpps_on_the_eval_text(real_gemma_path, tmp_path):
 
     from accel.eval.chunked import held_out_text
     from accel.eval.gguf import llama_perplexity_path
-    from accel.models import accel_home, get_spec
+    from accel.hub import accel_home, get_spec
 
     binary = llama_perplexity_path(None).parent / "llama-tokenize"
     gguf = accel_home() / "downloads" / get_spec("gemma3-270m").gguf_file

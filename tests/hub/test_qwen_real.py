@@ -19,7 +19,7 @@ MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 
 
 def _pulled(name: str) -> Path:
-    from accel.models import ModelNotFoundError, resolve_model
+    from accel.hub import ModelNotFoundError, resolve_model
 
     try:
         return resolve_model(name)
@@ -42,7 +42,7 @@ def _llama_ids(gguf: Path, text: str, tmp_path: Path) -> list[int]:
 @pytest.mark.parametrize("name", MODELS)
 def test_token_ids_equal_llama_cpps_on_the_eval_text_and_on_code(name, tmp_path):
     from accel.eval.chunked import held_out_text
-    from accel.models import accel_home, get_spec
+    from accel.hub import accel_home, get_spec
     from accel.tokenizer import load_tokenizer
 
     folder = _pulled(name)
@@ -58,7 +58,7 @@ def test_token_ids_equal_llama_cpps_on_the_eval_text_and_on_code(name, tmp_path)
 def test_the_chat_template_is_the_ggufs(name):
     from gguf import GGUFReader
 
-    from accel.models import accel_home, get_spec
+    from accel.hub import accel_home, get_spec
     from accel.tokenizer import load_tokenizer
 
     folder = _pulled(name)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accel.fsutil import atomic_dir, dir_size, remove_stale_temps, sha256_file
-from accel.models.registry import REGISTRY, ModelSpec, get_spec
+from accel.hub.registry import REGISTRY, ModelSpec, get_spec
 from accel.progress import SILENT, Reporter
 
 MODEL_META = "accel_model.json"
@@ -61,8 +61,8 @@ class ModelNotFoundError(FileNotFoundError):
 def convert_gguf(gguf_path: Path, out_dir: Path, *, name: str, source: str, overwrite: bool = False,
                  reporter: Reporter = SILENT) -> Path:
     """Convert a GGUF file into a safetensors HF folder at `out_dir`, atomically, one tensor at a time
-    (`accel.models.gguf_convert`)."""
-    from accel.models.gguf_convert import convert
+    (`accel.hub.gguf_convert`)."""
+    from accel.hub.gguf_convert import convert
 
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
@@ -174,7 +174,7 @@ def resolve_model(spec: str | os.PathLike, *, pull_if_missing: bool = False) -> 
         if pull_if_missing:
             return pull(s)
         raise ModelNotFoundError(f"model {s!r} is not pulled yet; run `accel models pull {s}`")
-    from accel.models import hub
+    from accel.hub import hf_hub as hub
 
     if hub.is_hub_id(s):  # as vLLM and llm-compressor: through the Hub cache, honouring HF_ENDPOINT / HF_HUB_OFFLINE
         try:

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from accel import models as zoo
+from accel import hub as zoo
 from accel.cli import app
 from accel.fsutil import atomic_dir, atomic_write_text
-from accel.models import ModelNotFoundError, list_models, pull, resolve_model
+from accel.hub import ModelNotFoundError, list_models, pull, resolve_model
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ class _Boom(Exception):
 
 def test_interrupted_pull_leaves_nothing_half_written(home, tmp_path, monkeypatch):
     """The conversion writes into a temp folder; a crash midway leaves neither the model nor the temp folder."""
-    from accel.models import gguf_convert
+    from accel.hub import gguf_convert
 
     def interrupted(gguf, out, name, reporter):
         (Path(out) / "model.safetensors").write_bytes(b"partial")

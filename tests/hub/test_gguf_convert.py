@@ -1,4 +1,4 @@
-"""The streaming GGUF conversion (`accel.models.gguf_convert`) on tiny synthetic GGUFs written here with the `gguf`
+"""The streaming GGUF conversion (`accel.hub.gguf_convert`) on tiny synthetic GGUFs written here with the `gguf`
 package as llama.cpp's convert_hf_to_gguf.py writes them (Qwen2 with q/k/v biases; Llama with q/k permuted for
 llama.cpp's RoPE; Q8_0 and F32 tensors; a byte-level BPE vocabulary with merges and a chat template): the folder
 it writes is the model transformers builds from the same GGUF in memory, tensor for tensor, with the same
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from accel.models.gguf_convert import convert
+from accel.hub.gguf_convert import convert
 from tests.conftest import make_tiny_tokenizer
-from tests.models.gguf_writing import add_tensor, decoder_writer, finish
+from tests.hub.gguf_writing import add_tensor, decoder_writer, finish
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -105,7 +105,7 @@ def test_conversion_holds_one_tensor_not_the_model(tmp_path, monkeypatch):
     """Each tensor is written before the next is made: the writer never sees two made tensors alive at once."""
     import weakref
 
-    import accel.models.gguf_convert as gc_mod
+    import accel.hub.gguf_convert as gc_mod
 
     tok = make_tiny_tokenizer()
     gguf_path = tmp_path / "tiny.gguf"

@@ -108,7 +108,7 @@ def _fix_special_tokens(tokenizer, config) -> None:
 
 
 def _gemma3_family(reader, gguf_path: Path, name: str):
-    from accel.models import gemma3_gguf
+    from accel.hub import gemma3_gguf
 
     gemma3_gguf.check_supported(reader)
     entries = [Entry(gemma3_gguf.hf_tensor_name(t.name), tuple(int(n) for n in reversed(t.shape)),
