@@ -96,21 +96,27 @@ def collect() -> None:
     release_free_memory()
 
 
+_mapped_depth = [0]
+
+
 @contextlib.contextmanager
-def loading() -> Iterator[None]:
-    """While a model loads, every block of 256 KB or more is its own mapping, unmapped when freed; afterwards the
-    free pages go back (`release_free_memory`). Why: loading frees many tensors of a few MB (reads once rounded,
-    canonical weights once their kernel layouts exist); glibc keeps those in its heaps, where Qwen2.5-1.5B at INT4
-    peaked 2 GB above what it then held. Blocks below 32 MB come from the heaps again after, as glibc's own
+def large_blocks_mapped() -> Iterator[None]:
+    """While a model loads or a batch stage computes (sensitivity, GPTQ, evaluation), every block of 256 KB or more
+    is its own mapping, unmapped when freed; afterwards the free pages go back (`release_free_memory`). Why: such
+    work frees many tensors of a few MB (reads once rounded, activations, per-Linear temporaries), which glibc keeps
+    in its heaps: Qwen2.5-1.5B's load at INT4 peaked 2 GB above what it then held, its proxy sensitivity 2.2 GB.
+    Blocks below 32 MB come from the heaps again after (nested: after the outermost block), as glibc's own
     threshold would have it, so decode steps do not map and fault their logits anew."""
     libc = _libc()
     if libc is not None:
         libc.mallopt(_M_MMAP_THRESHOLD, _LOAD_MMAP_THRESHOLD)
+    _mapped_depth[0] += 1
     try:
         yield
     finally:
+        _mapped_depth[0] -= 1
         if libc is not None:
-            libc.mallopt(_M_MMAP_THRESHOLD, _STEADY_MMAP_THRESHOLD)
+            libc.mallopt(_M_MMAP_THRESHOLD, _LOAD_MMAP_THRESHOLD if _mapped_depth[0] else _STEADY_MMAP_THRESHOLD)
             libc.malloc_trim(0)
 
 

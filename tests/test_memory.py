@@ -109,3 +109,32 @@ def test_reset_peak_starts_a_new_high_water_mark():
         pytest.skip("this kernel does not let a process reset its high-water mark (/proc/self/clear_refs)")
     assert peak_rss() < high - (150 << 20)
     assert peak_rss() >= current_rss() - (8 << 20)
+
+
+def test_large_blocks_stay_mapped_until_the_outermost_block_ends(monkeypatch):
+    """A stage's batch work (sensitivity, GPTQ, evaluation) and the model loads inside it map their large blocks; an
+    inner block's end must not hand the outer one back to glibc's heaps."""
+    from accel import memory
+
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append(value)
+
+        def malloc_trim(self, pad):
+            calls.append("trim")
+
+    monkeypatch.setattr(memory, "_libc", lambda: FakeLibc())
+    mapped, steady = memory._LOAD_MMAP_THRESHOLD, memory._STEADY_MMAP_THRESHOLD
+    with memory.large_blocks_mapped():
+        with memory.large_blocks_mapped():
+            pass
+        assert calls == [mapped, mapped, mapped, "trim"]  # the inner end keeps blocks mapped
+    assert calls[-2:] == [steady, "trim"] and memory._mapped_depth[0] == 0
+    try:
+        with memory.large_blocks_mapped():
+            raise KeyError("a failing stage")
+    except KeyError:
+        pass
+    assert calls[-2:] == [steady, "trim"] and memory._mapped_depth[0] == 0

@@ -49,14 +49,16 @@ def quality(recipe, base_path: Path, quant_dir: Path | None, tokenizer, root: Pa
     """{"baseline": quality dict, "quantized": quality dict | absent} in the report's `quality` shape."""
     from accel.eval.runner import run_eval
     from accel.kernels.loader import load_hf_model
+    from accel.memory import large_blocks_mapped
 
     e = recipe.eval
     kw = dict(text_dir=root / "eval" / "text", tasks_dir=root / "eval" / "tasks", domains=e.domains, window=e.window,
               max_windows_per_domain=e.max_windows_per_domain, tasks=e.tasks, max_examples_per_task=TASK_EXAMPLES,
               tokenizer=tokenizer, progress=progress, device=eval_device(recipe))
-    if quant_dir is None:
-        return {"baseline": run_eval(str(base_path), **kw).summary()}
-    r = run_eval(load_hf_model(quant_dir), baseline=str(base_path), **kw).summary()
+    with large_blocks_mapped():  # batch work: its temporaries go back to the system when freed
+        if quant_dir is None:
+            return {"baseline": run_eval(str(base_path), **kw).summary()}
+        r = run_eval(load_hf_model(quant_dir), baseline=str(base_path), **kw).summary()
     base = {"ppl": r.get("ppl_baseline"), "ppl_increase_pct": 0.0, "kl_mean": 0.0, "top1": 1.0,
             "per_domain": {d: {"ppl": m.get("ppl_baseline"), "kl_mean": 0.0, "top1": 1.0}
                            for d, m in r.get("per_domain", {}).items()}}

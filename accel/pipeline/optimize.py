@@ -95,6 +95,16 @@ def _set_threads(recipe: Recipe) -> None:
 # ------------------------------------------------------------------------------------------------------ stages
 
 
+def _mapped(stage: Callable[[StageContext], dict]) -> Callable[[StageContext], dict]:
+    """A batch stage run with its large blocks mapped (`memory.large_blocks_mapped`): its temporaries go back to
+    the system when freed, not into glibc's heaps."""
+    def run(ctx: StageContext) -> dict:
+        with memory.large_blocks_mapped():
+            return stage(ctx)
+    run.__name__ = stage.__name__
+    return run
+
+
 def stage_load(ctx: StageContext) -> dict:
     """Resolve (pull if needed) the target and record what it is; downstream keys hash this file."""
     from transformers import AutoConfig
@@ -436,11 +446,11 @@ def build_stages(recipe: Recipe, until: str | None = None) -> list[Stage]:
     ]
     if q_on:
         stages += [
-            Stage("sensitivity", stage_sensitivity, SENSITIVITY_FIELDS, ("load", "calibrate"),
-                  ("sensitivity.json", "sensitivity.png"), version="3"),  # 3: fp16 scales in the fake quantization
-            Stage("plan", stage_plan, PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",),
+            Stage("sensitivity", _mapped(stage_sensitivity), SENSITIVITY_FIELDS, ("load", "calibrate"),
+                  ("sensitivity.json", "sensitivity.png"), version="4"),  # 4: the proxy's output changes in bf16
+            Stage("plan", _mapped(stage_plan), PLAN_FIELDS, ("load", "calibrate", "sensitivity"), ("plan.json",),
                   version="5"),  # 5: the table's scheme
-            Stage("quantize", stage_quantize, QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
+            Stage("quantize", _mapped(stage_quantize), QUANTIZE_FIELDS, ("load", "calibrate", "plan"),
                   ("checkpoint_quantized",), version="6"),  # bumped with the checkpoint's layout (the INT8 table)
         ]
     stages += [

@@ -254,7 +254,7 @@ def _proxy_damage(model, batches, units, candidates, group_size, progress, given
             g = g.detach().reshape(-1, g.shape[-1]).float()
             with torch.no_grad():
                 for c in quantized:
-                    v = (change[name, c] * g).sum(-1)  # first-order change of log p(y) from this Linear's outputs
+                    v = (change[name, c].float() * g).sum(-1)  # first-order change of log p(y) from its outputs
                     acc = sums.setdefault((unit_of[name], c), [])
                     if k < len(acc):
                         acc[k] += v
@@ -268,7 +268,8 @@ def _proxy_damage(model, batches, units, candidates, group_size, progress, given
                 x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
                 w = mod.weight.float()
                 for c in quantized:
-                    change[name, c] = x @ (quantized_weight(w, name, c, group_size, given).float() - w).T
+                    # held in bf16 until the backward passes read it: half the bytes, ~0.4% off per element
+                    change[name, c] = (x @ (quantized_weight(w, name, c, group_size, given).float() - w).T).bfloat16()
             out.register_hook(fold(name))
         return fn
 

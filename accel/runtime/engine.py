@@ -211,9 +211,9 @@ class Engine:
     def from_pretrained(cls, path: str | Path, **kwargs) -> Engine:
         """Load an HF folder (config.json + safetensors [+ tokenizer]); kwargs are EngineConfig fields. Refused
         before a weight is read when it cannot fit this process's memory (`check_memory`)."""
-        from accel.memory import loading
+        from accel.memory import large_blocks_mapped
 
-        with loading():
+        with large_blocks_mapped():
             return cls._load(path, **kwargs)
 
     @classmethod

@@ -79,7 +79,8 @@ class Scheduler:
                              "lower max_tokens or give the KV cache more memory")
         if len(self.waiting) >= self.config.runtime.max_waiting:
             raise QueueFullError(f"request {seq.request_id!r} rejected: the waiting queue is full "
-                                 f"({len(self.waiting)} requests waiting, max_waiting={self.config.runtime.max_waiting}); "
+                                 f"({len(self.waiting)} requests waiting, "
+                                 f"max_waiting={self.config.runtime.max_waiting}); "
                                  "retry later or raise max_waiting")
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)

@@ -82,8 +82,8 @@ def describe_unread(weights: dict, activations: dict | None) -> str:
 
         return (f"accel runs W8A8 only: per-channel INT8 weights with dynamic per-token INT8 activations "
                 f"{W8A8_ACTIVATIONS}")
-    return (f"{weights.get('num_bits')}-bit {weights.get('type', 'int')} {weights.get('strategy')} weights; accel reads "
-            f"the schemes {', '.join(s for s in names() if get(s).quantized)}")
+    return (f"{weights.get('num_bits')}-bit {weights.get('type', 'int')} {weights.get('strategy')} weights; "
+            f"accel reads the schemes {', '.join(s for s in names() if get(s).quantized)}")
 
 
 def quantized(name: str) -> bool:

@@ -33,8 +33,8 @@ class Int8g(QuantScheme):
         return head_group if name in (HEAD, TABLE) else kernels().INT8_GROUP
 
     def fake_quant(self, w: Tensor, group_size: int) -> Tensor:
-        return kernels().dequantize_int8_per_channel(*kernels().quantize_symmetric_groupwise(w, group_size, self.code_range)
-                                             ).to(w.dtype)
+        k = kernels()
+        return k.dequantize_int8_per_channel(*k.quantize_symmetric_groupwise(w, group_size, self.code_range)).to(w.dtype)
 
     def weights_args(self, group_size: int | None, w8a8_bits: int = 8) -> dict:
         return {"num_bits": self.code_range, "type": "int", "symmetric": True, "strategy": "group",
