@@ -104,8 +104,9 @@ def large_blocks_mapped() -> Iterator[None]:
     """While a model loads, the sensitivity measures or the evaluation scores, every block of 256 KB or more is its
     own mapping, unmapped when freed; afterwards the free pages go back (`release_free_memory`). Why: such work
     frees many tensors of a few MB (reads once rounded, activations, per-Linear temporaries), which glibc keeps in
-    its heaps: Qwen2.5-1.5B's load at INT4 peaked 2 GB above what it then held, its proxy sensitivity 2.2 GB. Not
-    around GPTQ: its per-row temporaries, faulted in anew each time, made the 1.5B's quantize stage 1.5x slower.
+    its heaps (on Qwen2.5-1.5B, gigabytes of a load's freed reads and of the proxy sensitivity's temporaries;
+    docs/DESIGN.md, Memory). Not around GPTQ: its per-row temporaries, faulted in anew each time, made the 1.5B's
+    quantize stage slower.
     Blocks below 32 MB come from the heaps again after (nested: after the outermost block), as glibc's own
     threshold would have it, so decode steps do not map and fault their logits anew."""
     libc = _libc()
@@ -209,6 +210,6 @@ def check_fits(need: Need, hint: str = "") -> None:
 
 
 def peak_line(what: str = "", parts: dict[str, int] | None = None) -> str:
-    """'peak RSS 2.41 GB (weights 1.34 GB, KV cache 1.07 GB)': what each command prints when it ends."""
+    """'peak RSS X.XX GB (weights X.XX GB, KV cache X.XX GB)': what each command prints when it ends."""
     extra = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in (parts or {}).items() if v)
     return f"peak RSS {peak_rss() / GB:.2f} GB" + (f" {what}" if what else "") + (f" ({extra})" if extra else "")

@@ -124,7 +124,8 @@ class BudgetConfig(Strict):
 class SensitivityConfig(Strict):
     metric: Literal["kl", "proxy"] = "proxy"
     """kl = quantize one unit at a time and measure the KL of the output; proxy = estimate that KL from the output
-    gradients (Fisher-weighted output error: Spearman 0.95 against kl on SmolLM2-135M, 17x faster)."""
+    gradients (Fisher-weighted output error: on SmolLM2-135M it ranks units nearly as kl does, in a small fraction
+    of kl's time; docs/DESIGN.md, Quantization)."""
     num_samples: Annotated[int, Field(ge=1, le=4096)] = 4
     max_seq_len: Annotated[int, Field(ge=16, le=8192)] = 256
 
@@ -143,7 +144,7 @@ class QuantizationConfig(Strict):
     lm_head: HeadScheme = "int8"
     lm_head_group_size: Literal[32, 64, 128] = 32
     """Inputs per fp16 scale of an int8g lm_head (and tied table): 32 keeps a GGUF Q8_0 table exact; 128 stores a
-    quarter of its scales (Gemma 3's 262k table: 15.7 MB less, the scales being stored twice; KLD +0.0008)."""
+    quarter of its scales (Gemma 3's 262k table: 15.7 MB less, the scales being stored twice) at a small KLD cost."""
     table: TableScheme | None = None
     """The token table's scheme; None: the lm_head's when it is int8 / int8g, else 16 bits. A tied model's table is
     its lm_head's (stored once) or 16 bits; vLLM exports keep 16 bits (accel.quant.plan.table_scheme)."""
@@ -154,16 +155,16 @@ class QuantizationConfig(Strict):
     """Domain mix of the GPTQ / AWQ calibration rows: 'draw' = as drawn; 'damage' = every domain keeps
     calibration_mix_keep of its token share in the source, the rest of the rows go to the domain(s) the plan's RTN
     fake-quantization damages most (KL on their own calibration rows; accel/quant/domain_weighting.py). Measured by
-    scripts/bench_calibration.py: never worse than a random draw beyond noise, -33% KL on the worst domain of a
-    skewed source. Falls back to the draw's rows when the draw has one domain or a domain without one full row of
-    max_seq_len tokens; RTN ignores it."""
+    scripts/bench_calibration.py: never worse than a random draw beyond noise, and less KL on the worst domain of a
+    skewed source (docs/DESIGN.md, Calibration). Falls back to the draw's rows when the draw has one domain or a
+    domain without one full row of max_seq_len tokens; RTN ignores it."""
     calibration_mix_keep: Annotated[float, Field(ge=0.0, le=1.0)] = 0.8
     """With calibration_mix 'damage': the fraction of each domain's source share it keeps (1 = as in the source)."""
     scale_tuning_steps: Annotated[int, Field(ge=0, le=10000)] = 0
     """Steps of end-to-end scale tuning after quantization (accel/quant/tune.py): the quantized Linears' scales are
     tuned on the KL to the unquantized model over the calibration rows, codes and zero points kept, so every loader
-    still loads the export. 0 = off. int4-mixed: KLD 0.068 -> 0.063 at 60 steps, 0.061 at 120 (4 x 256 tokens
-    each, ~7-9 s a step on 2 cores)."""
+    still loads the export. 0 = off. On int4-mixed most of the held-out KLD gain comes in the first steps (4 x 256
+    tokens each)."""
 
     @field_validator("candidates")
     @classmethod

@@ -16,8 +16,9 @@ Sources (--sources):
 
 Arms: X = a stratified draw with allocation X, GPTQ on its rows; X+damage = the same draw, GPTQ rows mixed by
 quantization.calibration_mix 'damage' (the default: every domain keeps --keep of its source token share, the rest
-goes to the most damaged domain); random = a random draw of the same number of units. Measured (3 seeds): equal+damage
-met the target on the skewed source (multilingual -33%, no domain worse) and tied random on the builtin folder.
+goes to the most damaged domain); random = a random draw of the same number of units. Measured (3 seeds):
+equal+damage met the target on the skewed source and tied random on the builtin folder (docs/DESIGN.md,
+Calibration).
 
 Verdict per domain: "better"/"worse" when the stratified - random difference of the seed means exceeds
 --noise-sigmas x its standard error (sqrt(s_strat^2/n + s_rand^2/n), seed-to-seed std), else "within noise".

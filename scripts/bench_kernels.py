@@ -14,20 +14,9 @@ Paths: fp32 = nn.Linear fp32; bf16 = F.linear in bf16; int8_pack = aten._weight_
 int8_deq = dequantize to fp32 + sgemm; int4_pack = aten._weight_int4pack_mm_for_cpu (bf16); int4_deq likewise;
 int8 / int4 = the module's own choice (what the runtime gets).
 
-Measured on a 2-core AVX2 machine (heavily shared: load 10-16, so only the ratios mean anything;
-`--threads 1 --rows 1 8 32 [256] --reps 10..20`):
-
-  whole-model Linears, speed-up vs fp32     M=1    M=8    M=32
-    bf16 (F.linear)                          1.46x  0.74x  0.32x
-    int8 (all 211 Linears)                   1.27x  1.65x  0.94x
-    int4 g64 (all)                           2.91x  2.89x  1.23x
-    int8 layers + int4 lm_head               1.95x  1.66x  0.96x
-  per shape at M=1: int8 ~1.0-1.2x on the 576-wide layers, 0.6x on k/v (192 x 576: too small, the bf16
-  casts dominate), 1.5-2.1x on lm_head; int4 1.4-1.8x, lm_head 3-3.9x. At M >= 64 every quantized path is
-  0.6-0.9x of fp32 (the dequantize+sgemm path is the better of the two there, hence `dequant_min_rows`).
-  Quantization error ||W - deq(q(W))|| / ||W|| (mean over the 210 layer Linears / lm_head):
-    int8 0.0085 / 0.0117, int4 g32 0.083 / 0.093, int4 g64 0.094 / 0.114, int4 g128 0.105 (only the
-    30 down_proj have in_features divisible by 128), bf16 0.0013 / 0.0014.
+What it prints decided the kernel per row count in accel/kernels/linear.py (`kernel_for`, `dequant_min_rows`:
+at large M the dequantize+sgemm path is the better quantized one); docs/DESIGN.md (CPU kernels) records the
+decisions. On a shared machine only the ratios mean anything.
 """
 
 from __future__ import annotations

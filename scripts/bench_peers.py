@@ -32,7 +32,7 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
 The machine's read bandwidth (the max of a 256 MB fp32 tensor in 2 MB pages, as the weights are held, on the
 benchmark's threads) gives the weight-bytes roofline of a batch-1 step at INT8. It is probed right before each INT8
 repeat, and the `int8 / weight-bytes roofline` row divides each repeat by its own probe: a shared machine's bandwidth
-drifts (34-57 GB/s within an hour on a 2-core EPYC), so one probe at the start compared different minutes. An
+drifts within the hour (a 2-core EPYC's did), so one probe at the start compared different minutes. An
 fp32 compute probe (cache-resident matmuls) is taken beside it: the VM's compute moves against its bandwidth.
 
 llama.cpp is built once per machine by scripts/peers/build_llama_cpp.sh ($ACCEL_HOME/peers/llama.cpp); the GGUFs
@@ -529,6 +529,39 @@ def main() -> None:
 
 
 def run(a, pairs: list[str], sections: list[str]) -> None:
+    """Measure, print the table, and write the ledger entry (`peers-<model>-<peer>-<sections>`) and `--json`."""
+    from accel.bench.ledger import Entry
+
+    key = f"peers-{a.model}-{PEER}-{'+'.join(sections)}"
+    with Entry(key, bandwidth_threads=a.threads) as entry:
+        rows, extra = measure(a, pairs, sections)
+        entry.info = {"model": a.model, "peer": PEER, "pairs": pairs, "threads": a.threads, "notes": extra}
+        entry.figures = row_figures(rows)
+    print()
+    print(f"{a.model}, {a.repeats} repeats, {a.threads} threads, {os.uname().machine}, peer {PEER}; median (min-max)")
+    print(render_table(rows, extra))
+    if a.json:
+        a.json.write_text(json.dumps({"model": a.model, "peer": PEER, "rows": [r.__dict__ for r in rows], **extra},
+                                     indent=1, default=str))
+
+
+def row_figures(rows: list[Row]) -> dict[str, dict]:
+    """Each row's accel and peer tok/s and their paired ratio, keyed '<section>|<pair>[|<peer name>].<side>'."""
+    from accel.bench.ledger import figure, ratio
+
+    out = {}
+    for r in rows:
+        key = "|".join([r.section, r.pair] + ([r.peer_name] if r.peer_name else []))
+        if r.accel:
+            out[f"{key}.accel"] = figure(r.accel, r.unit)
+        if r.peer:
+            out[f"{key}.peer"] = figure(r.peer, r.unit)
+        if r.accel and len(r.accel) == len(r.peer) and all(p > 0 for p in r.peer):
+            out[f"{key}.ratio"] = ratio(r.accel, r.peer)
+    return out
+
+
+def measure(a, pairs: list[str], sections: list[str]) -> tuple[list[Row], dict[str, str]]:
     from accel.hub import resolve_model
 
     model = Path(resolve_model(a.model, pull_if_missing=True))
@@ -639,12 +672,7 @@ def run(a, pairs: list[str], sections: list[str]) -> None:
             rows += [row, cost]
             print("\n".join(render_table([row, cost]).splitlines()[-2:]), flush=True)
 
-    print()
-    print(f"{a.model}, {a.repeats} repeats, {a.threads} threads, {os.uname().machine}, peer {PEER}; median (min-max)")
-    print(render_table(rows, extra))
-    if a.json:
-        a.json.write_text(json.dumps({"model": a.model, "peer": PEER, "rows": [r.__dict__ for r in rows], **extra},
-                                     indent=1, default=str))
+    return rows, extra
 
 
 if __name__ == "__main__":

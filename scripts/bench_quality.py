@@ -126,11 +126,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from accel.eval.chunked import held_out_text
 
+    from accel.bench.ledger import Entry, figure
+
     text = held_out_text(ROOT / "eval" / "text")
-    rows, ppl_base = (accel_rows(args.model, args.exports, text, args.n_ctx, args.chunks) if args.exports
-                      else ([], None))
-    if peers:
-        rows += peer_rows(args.model, peers, text, args.n_ctx, args.chunks, args.threads)
+    with Entry(f"quality-{args.model}") as entry:
+        rows, ppl_base = (accel_rows(args.model, args.exports, text, args.n_ctx, args.chunks) if args.exports
+                          else ([], None))
+        if peers:
+            rows += peer_rows(args.model, peers, text, args.n_ctx, args.chunks, args.threads)
+        entry.info = {"model": args.model, "n_ctx": args.n_ctx, "chunks": args.chunks,
+                      "rows": [r["name"] for r in rows]}
+        entry.figures = {f"{r['name']}.{k}": figure([r[k]], unit) for r in rows
+                         for k, unit in (("size_mib", "MiB"), ("kld_mean", "nats"), ("same_top1", ""))
+                         if isinstance(r.get(k), (int, float))}
     print(render(rows))
     peer_base = next((r["ppl_base"] for r in rows if "ppl_base" in r), None)
     print(f"\nbase PPL: accel fp32 {ppl_base if ppl_base is not None else '-'}, llama.cpp F32 "

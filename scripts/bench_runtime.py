@@ -120,8 +120,8 @@ def ours_offline(engine: Engine, work) -> tuple[float, int, list[float]]:
     usage: list[float] = []
     schedule = engine.scheduler.schedule
 
-    def sampled_schedule():
-        out = schedule()
+    def sampled_schedule(*args, **kwargs):
+        out = schedule(*args, **kwargs)
         if engine.scheduler.waiting:
             usage.append(engine.kv.usage)
         return out
@@ -284,15 +284,25 @@ def main() -> None:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    from accel.bench.ledger import Entry, flat_figures
+
+    with Entry(f"runtime-{args.model}" + ("-quick" if args.quick else ""), bandwidth_threads=args.threads) as entry:
+        results = _run(args, path, hf)
+        entry.info = {"model": args.model, "workloads": args.only, "threads": torch.get_num_threads()}
+        entry.figures = flat_figures(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def _run(args, path: str, hf) -> dict:
     results = {}
     for name in args.only:
         fn = {"offline": lambda: bench_offline(path, args, hf), "batch1": lambda: bench_batch1(path, args, hf),
               "prefix": lambda: bench_prefix(path, args), "kvint8": lambda: bench_kvint8(path, args)}[name]
         print(f"== {name}", flush=True)
         results[name] = fn()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    return results
 
 
 if __name__ == "__main__":

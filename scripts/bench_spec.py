@@ -20,8 +20,8 @@ mean draft length; it assumes verifying g + 1 tokens costs one decode step, whic
 time per forward + the fitted extra target time per verified row).
 
 --repeats R runs the methods R times, interleaved (off, ngram, draft, off, ...) on engines kept warm, and reports
-the median speedup with its range: on a VM whose speed drifts +-10% over minutes a single back-to-back pair is
-not enough to tell 0.95x from 1.0x. Method `off2` is an A/A control: a second engine without speculation, run
+the median speedup with its range: on a VM whose speed drifts over minutes a single back-to-back pair cannot
+tell a small slowdown from none. Method `off2` is an A/A control: a second engine without speculation, run
 in the same rotation, whose "speedup" is the noise floor the other ratios must be read against.
 --interleave-steps runs the engines side by side instead, one step of each in turn, each timed on its own steps:
 drift then hits every method alike (a paired design), which is what a batch-16 ratio near 1.0 needs.
@@ -34,6 +34,7 @@ import dataclasses
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -189,6 +190,10 @@ def main() -> None:
         specs = {m: method_config(m, defaults, draft_of(m)) for m in methods}
     except ValueError as e:
         ap.error(str(e))
+    from accel.bench.ledger import Entry
+
+    entry = Entry(f"spec-{Path(str(args.target)).name}-{args.sets.replace(',', '+')}-b{args.batches.replace(',', '+')}"
+                  + (f"-{args.quant}" if args.quant else "")).__enter__()  # written after the last repeat
     results = []
     for batch in [int(b) for b in args.batches.split(",")]:
         for set_name in args.sets.split(","):
@@ -204,13 +209,13 @@ def main() -> None:
                     proposer = engines[method].spec.proposer = _Timed(engines[method].spec.proposer)
                 proposers[method] = proposer
                 # warm-up at the measured batch size: a fresh engine's first batch-16 run pays first-touch page
-                # faults of its KV pool and buffers (measured: ~75 vs ~135 tok/s for the same work warm)
+                # faults of its KV pool and buffers (measured: far slower than the same work warm)
                 run(engines[method], prompts, warm_params, batch, set_name)
-            # Methods alternate within each repeat: this VM drifts by +-10% over minutes, so a ratio of runs
+            # Methods alternate within each repeat: this VM's speed drifts over minutes, so a ratio of runs
             # measured seconds apart is steadier than one of runs minutes apart.
             reps: dict[str, list[dict]] = {m: [] for m in methods}
             # The order rotates per repeat (off first, then ngram first, ...): a fixed order measured identical
-            # work 7-9% slower in the second and third slots at batch 16 (engines that never drafted).
+            # work slower in the second and third slots at batch 16 (engines that never drafted).
             for rep in range(args.repeats):
                 base = None
                 raw = {}
@@ -285,10 +290,29 @@ def main() -> None:
                 results.append(row)
                 _print(row)
             engines = proposers = None
+    entry.info = {"target": str(args.target), "methods": methods, "prompts": args.prompts, "repeats": args.repeats}
+    entry.figures = spec_figures(results)
+    entry.__exit__(None, None, None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"num_speculative_tokens": args.num_speculative_tokens, "max_new_tokens": args.max_new_tokens, "adaptive": not args.no_adaptive,
                        "results": results}, f, indent=1)
+
+
+def spec_figures(results: list[dict]) -> dict[str, dict]:
+    """Per (batch, prompt set, method): tokens/s, the speedup over no speculation and the acceptance, keyed
+    'b<batch>|<set>|<method>.<figure>'."""
+    from accel.bench.ledger import figure
+
+    out = {}
+    for row in results:
+        key = f"b{row['batch']}|{row['set']}|{row['method']}"
+        out[f"{key}.tok_s"] = figure(row["tokens_per_s_all"], "tok/s")
+        if row.get("speedups"):
+            out[f"{key}.speedup"] = figure(row["speedups"], "x", 3)
+        if isinstance(row.get("acceptance_rate"), float):
+            out[f"{key}.acceptance"] = figure([row["acceptance_rate"]], "")
+    return out
 
 
 def parse_value(text: str):

@@ -7,7 +7,10 @@ No model and no torch: this reads text files only.
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,3 +120,109 @@ def test_the_cell_counter_counts_what_it_should():
     assert [c for _, c in _table_rows(r"| `accel serve [--quant int8\|int4]` | x |")] == [
         [r"`accel serve [--quant int8\|int4]`", "x"]
     ]
+
+
+# Code text (comments, docstrings, --help strings, recipe comments) keeps one "why" sentence; a measured result
+# belongs in benchmarks/ledger/ (with the command, commit and machine that gave it) and docs/DESIGN.md.
+CODE_TEXT_DIRS = ("accel", "scripts")
+RECIPES = ROOT / "recipes"
+
+
+def _run_figure(text: str) -> str | None:
+    """The measured figure in a line of code text, or None.
+
+    A run figure is a result read off a run: a ratio that is decimal, approximate or a range ("1.36x", "~2x",
+    "5-10x", "0.88x the time") or a whole one with a comparison ("17x faster"); a before/after ("20.4 -> 15.3 ms");
+    two numbers compared ("257 vs 301 tok/s", "31 s against 529 s"); a rate or timing ("12 tok/s", "3.1 ms",
+    "40 GB/s", "~90 s", "took 0.6 s", "4.2 min of the run"); a peak ("12.97 GB peak"); a divergence or rank
+    correlation ("KLD 0.063", "Spearman 0.95"); a signed or comparative change ("+12%", "30-40% slower").
+    Constants the code implements carry none of these marks: block sizes, "4 + 20/g bits", "2 MB pages",
+    "4 MiB", "4x fewer bytes", "32 x 512", a KL written as a setting ("KL budget of 0.005"), a set interval
+    ("5 ms switch interval"), the name of a statistic ("Spearman correlation").
+    """
+    num = r"(?<![\w.])~?\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?"  # "1.36", "~40", "1.04-1.07"; not the 8 of "int8"
+    patterns = (
+        r"(?<![\w.])(?:~\d+(?:\.\d+)?|\d+\.\d+|\d+(?:\.\d+)?-\d+(?:\.\d+)?)x\b",
+        r"(?<![\w.])\d+x (?:faster|slower|cheaper|dearer|more|less|the (?:speed|time|cost))\b",
+        r"\d[\d.,]*\s*(?:%|x|s|ms|us|GB|MB|MiB|tok/s)?\s*(?:->|→)\s*[+-]?~?\d",
+        num + r"\s*(?:%|x|s|ms|us|tok/s|GB|MiB)?\s+(?:vs\.?|versus|against)\s+[^\s\d]{0,12}\d",
+        num + r"\s*(?:tok/s|tokens/s|ms|us|µs|GB/s|GFLOPS)\b(?! (?:switch )?interval)",
+        num + r"\s*(?:s|min|minutes|seconds)\s+(?:against|of the)\b",
+        r"~\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s*(?:s|min|minutes|seconds|hours)\b",
+        r"\btook\s+~?\d[\d.,-]*\s*(?:s|ms|us|min|minutes|seconds)\b",
+        num + r"\s*GB\s+(?:against|peak)\b|\bpeak(?:ed)?\b[^.;]{0,20}?\d+(?:\.\d+)?\s*GB",
+        r"\bKLD?\s+[+-]?\d*\.\d+",
+        r"\bSpearman\s+(?:of\s+)?~?\d",
+        r"(?<![\w.+-])[+-]\d+(?:\.\d+)?\s*%",
+        num + r"\s*%\s+(?:slower|faster|cheaper|dearer|throughput)\b",
+    )
+    for pattern in patterns:
+        match = re.search(pattern, text)
+        if match:
+            return match.group(0)
+    return None
+
+
+def _python_code_text(path: Path):
+    """(line number, text) for each comment, docstring line and help= string line of a Python file."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    nodes = []
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        # A bare string statement is a docstring: of a module, class or function, or of a config field, which
+        # the recipe's JSON schema and the generated --help options show (`cli/options.py`).
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            nodes.append(node.value)
+        elif isinstance(node, ast.keyword) and node.arg == "help":
+            nodes.append(node.value)  # argparse add_argument, typer.Option / typer.Argument / app.command
+    for node in nodes:
+        for number in range(node.lineno, node.end_lineno + 1):
+            yield number, lines[number - 1]
+
+
+def _recipe_comments(path: Path):
+    """(line number, text) for each comment of a recipe, and its description line."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("#") or stripped.startswith("description:"):
+            yield number, stripped
+        elif " #" in line:
+            yield number, line[line.index(" #") :]
+
+
+def _code_text():
+    for folder in CODE_TEXT_DIRS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for number, text in _python_code_text(path):
+                yield _rel(path), number, text
+    for path in sorted(RECIPES.glob("*.yaml")):
+        for number, text in _recipe_comments(path):
+            yield _rel(path), number, text
+
+
+def test_no_run_figures_in_code_text():
+    found = []
+    for rel, number, text in _code_text():
+        figure = _run_figure(text)
+        if figure:
+            found.append(f"{rel}:{number}: {figure!r} in: {text.strip()[:120]}")
+    assert not found, (
+        "comments, docstrings, --help text and recipe comments keep the why, not a measured figure "
+        "(that goes to benchmarks/ledger/ and docs/DESIGN.md):\n" + "\n".join(found)
+    )
+
+
+def test_the_run_figure_heuristic_tells_figures_from_constants():
+    figures = ["1.04-1.07x", "20.4 -> 15.3 ms", "257 vs 301 tok/s", "KLD 0.068 -> 0.063 at 60 steps",
+               "31 s against 529 s", "Spearman 0.953", "(0.6x the time)", "12.97 GB peak", "4.2 min of the 1.5B's run",
+               "math +12%", "multilingual -33%", "a step 30-40% slower", "~2x an fp32 GEMV", "17x faster",
+               "~45 us", "took 0.6-1.1 s", "peaked at 18.1 GB", "held-out KL 0.0576"]
+    constants = ["4 + 20/g bits", "max / 127", "2 MB pages", "4 MiB", "[N, V]", "blocks of 32", "8.5 bits",
+                 "a held-out KL budget of 0.005", "4x fewer bytes", "32 x 512", "int8 g64, Q4_K_M, fp32",
+                 "the 5 ms switch interval", "Spearman rank correlation", "took 8 + 32/g", "+-10%",
+                 "0.93 GB each, 1.9 GB of the stage", "torch>=2.10,<=2.14.0"]
+    assert [f for f in figures if _run_figure(f) is None] == []
+    assert [c for c in constants if _run_figure(c) is not None] == []

@@ -199,12 +199,12 @@ def test_lm_head_group_size_applies_to_an_int8g_head_only():
 
 
 def test_a_vllm_cpu_export_plans_with_what_its_kernels_run():
-    from accel.quant.plan import int4_candidates, table_scheme
+    from accel.quant.plan import joining_candidates, table_scheme
     from tests.conftest import make_tiny_llama
 
     r = parse_recipe({"name": "x", "model": {"path": "smollm2-135m"}, "export": {"target": "vllm-cpu"},
                       "quantization": {"candidates": ["int4", "fp16"], "lm_head": "fp16"}})
     assert r.export.target == "vllm-cpu"
     model = make_tiny_llama(tie_word_embeddings=True)
-    assert int4_candidates(model, ["int4", "fp16"], 32, "vllm-cpu") == (["int4", "fp16"], None)  # no int4f
+    assert joining_candidates(model, ["int4", "fp16"], 32, "vllm-cpu") == (["int4", "fp16"], {})  # no int4f
     assert table_scheme(True, r.quantization.model_copy(update={"lm_head": "int8"}), "vllm-cpu") == "fp16"

@@ -169,3 +169,13 @@ def test_three_lines_are_the_default_recipe():
     q = three.quantization
     assert (q.method, q.sensitivity.metric, q.budget.max_mean_kl, three.speculation.method, three.eval.tasks) == (
         "gptq", "proxy", 0.005, "ngram", False)
+
+
+def test_export_targets_are_the_recipes():
+    """`accel export run|verify --target` and the recipe's export.target allow the same loaders."""
+    import typing
+
+    from accel.export.checkpoint import TARGETS
+    from accel.recipe import ExportConfig
+
+    assert typing.get_args(ExportConfig.model_fields["target"].annotation) == TARGETS

@@ -202,7 +202,7 @@ class _StreamProtocol(asyncio.Protocol):
 
     By hand on asyncio's protocol callbacks (httptools, llhttp, parses the HTTP) rather than through aiohttp: the
     client shares the CPU with the server it measures, and aiohttp's stream reader and async line iteration cost
-    ~2.5x the client CPU per streamed token (a 2-core EPYC: 225-250 us vs 75-115 us per event)."""
+    several times the client CPU per streamed token."""
 
     def __init__(self, request: bytes, done: asyncio.Future) -> None:
         self.request = request
@@ -261,7 +261,7 @@ class InProcessBackend:
     The engine steps on the event loop's own thread, one step between the coroutines' turns, not on a thread of its
     own: torch's OpenMP pool belongs to the thread that first runs parallel work (the one that built the engine),
     and a second pool in the process makes every step's parallel regions wait on futex wake-ups (see
-    `accel.server.async_engine`): a batch-1 step measured 30-40% slower on another thread.
+    `accel.server.async_engine`): a batch-1 step on another thread is measurably slower.
     """
 
     name = "in-process"

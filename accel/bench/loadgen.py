@@ -171,8 +171,7 @@ def run_bench(backend: Backend, cfg: BenchConfig, requests: list[BenchRequest] |
 
 def run_client(coro):
     """Run the client's coroutine on uvloop where it is installed: the client shares the CPU with the server it
-    measures, and uvloop's C event loop spends less per streamed token (batch-1 SSE client, 2 cores: 0.42-0.47 ->
-    0.34-0.39 ms of CPU per token)."""
+    measures, and uvloop's C event loop spends less CPU per streamed token."""
     try:
         import uvloop
     except ImportError:

@@ -3,10 +3,10 @@ beside each repeat.
 
 A batch-1 decode step streams its weights and writes next to nothing, so a read stream (not a copy) bounds it;
 a verify step of many rows, or a prefill, is bound by fp32 arithmetic instead. On shared VMs both move between
-runs. A 2-core Zen 4 VM flips within a minute between its two vCPUs on one CCD (~30 ns core to core, ~37 GB/s:
-the CCD's one link to memory) and on two (~165 ns, ~55-67 GB/s: a link each), the latter with less arithmetic
-(fp32 matmuls: median ~176 against ~193 GFLOPS) and dearer exchanges between threads. A ratio that mixes kinds of
-step (speculation: 1-row against 16-row steps) moves with the placement, so benchmarks record all three."""
+runs. A 2-core Zen 4 VM flips within a minute between its two vCPUs on one CCD (fast core to core, the read
+stream limited by the CCD's one link to memory) and on two (a link each, so more bandwidth), the latter with less
+fp32 arithmetic and dearer exchanges between threads. A ratio that mixes kinds of step (speculation: 1-row
+against 16-row steps) moves with the placement, so benchmarks record all three."""
 
 from __future__ import annotations
 

@@ -144,10 +144,11 @@ def export_run(
     run_dir: Annotated[Path, typer.Argument(help="Run folder of `accel optimize`.")],
     override_gates: Annotated[bool, typer.Option(help="Export even when a quality/speed gate fails.")] = False,
     target: Annotated[Optional[str], typer.Option(
-        help="The loader that must accept every layer: accel, transformers or vllm (default: the recipe's "
-             "export.target).")] = None,
+        help="The loader that must accept every layer: accel, transformers, vllm or vllm-cpu (default: the "
+             "recipe's export.target).")] = None,
 ) -> None:
     """Export the checkpoint of a run folder (finished stages are reused; missing ones run first)."""
+    from accel.export.checkpoint import TARGETS
     from accel.pipeline.optimize import recipe_of_run
     from accel.recipe import RecipeError
 
@@ -163,5 +164,5 @@ def export_run(
         try:
             r.export.target = target
         except ValueError:
-            fail(f"--target {target!r} is invalid; allowed: accel, transformers, vllm")
+            fail(f"--target {target!r} is invalid; allowed: {', '.join(TARGETS)}")
     run_pipeline(r, [], override_gates=override_gates)

@@ -1,8 +1,8 @@
 """Distil a small, cheap draft from the target on CPU within a time budget (`accel draft train`).
 
 Why this shape (SmolLM2-135M: 30 layers of ~3.5M parameters, tied 49152 x 576 embedding/head = 28M):
-a 2-layer draft with the full vocabulary head still costs ~26% of the target per token, and Leviathan's
-formula then predicts ~1.05x even at acceptance 0.5. So the draft here is
+a 2-layer draft with the full vocabulary head still costs a large share of the target per token, and
+Leviathan's formula then predicts next to no speed-up even at acceptance 0.5. So the draft here is
   * a few target layers (default: the first 2; see `pick_layers`), the final norm and the tied embedding,
     copied from the target (a random draft accepts nothing; the copy is a much better starting point),
   * a reduced-vocabulary head: the K most frequent tokens the target predicts on the training data
@@ -26,6 +26,7 @@ import random
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -121,6 +122,13 @@ def select_draft_vocab(counts: Counter, size: int, always: list[int], vocab_size
     return sorted(chosen)
 
 
+def added_token_ids(model_dir: str | Path) -> list[int]:
+    """The ids of the tokenizer's added (special) tokens: tokenizer.json's `added_tokens`, none without the file."""
+    tok_json = Path(model_dir) / "tokenizer.json"
+    added = json.loads(tok_json.read_text()).get("added_tokens", []) if tok_json.exists() else []
+    return [t["id"] for t in added]
+
+
 def stop_token_ids(model, tokenizer) -> set[int]:
     """Token ids that end a reply: the generation config's eos ids (SmolLM2-Instruct: 2 = <|im_end|>; its
     tokenizer's eos_token is a different token) plus the tokenizer's eos."""
@@ -184,20 +192,26 @@ def engine_teacher_samples(target, target_path: str | Path, tokenizer, prompts: 
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0, stop_token_ids=sorted(eos), logprobs=top_m)
     prompt_of = {engine.add_request(p, params): p for p in encoded}
     samples: list[TeacherSample] = []
+    for out in outputs_until(engine, deadline, prompt_of):
+        if not out.finished or out.finish_reason == "abort" or not out.token_ids:
+            continue
+        p = prompt_of.pop(out.request_id)
+        top = out.top_logprobs  # [n] lists of (token_id, logprob), best first
+        ids = torch.tensor([[t for t, _ in row[:top_m]] for row in top])
+        lps = torch.tensor([[lp for _, lp in row[:top_m]] for row in top])
+        samples.append(TeacherSample(p + list(out.token_ids), len(p) - 1, ids, lps))
+    return samples
+
+
+def outputs_until(engine, deadline: float, request_ids: Iterable[str]) -> Iterator:
+    """Every output of `engine.step()` until the engine has nothing left or `deadline` passes; at the deadline
+    the requests in `request_ids` (read then: a dict of the ones still wanted works) are aborted."""
     while engine.has_unfinished():
         if time.monotonic() >= deadline:
-            for rid in list(prompt_of):
+            for rid in list(request_ids):
                 engine.abort(rid)
             break
-        for out in engine.step():
-            if not out.finished or out.finish_reason == "abort" or not out.token_ids:
-                continue
-            p = prompt_of.pop(out.request_id)
-            top = out.top_logprobs  # [n] lists of (token_id, logprob), best first
-            ids = torch.tensor([[t for t, _ in row[:top_m]] for row in top])
-            lps = torch.tensor([[lp for _, lp in row[:top_m]] for row in top])
-            samples.append(TeacherSample(p + list(out.token_ids), len(p) - 1, ids, lps))
-    return samples
+        yield from engine.step()
 
 
 @torch.inference_mode()
@@ -277,14 +291,8 @@ def train_on_samples(draft, samples: list[TeacherSample], vocab_ids: list[int], 
             if time.monotonic() >= deadline or (max_steps is not None and step >= max_steps):
                 break
             warmup = min(1.0, (step + 1) / 20)  # short linear warmup: the copied layers start close
-            for g in opt.param_groups:
-                g["lr"] = learning_rate * warmup
             loss = distill_loss(draft, head, lookup, batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            losses.append(float(loss.detach()))
+            losses.append(train_step(opt, params, loss, learning_rate * warmup))
             step += 1
     draft.eval()
     for p in draft.parameters():
@@ -292,6 +300,17 @@ def train_on_samples(draft, samples: list[TeacherSample], vocab_ids: list[int], 
     if train_head:
         untie_head(draft, ids, head.detach())
     return losses
+
+
+def train_step(opt: torch.optim.Optimizer, params: list[Tensor], loss: Tensor, lr: float) -> float:
+    """One optimizer step on `loss` at learning rate `lr`, gradients clipped to norm 1; returns the loss."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return float(loss.detach())
 
 
 def untie_head(draft, ids: Tensor, rows: Tensor) -> None:
@@ -308,9 +327,16 @@ def untie_head(draft, ids: Tensor, rows: Tensor) -> None:
 def _batches(samples: list[TeacherSample], batch_tokens: int, gen: torch.Generator):
     """Shuffled batches of roughly `batch_tokens` tokens (padded size), similar lengths together."""
     perm = torch.randperm(len(samples), generator=gen).tolist()
-    chunk = sorted(perm[: len(perm)], key=lambda i: len(samples[i].token_ids))
+    batches = pack_batches(samples, sorted(perm, key=lambda i: len(samples[i].token_ids)), batch_tokens)
+    order = torch.randperm(len(batches), generator=gen).tolist()
+    return [batches[i] for i in order]
+
+
+def pack_batches(samples: list, order: list[int], batch_tokens: int) -> list[list]:
+    """`samples` taken in `order` and cut into batches of at most `batch_tokens` tokens once each is padded to its
+    longest sample (a longer sample makes a batch alone)."""
     batches, cur, width = [], [], 0
-    for i in chunk:
+    for i in order:
         width_new = max(width, len(samples[i].token_ids))
         if cur and width_new * (len(cur) + 1) > batch_tokens:
             batches.append(cur)
@@ -319,8 +345,7 @@ def _batches(samples: list[TeacherSample], batch_tokens: int, gen: torch.Generat
         width = width_new
     if cur:
         batches.append(cur)
-    order = torch.randperm(len(batches), generator=gen).tolist()
-    return [batches[i] for i in order]
+    return batches
 
 
 def save_draft(draft, out_dir: str | Path, target_dir: str | Path, meta: dict) -> Path:
@@ -387,9 +412,7 @@ def train_draft(target_path: str | Path, out_dir: str | Path, *, num_layers: int
     counts = Counter()
     for s in samples:
         counts.update(s.top_ids[:, 0].tolist())
-    tok_json = Path(target_path) / "tokenizer.json"
-    added = json.loads(tok_json.read_text()).get("added_tokens", []) if tok_json.exists() else []
-    special = [t["id"] for t in added]  # always proposable: <|im_end|> ends most replies
+    special = added_token_ids(target_path)  # always proposable: <|im_end|> ends most replies
     vocab_ids = select_draft_vocab(counts, draft_vocab_size, special, target.config.vocab_size)
     inside = set(vocab_ids)
     coverage = sum(c for t, c in counts.items() if t in inside) / max(1, sum(counts.values()))

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from accel.draft_training.distill import select_draft_vocab, stop_token_ids
+from accel.draft_training.distill import (added_token_ids, outputs_until, pack_batches, select_draft_vocab,
+                                          stop_token_ids, train_step)
 from accel.draft_training.prompts import build_prompts, chat_ids, load_samples
 from accel.speculative.eagle import draft_layer_config
 
@@ -104,14 +105,9 @@ def engine_feature_samples(target_path: str | Path, prompts: list[list[int]], ma
         prompt_of[rid] = p
         where[rid] = (off, len(p) + max_new_tokens)
     done: list[tuple[list[int], list[int], int]] = []
-    while engine.has_unfinished():
-        if time.monotonic() >= deadline:
-            for rid in list(prompt_of):
-                engine.abort(rid)
-            break
-        for out in engine.step():
-            if out.finished and out.finish_reason != "abort" and out.token_ids:
-                done.append((prompt_of.pop(out.request_id), list(out.token_ids), where[out.request_id][0]))
+    for out in outputs_until(engine, deadline, prompt_of):
+        if out.finished and out.finish_reason != "abort" and out.token_ids:
+            done.append((prompt_of.pop(out.request_id), list(out.token_ids), where[out.request_id][0]))
     samples = []
     for prompt, reply, off in done:
         tokens = prompt + reply
@@ -148,14 +144,9 @@ def model_written_prompts(target_path: str | Path, tokenizer, num_prompts: int, 
                                                      seed=seed * 1_000_003 + i, stop_token_ids=stop))
            for i in range(num_prompts)]
     out: dict[str, str] = {}
-    while engine.has_unfinished():
-        if time.monotonic() >= deadline:
-            for rid in ids:
-                engine.abort(rid)
-            break
-        for o in engine.step():
-            if o.finished and o.finish_reason == "stop":
-                out[o.request_id] = tokenizer.decode(o.token_ids, skip_special_tokens=True).strip()
+    for o in outputs_until(engine, deadline, ids):
+        if o.finished and o.finish_reason == "stop":
+            out[o.request_id] = tokenizer.decode(o.token_ids, skip_special_tokens=True).strip()
     seen, turns = set(), []
     for rid in ids:
         t = out.get(rid, "")
@@ -316,9 +307,10 @@ def eagle_loss(model: EagleTrainer, batch: list[FeatureSample], embed: Tensor, c
                ce_fraction: float = 1.0) -> tuple[Tensor, Tensor]:
     """(feature regression, soft cross-entropy) of the first chain step (EAGLE-1), averaged over the batch's
     positions. Training the second chain step too (EAGLE-3's training-time test, weight 0.8) halved the steps
-    in 30 CPU-minutes and lowered held-out first-token agreement (0.401 / 0.350 vs 0.431 / 0.373). ce_fraction < 1 computes the cross-entropy on a random share of the positions only: its K-row head
-    product is about half of a training step's arithmetic (K = 8192 rows against one 576-wide layer), while the
-    regression, which carries most of the signal at ce_weight 0.1, keeps every position."""
+    in 30 CPU-minutes and lowered held-out first-token agreement. ce_fraction < 1 computes the cross-entropy on
+    a random share of the positions only: its K-row head product is about half of a training step's arithmetic
+    (K = 8192 rows against one 576-wide layer), while the regression, which carries most of the signal at
+    ce_weight 0.1, keeps every position."""
     emb, feats, mask = _pad_batch(batch, embed)
     target = torch.cat([s.features[1: len(s.token_ids) - 1] for s in batch])  # f_{i+1}
     ids = torch.cat([s.top_ids for s in batch])
@@ -368,16 +360,7 @@ def heldout_agreement(model: EagleTrainer, samples: list[FeatureSample], embed: 
 
 def _batches(samples: list[FeatureSample], batch_tokens: int, rng: random.Random) -> list[list[FeatureSample]]:
     order = sorted(range(len(samples)), key=lambda i: (len(samples[i].token_ids), rng.random()))
-    out, cur, width = [], [], 0
-    for i in order:
-        w = max(width, len(samples[i].token_ids))
-        if cur and w * (len(cur) + 1) > batch_tokens:
-            out.append(cur)
-            cur, w = [], len(samples[i].token_ids)
-        cur.append(samples[i])
-        width = w
-    if cur:
-        out.append(cur)
+    out = pack_batches(samples, order, batch_tokens)
     rng.shuffle(out)
     return out
 
@@ -396,10 +379,11 @@ def train_eagle(target_path: str | Path, out_dir: str | Path, *, time_budget_min
     ce_fraction: share of positions the cross-entropy is computed on (`eagle_loss`).
     init_from: an EAGLE draft folder of the same target to go on training (its weights and vocabulary;
     draft_vocab_size is then ignored) on this run's fresh replies. Why: a budget is one sitting, and the draft
-    keeps improving with data (30 -> 80 minutes: held-out agreement 0.476 -> 0.593), so a second sitting adds to
-    the first instead of starting over. The calibration pool holds ~1330 prompts and an 80-minute run replies to
-    all of them, so a continuation should use a different `seed` and a high model_written_fraction (fresh
-    target-written turns); the folder's earlier training records are kept under "history"."""
+    keeps improving with data (an 80-minute run's held-out agreement beat a 30-minute run's), so a second
+    sitting adds to the first instead of starting over. The calibration pool holds ~1330 prompts and an
+    80-minute run replies to all of them, so a continuation should use a different `seed` and a high
+    model_written_fraction (fresh target-written turns); the folder's earlier training records are kept under
+    "history"."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from accel.speculative.eagle import save_eagle_draft
@@ -457,10 +441,8 @@ def train_eagle(target_path: str | Path, out_dir: str | Path, *, time_budget_min
         counts = Counter()
         for s in samples:
             counts.update(s.token_ids[1:])
-        tok_json = Path(target_path) / "tokenizer.json"
-        special = ([t["id"] for t in json.loads(tok_json.read_text()).get("added_tokens", [])]
-                   if tok_json.exists() else [])
-        vocab_ids = select_draft_vocab(counts, draft_vocab_size, special, target.config.vocab_size)
+        vocab_ids = select_draft_vocab(counts, draft_vocab_size, added_token_ids(target_path),
+                                       target.config.vocab_size)
     replies = Counter()
     for s in samples:
         replies.update(s.token_ids[s.num_prompt:])
@@ -489,15 +471,9 @@ def train_eagle(target_path: str | Path, out_dir: str | Path, *, time_budget_min
                 break
             # warmup over 20 steps, then linear decay by the clock to 10% at the deadline (the budget is time)
             left = (deadline - time.monotonic()) / max(1e-9, deadline - train_start)
-            for g in opt.param_groups:
-                g["lr"] = learning_rate * min(1.0, (step + 1) / 20) * max(0.1, left)
+            lr = learning_rate * min(1.0, (step + 1) / 20) * max(0.1, left)
             reg, ce = eagle_loss(model, batch, embed, ce_weight, ce_fraction)
-            loss = reg + ce_weight * ce
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            losses.append(float(loss.detach()))
+            losses.append(train_step(opt, params, reg + ce_weight * ce, lr))
             step += 1
             if progress and step % 100 == 0:
                 log(f"step {step}: regression {float(reg.detach()):.4f}, cross-entropy {float(ce.detach()):.3f}")

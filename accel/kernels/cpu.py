@@ -4,14 +4,15 @@ one call (`decode_layers`).
 
 Why hand-written: at batch 1-16 a linear is memory-bound, so its speed is how fast it streams the weight, and
 torch has no int8- or int4-weight x fp32-activation kernel that does (its `_weight_int8pack_mm` casts activations
-to bf16 and reached ~2x an fp32 GEMV for 4x fewer bytes). The INT8 / INT4 kernels round the activations to 16-bit
-integers per block of 32 (error <= 1.5e-5 of the block's largest value; greedy output stays equal to
-transformers') and multiply-add in int32 (vpmaddwd, or vpdpwssd where AVX512-VNNI exists, chosen at run time).
+to bf16 and falls well short of what 4x fewer bytes than an fp32 GEMV allow). The INT8 / INT4 kernels round the
+activations to 16-bit integers per block of 32 (error <= 1.5e-5 of the block's largest value; greedy output
+stays equal to transformers') and multiply-add in int32 (vpmaddwd, or vpdpwssd where AVX512-VNNI exists,
+chosen at run time).
 Work is split into chunks of output rows that threads take from a shared counter, on torch's OpenMP pool; the
 one-call decode step runs on one team of those threads from its first layer to its last, each thread taking its
 own range of a Linear's chunks first. On AVX-512, fp32 weights are held in panels of 48 outputs (`f32_panels`).
 
-Compiled with torch.utils.cpp_extension.load_inline into the torch extensions cache (~40 s once per machine and
+Compiled with torch.utils.cpp_extension.load_inline into the torch extensions cache (once per machine and
 source); `available()` is False where there is no compiler, no AVX2/FMA, or the build fails, and callers then use
 the torch kernels.
 """
@@ -56,7 +57,7 @@ def _module():
         # the name carries the source's hash: processes built from different sources never share a build folder
         name = "accel_cpu_kernels_" + hashlib.sha256(code.encode()).hexdigest()[:12]
         _remove_stale_lock(name)
-        if not _built(name):  # ~1-2 minutes on 2 cores, once per machine and source: say so, not a silent stall
+        if not _built(name):  # a build takes minutes, once per machine and source: say so, not a silent stall
             log.warning("building accel's CPU kernels for this machine (once, ~1-2 minutes)")
         return load_inline(name=name, cpp_sources=[code], functions=None,
                            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],

@@ -16,26 +16,25 @@ first; group zero points packed the same way along the *output* dim) and int8 ch
 int8 `weight` with `weight_scale` [out, 1]. `int4_from_compressed_tensors` converts: ours = theirs + 8.
 
 Kernels, chosen per device and per number of rows M of the activation (`kernel_for`; measured with
-scripts/bench_kernels.py on a 2-core AVX2 CPU, numbers in that script's docstring):
+scripts/bench_kernels.py on a 2-core AVX2 CPU; the decisions are in docs/DESIGN.md, CPU kernels):
 
   "avx2"                    CPU, fp32 activations, M < dequant_min_rows, when accel's own AVX2 kernels compiled
-                            (accel/kernels/cpu.py): int8 2-3x faster than int8pack at M = 1-32, and exact
+                            (accel/kernels/cpu.py): int8 faster than int8pack at M = 1-32, and exact
                             in fp32 (no bf16 cast of the activations); int4 likewise against int4pack. Where the
-                            CPU has AVX512-VNNI, calls of more than 32 rows run its prefill GEMM (1.5-1.6x oneDNN's
-                            prepacked fp32 GEMM at 512 rows), so nothing is dequantized at any M. INT8 and INT4
-                            there run in VNNI tile layouts at every M (`avx2_operands`): a row's result is then the
-                            same whatever the row count, and 16 weight rows share each instruction (the model's
-                            Linears at 16 rows: INT8 1.4-1.5x, INT4 2.1-2.3x the row kernels; INT4 at one row
-                            1.25-1.45x).
+                            CPU has AVX512-VNNI, calls of more than 32 rows run its prefill GEMM (faster than
+                            oneDNN's prepacked fp32 GEMM at 512 rows), so nothing is dequantized at any M. INT8 and
+                            INT4 there run in VNNI tile layouts at every M (`avx2_operands`): a row's result is then
+                            the same whatever the row count, and 16 weight rows share each instruction (faster than
+                            the row kernels at 16 rows, and for INT4 at one row too).
   "int8pack" / "int4pack"   CPU, M < dequant_min_rows (int8: 1024, int4: 64): aten._weight_int8pack_mm /
                             aten._weight_int4pack_mm_for_cpu with bf16 activations. The weight is read as 1 / 0.5
                             byte per element, which is what wins memory-bound decode. Their fp32-activation
-                            variants exist but are 5-50x slower (not vectorised), so x is cast to bf16 and back
+                            variants exist but are far slower (not vectorised), so x is cast to bf16 and back
                             (~3e-3 relative error per matmul).
   "gemm"                    CPU without VNNI, M >= dequant_min_rows: dequantize to fp32 on the fly (INT4 natively,
                             `int4_dequant`), chunked over output rows,
-                            then MKL sgemm (compute-bound prefill; bf16 GEMM is 5-10x slower than fp32 on a CPU
-                            without native bf16): 0.6-0.9x the speed of fp32 nn.Linear at M >= 64 (noisy). We do NOT
+                            then MKL sgemm (compute-bound prefill; bf16 GEMM is several times slower than fp32 on a
+                            CPU without native bf16): short of fp32 nn.Linear's speed at M >= 64. We do NOT
                             cache a dequantized fp32 copy: it would hold 5 (int8) / 4.5 (int4) bytes per weight,
                             more than the fp32 model, to win back only that prefill margin. The chunking bounds
                             the transient copy (lm_head is 49152 x 576).
@@ -62,8 +61,8 @@ INT8_GROUP = 32  # int8g's group: the kernels' activation block, so a group's sc
 # Rows of x at which a CPU without AVX512-VNNI switches from the native kernels to dequantize + fp32 GEMM (see
 # module docstring); with VNNI the native prefill GEMM is faster at every M and nothing is dequantized.
 # INT8 (8 rows per weight pass): native faster at every M up to the 512-token prefill budget (SmolLM2 shapes, 2
-# threads: gate_up M=128 3.2 vs 5.4 ms, M=512 10.0 vs 12.5; down_proj M=512 a tie), so only larger batches
-# dequantize. INT4: native faster below ~64 rows, dequantize (natively, `int4_dequant`) + GEMM from there.
+# threads; down_proj at M=512 a tie), so only larger batches dequantize. INT4: native faster below ~64 rows,
+# dequantize (natively, `int4_dequant`) + GEMM from there.
 INT8_DEQUANT_MIN_ROWS = 1024
 INT4_DEQUANT_MIN_ROWS = 64
 # fp16 scale / min pairs where they differ from the fp32 ones by at most this fraction of the group's range: fp32
@@ -925,9 +924,9 @@ class PackedLinear(nn.Module):
 
     AVX-512: fp32 panels (`cpu.f32_panels`) for every row count; they run prefill sizes level with or above
     oneDNN and stream decode and verify rows faster than the plain layout. AVX2: the plain weight for accel's
-    kernel up to AVX2_MAX_ROWS rows (~1.4-1.7x oneDNN's speed where decode is memory-bound), oneDNN on the same
-    weight above. Without accel's kernels: oneDNN's reordered weight (on a 2-core AVX2 EPYC torch's default MKL
-    GEMM ran these skinny shapes at 15-45 GFLOPS, oneDNN at 40-90, ~2x on the 49152 x 576 lm_head). The packed
+    kernel up to AVX2_MAX_ROWS rows (faster than oneDNN where decode is memory-bound), oneDNN on the same
+    weight above. Without accel's kernels: oneDNN's reordered weight (on a 2-core AVX2 EPYC it ran these skinny
+    shapes faster than torch's default MKL GEMM, the 49152 x 576 lm_head most). The packed
     weight is opaque, so this module is built by `pack_float_linears` for the runtime only and has no state_dict
     of its own besides the bias.
     """
@@ -983,7 +982,7 @@ def pack_float_linears(model: nn.Module) -> list[str]:
     if not packed_linear_available():
         return []
     # names first, modules fetched one at a time: a list of the modules would keep every replaced Linear's fp32
-    # weight alive to the end (the 1.5B's fp32 engine peaked 5 GB over what it then held)
+    # weight alive to the end (a second copy of the Linears' weights at the peak)
     names = [(name, child_name) for name, mod in model.named_modules() for child_name, child in mod.named_children()
              if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"]
     for name, child_name in names:

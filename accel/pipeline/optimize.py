@@ -127,7 +127,7 @@ def stage_calibrate(ctx: StageContext) -> dict:
 
 def stage_sensitivity(ctx: StageContext) -> dict:
     from accel.quant.heatmap import plot_heatmap
-    from accel.quant.plan import int4_candidates, token_batches
+    from accel.quant.plan import joining_candidates, token_batches
     from accel.quant.schemes import quantizable_linears
     from accel.quant.sensitivity import measure_sensitivity, with_group_sizes
 
@@ -146,7 +146,7 @@ def stage_sensitivity(ctx: StageContext) -> dict:
     target = ctx.recipe.export.target if ctx.recipe.export.enabled else None
     results, summary = [], {}
     for g in q.int4_group_sizes:  # one measurement per group size the allocator may choose
-        candidates, int4f_ratio = int4_candidates(model, q.candidates, g, target)
+        candidates, join_ratios = joining_candidates(model, q.candidates, g, target)
         given = None
         if uses_gptq_int4(ctx, candidates):  # GPTQ consumes a fresh copy: never two fp32 models at once
             names = quantizable_linears(model)
@@ -158,7 +158,7 @@ def stage_sensitivity(ctx: StageContext) -> dict:
         with memory.large_blocks_mapped():
             results.append(measure_sensitivity(model, batches, candidates, g, q.sensitivity.metric, _progress(ctx),
                                                given=given))
-        summary[g] = {"candidates": candidates, "int4f_error_ratio": int4f_ratio, "int4_quantizer":
+        summary[g] = {"candidates": candidates, "join_error_ratios": join_ratios, "int4_quantizer":
                       "gptq (layer-wise)" if given else "rtn"}
     sens = with_group_sizes(results)
     sens.to_json(ctx.out_dir / "sensitivity.json")
@@ -176,8 +176,8 @@ def uses_gptq_int4(ctx: StageContext, candidates) -> bool:
 
 def gptq_int4_weights(ctx: StageContext, names, group_size: int, batches) -> dict:
     """What GPTQ makes of each Linear at INT4, for the sensitivity to measure, where the recipe quantizes INT4 with
-    GPTQ (~90 s for SmolLM2-135M on 2 cores; RTN is measured otherwise). On int4-mixed, allocating on these
-    instead of RTN's damage: held-out KL 0.0615 -> 0.0573 after the same GPTQ at 5.0 bits."""
+    GPTQ (RTN is measured otherwise). On int4-mixed, allocating on these instead of RTN's damage lowers the
+    held-out KL after the same GPTQ at 5.0 bits (docs/DESIGN.md, Quantization)."""
     from accel.quant.quantize import layerwise_gptq
 
     q = ctx.recipe.quantization

@@ -7,7 +7,7 @@ Linear fused with nothing (`accel.quant.schemes.quant_units`); plans store the s
 takes the cheapest demotion (a unit moves to an option of fewer bits) ranked by
     added damage / bits saved       (bits saved = delta bits per weight x parameter count)
 while the budget still holds. An option is a candidate scheme, and for INT4 each group size measured, so each unit
-gets its own group size (int4-mixed, 32 or 64 per unit: held-out KL 0.0576 after GPTQ, 0.0573 with 64 for all).
+gets its own group size (int4-mixed, 32 or 64 per unit: the same held-out KL after GPTQ as 64 for all).
 Damage is assumed ADDITIVE across units (the joint KL of a plan is estimated as the sum of the single-unit KLs);
 this is first-order accurate for small perturbations, and
 `check_and_fallback` corrects what it misses by measuring the joint KL of the plan on held-out tokens.

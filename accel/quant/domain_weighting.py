@@ -2,9 +2,10 @@
 
 Why (no library does this): GPTQ minimises the layer-output error weighted by the calibration
 activations, so the domain mix of the rows decides whose outputs it protects. On SmolLM2-135M the multilingual text
-loses 2-3x more (KL) than any other domain at the same plan. A stratified draw knows each row's domain, so before the
-oneshot we measure, on a few calibration rows per domain, the KL of the plan's RTN fake-quantization (the damage GPTQ
-starts from) and steer the rows. A random draw has no strata and cannot do this; that is the point of stratifying.
+loses several times more (KL) than any other domain at the same plan. A stratified draw knows each row's domain,
+so before the oneshot we measure, on a few calibration rows per domain, the KL of the plan's RTN
+fake-quantization (the damage GPTQ starts from) and steer the rows. A random draw has no strata and cannot do
+this; that is the point of stratifying.
 
 How much to steer comes from a measurement (scripts/bench_calibration.py, 18 GPTQ runs, two sources): a domain's
 held-out KL after GPTQ falls with its share s of the calibration tokens as about s^-0.15 (log-log slope -0.13 to

@@ -38,7 +38,7 @@ ROWS_PER_FORWARD = 1
 """Calibration rows per forward of the fp32 model (sensitivity, the plan's check, the calibration mix): what a
 forward holds grows with its tokens times the model's width and vocabulary (a 152k vocabulary's logits and their
 gradients: 3 GB per 1k tokens), and one row of 256-512 tokens already fills the GEMMs. Qwen2.5-Coder-1.5B's
-sensitivity at 4 rows of 256 peaked at 18.1 GB."""
+sensitivity at 4 rows of 256 peaked far above one row's (docs/DESIGN.md, Memory)."""
 
 
 def token_batches(samples: Sequence, seq_len: int, max_rows: int | None,
@@ -77,30 +77,32 @@ def calibration_batches(load_model: Callable[[], nn.Module], plan: Plan, train: 
                                    progress=progress)
 
 
-INT4F_WINS_BELOW = 0.5  # int4f joins the candidates when its weight error is under half of int4's
+JOIN_BELOW = 0.5  # a scheme joins the candidates where its weight error is under half of the one it joins
 
 
 @torch.no_grad()
-def int4_candidates(model: nn.Module, candidates: Sequence[str], group_size: int, export_target: str | None
-                    ) -> tuple[list[str], float | None]:
-    """The candidates with the float-zero-point "int4f" added where it reproduces the weights far better than an
-    integer zero point: weights already on a float-min grid (GGUF Q4_1 / Q4_K releases) are exact at int4f and ~8%
-    off at int4. It costs 4 + 32/g bits (5 at g32, accel.quant.schemes), between int4 and int8, and joins beside
-    int4 (the allocator weighs both per unit) where the recipe allows 4 bits. Not when the export must load in vLLM
-    (no float-zero-point kernel). Returns (candidates, int4f error / int4 error over the quantizable Linears, None
-    when not compared)."""
-    cands = list(candidates)
-    if "int4f" in cands or "int4" not in cands or export_target in VLLM_TARGETS:
-        return cands, None
-    err_int = err_float = 0.0
-    for name in quantizable_linears(model):
-        w = model.get_submodule(name).weight.float()
-        err_int += float((fake_quant(w, "int4", group_size) - w).pow(2).sum())
-        err_float += float((fake_quant(w, "int4f", group_size) - w).pow(2).sum())
-    ratio = err_float / max(err_int, 1e-30)
-    if ratio < INT4F_WINS_BELOW:
-        cands.append("int4f")
-    return cands, ratio
+def joining_candidates(model: nn.Module, candidates: Sequence[str], group_size: int, export_target: str | None
+                       ) -> tuple[list[str], dict[str, float]]:
+    """The candidates with every scheme added that `joins_beside` one of them and reproduces the weights far better
+    (int4f beside int4: weights already on a float-min grid, GGUF Q4_1 / Q4_K releases, are exact at int4f and ~8%
+    off at int4; it costs more bits, and the allocator weighs both per unit). Not where the export's loader cannot
+    take it (vLLM: no float-zero-point kernel). Returns (candidates, {compared scheme: its weight error / the
+    joined one's over the quantizable Linears})."""
+    cands, ratios = list(candidates), {}
+    for name in schemes.names("candidate"):
+        s = schemes.get(name)
+        if (s.joins_beside not in cands or name in cands
+                or (export_target is not None and export_target not in s.loaders)):
+            continue
+        err_base = err = 0.0
+        for linear in quantizable_linears(model):
+            w = model.get_submodule(linear).weight.float()
+            err_base += float((fake_quant(w, s.joins_beside, group_size) - w).pow(2).sum())
+            err += float((fake_quant(w, name, group_size) - w).pow(2).sum())
+        ratios[name] = err / max(err_base, 1e-30)
+        if ratios[name] < JOIN_BELOW:
+            cands.append(name)
+    return cands, ratios
 
 
 def table_scheme(tied: bool, q, export_target: str | None) -> str:
@@ -150,8 +152,8 @@ def holdout_problem(holdout: Sequence, q) -> str | None:
 
 # vLLM-CPU's oneDNN INT8 GEMM on a CPU without VNNI (AVX2, or AVX-512 before Cascade Lake) adds each pair of u8 x s8
 # products in saturating 16-bit lanes (vpmaddubsw, activations shifted to u8): on full-range INT8 weights its W8A8
-# Linears were off by up to 15% here (SmolLM2's export: greedy output parted from accel's on 3 of 10 eval prompts,
-# KLD 0.02-0.03 along them). Weights within 7 bits never saturate (2 x 255 x 64 < 2^15).
+# Linears were measurably off here (SmolLM2's export: greedy output parted from accel's on some eval prompts;
+# docs/DESIGN.md, Quantization: `w8a8`). Weights within 7 bits never saturate (2 x 255 x 64 < 2^15).
 VLLM_CPU_W8A8_BITS = 7
 
 

@@ -30,7 +30,8 @@ llm-compressor unties it first (the embedding table stays 16-bit), so every load
   `lm_head.weight_scale` (transformers ties only the weight, so the scales are stored twice: 10 MB of int8g's
   262k-row table), `tie_word_embeddings: true`. transformers ties lm_head.weight to the int8 table and
   decompresses both; vLLM ties only an unquantized table (and reads "int-quantized" as W8A8), so it refuses it.
-  SmolLM2-135M's all-INT8 export: 183 -> 129 MiB, held-out KLD 0.0043 -> 0.0045 (scripts/bench_quality.py).
+  SmolLM2-135M's all-INT8 export drops its 16-bit table's bytes and its held-out KLD hardly moves
+  (scripts/bench_quality.py; docs/DESIGN.md, Export and loaders).
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ PLAN_FILE = "accel_plan.json"
 
 
 # GPTQ's INT4 scales and zero points come from llm-compressor's imatrix-weighted MSE search (per group, the clip
-# range that minimizes the output-weighted error, as llama.cpp's imatrix does) instead of min-max: all-INT4 group 32
-# on SmolLM2-135M, held-out KL 0.170 -> 0.132 (plain MSE 0.144). RTN stays min-max: data-free and exactly what the
-# sensitivity's fake quantization measures. int4f, int5 and int8g take accel's grid observer (`register_grid_observer`):
+# range that minimizes the output-weighted error, as llama.cpp's imatrix does) instead of min-max: on SmolLM2-135M
+# it lowers all-INT4 group 32's held-out KL, and below plain MSE's (docs/DESIGN.md, Quantization). RTN stays
+# min-max: data-free and exactly what the sensitivity's fake quantization measures. int4f, int5 and int8g take
+# accel's grid observer (`register_grid_observer`):
 # a group already on a grid of their codes keeps it, any other is min-max, as the fake quantization rounds.
 SEARCHED_OBSERVER = "imatrix_mse"
 SEARCHED_METHODS = ("gptq", "smoothquant+gptq")
@@ -500,35 +502,17 @@ def tie_int8_table(folder: str | Path) -> None:
 
 def quantize_table(folder: str | Path, scheme: str, group_size: int) -> None:
     """An untied model's embedding table stored at `scheme`, rounded on its own by RTN, the held-out check's rounding
-    (`accel.quant.schemes.fake_quant`; a row is a token's vector): int8 one scale per token, int8g and int4 per
-    `group_size` of its values. INT8 is "int-quantized" int8 `weight` + fp16 `weight_scale`; int4 "pack-quantized"
-    as a Linear's. transformers decompresses both; accel's runtime gathers rows from them (`Int8Embedding`,
-    `Int4Embedding`)."""
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    (a row is a token's vector; the scheme's `stored_table` writes its tensors). transformers decompresses them;
+    accel's runtime gathers rows from them (`Int8Embedding`, `Int4Embedding`)."""
     from safetensors.torch import save_file
 
-    from accel.kernels.linear import quantize_int4_groupwise, quantize_int8_groupwise, quantize_int8_per_channel
-
+    if scheme not in registry.names("table") or not registry.quantized(scheme):
+        allowed = [n for n in registry.names("table") if registry.quantized(n)]
+        raise ValueError(f"the table is stored at {', '.join(allowed)}, not {scheme!r}")
     folder = Path(folder)
     file, metadata, state = _single_file_state(folder)
-    table = state[f"{TABLE}.weight"]
-    fmt = "int-quantized"
-    if scheme == "int8":
-        q, scale = quantize_int8_per_channel(table)
-        state.update({f"{TABLE}.weight": q, f"{TABLE}.weight_scale": scale[:, None].half()})
-    elif scheme == "int8g":
-        q, scale = quantize_int8_groupwise(table, group_size)
-        state.update({f"{TABLE}.weight": q, f"{TABLE}.weight_scale": scale.half()})
-    elif scheme == "int4":  # compressed-tensors' signed values and zero points (ours - 8), packed as it packs them
-        q, scale, zeros = quantize_int4_groupwise(table, group_size)
-        del state[f"{TABLE}.weight"]
-        state.update({f"{TABLE}.weight_packed": pack_to_int32((q.to(torch.int16) - 8).to(torch.int8), 4).contiguous(),
-                      f"{TABLE}.weight_scale": scale.half(), f"{TABLE}.weight_shape": torch.tensor(tuple(q.shape)),
-                      f"{TABLE}.weight_zero_point": pack_to_int32((zeros.to(torch.int16) - 8).to(torch.int8), 4,
-                                                                  packed_dim=0).contiguous()})
-        fmt = "pack-quantized"
-    else:
-        raise ValueError(f"the table is stored at int4, int8 or int8g, not {scheme!r}")
+    tensors, fmt = registry.get(scheme).stored_table(state.pop(f"{TABLE}.weight"), group_size)
+    state.update({f"{TABLE}.{k}": v for k, v in tensors.items()})
     save_file(state, str(file), metadata=metadata)
     _table_group(folder, [TABLE], registry.get(scheme).weights_args(group_size), fmt=fmt)
 

@@ -3,13 +3,12 @@ next-token distribution to the unquantized model's (EfficientQAT's E2E-QP step).
 stay as GPTQ chose them, so the checkpoint keeps its format and every loader (vLLM's W4A16 / W8A16 included).
 
 Why: GPTQ fits each Linear on its own output error; the errors then add up through 30 layers. Tuning the scales
-of SmolLM2-135M's 210 INT4 / INT8 Linears against the model's own output (4 x 256 tokens a step, ~7-9 s on 2
-cores with bf16 matmuls) took int4-mixed from KLD 0.068 to 0.063 at 60 steps, 0.061 at 120 and 0.0604 at 200
-with the decay below (scripts/bench_quality.py). On the draw's ~150 rows the loss kept falling (0.026 at 120,
-0.020 at 200) while the held-out KLD barely moved: the steps fit those rows. On 683 distinct rows from every
-calibration unit not held out (`tuning_rows`) the loss ends at 0.033 and the KLD at 0.0594, PPL x1.037. At 60
-steps the calibration holdout's KL went 0.0573 -> 0.0460, where per-layer refits gained far less: least-squares
-scales on each Linear's inputs 0.0563, bias correction 0.0571.
+of SmolLM2-135M's 210 INT4 / INT8 Linears against the model's own output (4 x 256 tokens a step, bf16 matmuls)
+lowers int4-mixed's held-out KLD, most of it in the first steps, with the decay below (scripts/bench_quality.py;
+docs/DESIGN.md, Quantization). On the draw's ~150 rows alone the loss kept falling while the held-out KLD barely
+moved: the steps fit those rows, so they take distinct rows from every calibration unit not held out
+(`tuning_rows`). Per-layer refits (least-squares scales on each Linear's inputs, bias correction) lowered the
+calibration holdout's KL far less than these steps.
 Written here because llm-compressor has no end-to-end step; the model stays a compressed-tensors model.
 """
 
@@ -27,11 +26,11 @@ import torch.nn.functional as F
 from accel.quant.sensitivity import _progress
 
 
-BATCH_ROWS = 4  # rows of 256 tokens a step: ~7-9 s on 2 cores
+BATCH_ROWS = 4  # rows of 256 tokens a step: keeps a step to seconds on 2 cores
 
 
 def native_bf16() -> bool:
-    """Whether the CPU multiplies bf16 natively (AVX512-BF16 or AMX): there autocast runs the step ~1.4x faster;
+    """Whether the CPU multiplies bf16 natively (AVX512-BF16 or AMX): there autocast runs the step faster;
     elsewhere oneDNN emulates bf16 GEMMs several times slower than fp32."""
     try:
         flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")

@@ -135,7 +135,7 @@ class PagedKVCache:
 
     def gather(self, block_ids: Tensor) -> tuple[Tensor, Tensor]:
         """K, V of the given blocks: block_ids [..., nb] -> [..., nb * block_size, kv_heads, head_dim]."""
-        # index_select on the flattened ids: 3-8x faster than advanced indexing (`self.k[block_ids]`) on CPU
+        # index_select on the flattened ids: on CPU several times faster than advanced indexing (`self.k[block_ids]`)
         flat, lead = block_ids.reshape(-1), block_ids.shape
 
         def take(t: Tensor) -> Tensor:
@@ -179,32 +179,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
     group = num_heads // num_kv
     for p in meta.prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
-        # 4-D [1, heads, len, D]: torch's CPU flash-attention kernel only takes batched 4-D inputs; 3-D ones
-        # silently fall back to the math path (bmm + softmax + masked-row fix-ups), 3.5x slower at 512 tokens
-        qs = q[rows].transpose(0, 1)[None]  # [1, H, q, D]
-        windowed = window is not None and p.context_len > window
-        if p.mask is None and not windowed:
-            ks, vs = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]  # [1, KVH, q, D]
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=group > 1)
-        else:
-            if p.mask is None:  # fresh K/V: the step's own rows
-                ks, vs = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
-            else:
-                # a sliding layer reads from the block of the first query's window on: the blocks before are
-                # given back (`KVCacheManager`), and their table entries are placeholders
-                bs = cache.k.shape[1]
-                first = max(0, p.context_len - p.q_len - window + 1) // bs * bs if window else 0
-                kc, vc = cache.gather(p.block_ids[first // bs:])  # [(nb - first) * bs, KVH, D]
-                ks = kc[:p.context_len - first].transpose(0, 1)[None]  # [1, KVH, ctx - first, D]
-                vs = vc[:p.context_len - first].transpose(0, 1)[None]
-            mask = p.mask
-            if windowed:
-                band = window_band(p.q_len, p.context_len, window, q.device)
-                mask = band if mask is None else mask & band
-            if p.mask is not None and windowed and first:
-                mask = mask[:, first:]
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=group > 1)
-        out[rows] = o[0].transpose(0, 1)
+        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], cache, p, scale, window, group > 1)
     use_kernel = (q.device.type == "cpu" and q.dtype == torch.float32 and not cache.quantized
                   and cache.k.dtype == torch.float32 and cpu.available())
     # the kernel takes q rows with any row stride (a view into the fused qkv output: no copy)
@@ -225,3 +200,36 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, meta: 
                                            scale=scale)  # [G, KVH, group, D]
         out.index_copy_(0, g.token_idx, o.reshape(n, num_heads, -1))
     return out
+
+
+def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: PagedKVCache, p: PrefillSpan, scale: float,
+                       window: int | None, gqa: bool) -> Tensor:
+    """One prefill span's attention: q [q, H, D], k/v [q, KVH, D] its own rows -> [q, H, D]. With earlier context
+    (`p.mask`) its keys come from the cache."""
+    # 4-D [1, heads, len, D]: torch's CPU flash-attention kernel only takes batched 4-D inputs; 3-D ones
+    # silently fall back to the math path (bmm + softmax + masked-row fix-ups), far slower on long prompts
+    qs = q.transpose(0, 1)[None]  # [1, H, q, D]
+    windowed = window is not None and p.context_len > window
+    if p.mask is None and not windowed:
+        ks, vs = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, KVH, q, D]
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
+        return o[0].transpose(0, 1)
+    first = 0
+    if p.mask is None:  # fresh K/V: the step's own rows
+        ks, vs = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    else:
+        # a sliding layer reads from the block of the first query's window on: the blocks before are
+        # given back (`KVCacheManager`), and their table entries are placeholders
+        bs = cache.k.shape[1]
+        first = max(0, p.context_len - p.q_len - window + 1) // bs * bs if window else 0
+        kc, vc = cache.gather(p.block_ids[first // bs:])  # [(nb - first) * bs, KVH, D]
+        ks = kc[:p.context_len - first].transpose(0, 1)[None]  # [1, KVH, ctx - first, D]
+        vs = vc[:p.context_len - first].transpose(0, 1)[None]
+    mask = p.mask
+    if windowed:
+        band = window_band(p.q_len, p.context_len, window, q.device)
+        mask = band if mask is None else mask & band
+    if p.mask is not None and windowed and first:
+        mask = mask[:, first:]
+    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return o[0].transpose(0, 1)

@@ -34,7 +34,7 @@ class IncrementalDetokenizer:
         self.stopped_by: str | None = None
         self._holdback = max((len(s) for s in self.stop), default=1) - 1
         # A fast tokenizer's own incremental decoder (tokenizers' DecodeStream, as vLLM uses): one Rust call per
-        # token where the window decodes twice through transformers (1.1 against 5.9 us a token warm; a batch-1
+        # token where the window decodes twice through transformers (several times cheaper a token, and a batch-1
         # decode step runs its Python with caches cold after the weight stream). Not where transformers post-
         # processes the decoded text (clean_up_tokenization_spaces), nor after a prompt that ends inside a character
         # (the stream would emit that context's text again).

@@ -366,7 +366,7 @@ class Engine:
 
     def grammar_compiler(self, tokenizer=None):
         """The structured-output compiler of this engine's tokenizer and vocabulary (`runtime.structured`), built
-        on first use (Gemma 3's 262k vocabulary takes ~1.3 s) from `tokenizer` (a copy of the engine's, for
+        on first use (slow for a large vocabulary such as Gemma 3's) from `tokenizer` (a copy of the engine's, for
         another thread) or the engine's own; its cache serves the server's compiles too."""
         if self._grammar is None:
             tokenizer = tokenizer if tokenizer is not None else self.tokenizer

@@ -8,8 +8,6 @@ Owns the KV tensors, the feature cache and one torch.Generator per seeded reques
 from __future__ import annotations
 
 import logging
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -21,8 +19,8 @@ from accel.runtime.models import CausalLM, longs
 from accel.runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, SpecBurst
 from accel.runtime.host_swap import HostSwap
 from accel.runtime.native_steps import decode_steps, native_inputs, spec_steps
-from accel.runtime.sampler import Sampler, plain_greedy, token_logprobs
-from accel.runtime.token_choice import sample, verify
+from accel.runtime.row_processors import PROCESSORS, Step, StepContext, StepRows
+from accel.runtime.sampler import Sampler, plain_greedy
 from accel.runtime.sequence import Sequence
 
 log = logging.getLogger("accel.engine")
@@ -107,28 +105,11 @@ class ModelRunner:
             self._generators[seq.request_id] = g
         return g
 
-    def _per_request(self, seqs: list[Sequence], fn: Callable[[list[int]], list]) -> tuple[list, dict[str, str]]:
-        """fn(positions) -> one result per position, for the whole batch at once; when that raises, fn([j]) for
-        each request alone, so that only a request whose own inputs fail is failed (its result None, its error in
-        the returned dict). Seeded generators are rewound first, so the others draw exactly what they would have."""
-        saved = [(g, g.get_state()) for g in (self._generators.get(s.request_id) for s in seqs) if g is not None]
-        try:
-            return fn(list(range(len(seqs)))), {}
-        except Exception:  # noqa: BLE001 - isolated below; a request's failure must not end the others
-            if len(seqs) == 1:
-                log.exception("request %s failed in this step", seqs[0].request_id)
-                return [None], {seqs[0].request_id: _describe(sys.exc_info()[1])}
-        for g, state in saved:
-            g.set_state(state)
-        results: list = [None] * len(seqs)
-        failed: dict[str, str] = {}
-        for j, seq in enumerate(seqs):
-            try:
-                results[j] = fn([j])[0]
-            except Exception as e:  # noqa: BLE001
-                log.exception("request %s failed in this step", seq.request_id)
-                failed[seq.request_id] = _describe(e)
-        return results, failed
+    @property
+    def _context(self) -> StepContext:
+        """What this step's row processors read (built per step: a test or a proposer may swap any of it)."""
+        return StepContext(self.sampler, self._generators, self._generator, self._matchers, self.feature_cache,
+                           self.hidden_hook)
 
     def enable_feature_cache(self) -> None:
         """Keep the final hidden state of every computed position next to its K/V (hidden_size values per slot:
@@ -152,9 +133,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, draft_probs: dict[str, Tensor | None] | None = None,
                 burst: SpecBurst | None = None) -> ModelRunnerOutput:
-        """Run one step. Requests with draft tokens are verified (see `_verify`); draft_probs[request id] is
-        the distribution q [num drafts, V] each draft token was drawn from (None/missing: one-hot, n-gram). With
-        `burst` and lookahead slots (`sched.num_steps` > 1), the burst's verify steps run in one call instead."""
+        """Run one step: plan the logit rows, forward, then the row processors (`row_processors.PROCESSORS`).
+        draft_probs[request id] is the distribution q [num drafts, V] each draft token was drawn from (None/missing:
+        one-hot, n-gram). With `burst` and lookahead slots (`sched.num_steps` > 1), the burst's verify steps run in
+        one native call instead."""
         if sched.swap_out or sched.swap_in:
             self.swap(sched.swap_out, sched.swap_in)
         if sched.num_steps > 1:  # lookahead slots: only where `max_decode_steps` allowed a burst
@@ -163,123 +145,21 @@ class ModelRunner:
                 return spec_steps(native, sched, burst, self.kv_caches, self.feature_cache)
             return decode_steps(native, sched, self.kv_caches, self.config.runtime.block_size, self.feature_cache)
         native = self._native_step(sched.scheduled)
+        slot_mapping = None
         if native is not None:
             step_inputs, sample_rows = native_inputs(sched.scheduled, self.config.runtime.block_size)
+            rows = StepRows.plan(sched.scheduled, sample_rows)
+            hidden, logits, argmax = native.step(self.kv_caches, *step_inputs, rows.logit_rows)
         else:
             input_ids, positions, meta, sample_rows = self.prepare_inputs(sched.scheduled)
-        spec_rows = [(i, row) for i, row in sample_rows if sched.scheduled[i].spec_token_ids]
-        if spec_rows:
-            sample_rows = [(i, row) for i, row in sample_rows if not sched.scheduled[i].spec_token_ids]
-        # the rows that need logits: each verified request's draft rows and sampling row, then the sampling rows
-        logit_rows: list[int] = []
-        for i, last in spec_rows:
-            logit_rows.extend(range(last - len(sched.scheduled[i].spec_token_ids), last + 1))
-        num_verify = len(logit_rows)
-        logit_rows.extend(row for _, row in sample_rows)
-        prompt_rows = self._prompt_rows(sched.scheduled)  # (scheduled index, first row, first position, rows)
-        num_sampled = len(logit_rows)
-        for _, row, _, n in prompt_rows:
-            logit_rows.extend(range(row, row + n))
-        if native is not None:
-            hidden, logits, argmax = native.step(self.kv_caches, *step_inputs, logit_rows)
-        else:
-            hidden, logits, argmax = self.model.forward_logits(input_ids, positions, meta, self.kv_caches, logit_rows)
-        if self.feature_cache is not None:
-            self.feature_cache.index_copy_(0, meta.slot_mapping, hidden.to(self.feature_cache.dtype))
-        if self.hidden_hook is not None:
-            self.hidden_hook(sched.scheduled, hidden)
-        request_ids = [r.seq.request_id for r in sched.scheduled]
-        sampled: list[list[int]] = [[] for _ in sched.scheduled]
-        logprobs: list[list[float] | None] = [None] * len(sched.scheduled)
-        top: list = [None] * len(sched.scheduled)
-        failed: dict[str, str] = {}
-        if spec_rows:
-            spec = [(sched.scheduled[i], row) for i, row in spec_rows]
-            starts = [0]
-            for r, _ in spec:
-                starts.append(starts[-1] + len(r.spec_token_ids) + 1)
-            only_verify = not sample_rows and not prompt_rows  # every logit row a verify row: no slice ops
-            verify_logits = logits if only_verify else logits[:num_verify]
-            verify_argmax = argmax if only_verify or argmax is None else argmax[:num_verify]
-            for j, (r, _) in enumerate(spec):  # a grammar masks each verify row by the drafts before it
-                m = self._matchers.get(r.seq.request_id)
-                if m is not None:
-                    try:
-                        m.mask_span(verify_logits, starts[j], r.spec_token_ids)
-                    except Exception as e:  # noqa: BLE001 - this request only
-                        failed[r.seq.request_id] = f"{type(e).__name__}: {e}"
-                    verify_argmax = None  # the forward's argmax is the unconstrained one
-
-            def rows_of(js: list[int]) -> Tensor:
-                if len(js) == len(spec):
-                    return verify_logits
-                return torch.cat([verify_logits[starts[j]:starts[j + 1]] for j in js])
-
-            verified, bad = self._per_request([r.seq for r, _ in spec], lambda js: self._verify(
-                rows_of(js), [spec[j] for j in js], draft_probs or {},
-                verify_argmax if len(js) == len(spec) else None))
-            failed.update(bad)
-            for (i, _), row in zip(spec_rows, verified):
-                if row is not None and request_ids[i] not in failed:
-                    sampled[i], logprobs[i], top[i] = row
-                    m = self._matchers.get(request_ids[i])
-                    if m is not None:
-                        try:
-                            m.accept(sampled[i])
-                        except RuntimeError as e:  # this request only
-                            failed[request_ids[i]] = str(e)
-                            sampled[i] = []
-        if sample_rows:
-            idx = [i for i, _ in sample_rows]
-            # [N, V]; no slice op when nothing was verified (the common decode step: each op costs ~10 us cold)
-            sample_logits = logits[num_verify:num_sampled] if num_verify or prompt_rows else logits
-            sample_argmax = (argmax[num_verify:num_sampled] if argmax is not None and (num_verify or prompt_rows)
-                             else argmax)
-            seqs = [sched.scheduled[i].seq for i in idx]
-            matchers = [self._matchers.get(s.request_id) for s in seqs]
-            if any(m is not None for m in matchers):
-                from accel.runtime.structured import mask_rows
-
-                for j, error in mask_rows(sample_logits, matchers).items():  # in place: read by nothing else
-                    failed[seqs[j].request_id] = error
-                sample_argmax = None  # the forward's argmax is the unconstrained one
-            rows, bad = self._per_request(seqs, lambda js: self._sample(
-                sample_logits if len(js) == len(seqs) else sample_logits[js], [seqs[j] for j in js],
-                sample_argmax if len(js) == len(seqs) else None))
-            failed.update(bad)
-            for i, row, m in zip(idx, rows, matchers):
-                if row is not None and request_ids[i] not in failed:
-                    sampled[i], logprobs[i], top[i] = row
-                    if m is not None:
-                        try:
-                            m.accept(sampled[i])
-                        except RuntimeError as e:  # this request only
-                            failed[request_ids[i]] = str(e)
-                            sampled[i] = []
-        scored: list = [None] * len(sched.scheduled)
-        start = num_sampled
-        for i, _, pos, n in prompt_rows:
-            seq = sched.scheduled[i].seq
-            targets = seq.prompt_token_ids[pos + 1:pos + 1 + n]
-            scored[i] = (pos + 1, *token_logprobs(logits[start:start + n], targets,
-                                                         seq.params.prompt_logprobs))
-            start += n
-        return ModelRunnerOutput(request_ids, sampled, logprobs, top, failed, prompt_logprobs=scored)
-
-    @staticmethod
-    def _prompt_rows(scheduled: list[ScheduledRequest]) -> list[tuple[int, int, int, int]]:
-        """Requests asking for prompt logprobs whose chunk holds prompt positions that predict a prompt token:
-        (scheduled index, flat row of the first, its position, how many). Rows are laid out request by request,
-        each chunk's rows in order (`prepare_inputs`, `native_inputs`)."""
-        out, row = [], 0
-        for i, r in enumerate(scheduled):
-            seq = r.seq
-            start = seq.num_computed_tokens
-            n = min(start + r.num_tokens, seq.num_prompt_tokens - 1) - start
-            if seq.params.prompt_logprobs is not None and n > 0:
-                out.append((i, row, start, n))
-            row += r.num_tokens
-        return out
+            rows = StepRows.plan(sched.scheduled, sample_rows)
+            hidden, logits, argmax = self.model.forward_logits(input_ids, positions, meta, self.kv_caches,
+                                                               rows.logit_rows)
+            slot_mapping = meta.slot_mapping
+        step = Step(sched.scheduled, rows, hidden, logits, argmax, slot_mapping, self._context, draft_probs or {})
+        for process in PROCESSORS:
+            process(step)
+        return step.output()
 
     def max_decode_steps(self, running: list[Sequence], num_steps: int, max_model_len: int) -> int:
         """How many decode steps in a row (`SchedulerOutput.num_steps`) the running batch may take: 1 unless the
@@ -295,14 +175,6 @@ class ModelRunner:
                 return 1
             num_steps = min(num_steps, p.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens)
         return max(1, num_steps)
-
-    def _sample(self, logits: Tensor, seqs: list[Sequence], argmax: Tensor | None = None
-                ) -> list[tuple[list[int], list | None, list | None]]:
-        return sample(self.sampler, logits, seqs, self._generator, argmax)
-
-    def _verify(self, logits: Tensor, spec: list[tuple[ScheduledRequest, int]],
-                draft_probs: dict[str, Tensor | None], argmax: Tensor | None = None) -> list[list[int]]:
-        return verify(self.sampler, logits, spec, draft_probs, self._generator, argmax)
 
     def generator_for(self, seq: Sequence) -> torch.Generator | None:
         """The request's generator (seeded requests), shared with the proposer so draws stay per request."""
@@ -339,7 +211,7 @@ class ModelRunner:
 
         The per-token arrays are built as Python lists and become tensors in one call each: every small torch op
         costs dispatch and hands the GIL away (which the server's event loop then holds for up to a switch
-        interval), and at batch 1 these few microseconds of arithmetic were ~5% of a step."""
+        interval), and at batch 1 these microseconds of arithmetic are a visible share of a step."""
         bs = self.config.runtime.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -424,7 +296,3 @@ class ModelRunner:
                                    block_table=table.to(self.device), mask=mask[:, None, None, :].to(self.device)))
         return out
 
-
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"

@@ -38,8 +38,8 @@ from accel.runtime.sampling_params import SamplingParams
 
 
 def row_argmax(x: Tensor) -> Tensor:
-    """argmax over the last dim of [N, V]: accel's kernel for fp32 on the CPU (torch's took ~45 us for one
-    49,152-logit row, ~0.7% of a batch-1 decode step; the kernel 4.5 us), else torch's. Same result either way."""
+    """argmax over the last dim of [N, V]: accel's kernel for fp32 on the CPU (torch's is much slower on one
+    49,152-logit row, which every batch-1 decode step takes), else torch's. Same result either way."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0 \
             and cpu.available():
         return cpu.argmax_rows(x)
@@ -193,7 +193,7 @@ def apply_penalties(
     return out
 
 
-# Rows are first cut to this many most likely candidates with topk, which is ~10x cheaper than sorting a
+# Rows are first cut to this many most likely candidates with topk, which is far cheaper than sorting a
 # 49k vocabulary; the nucleus almost always lies inside them. When it does not, the full sort is used.
 TOP_P_CANDIDATES = 1024
 

@@ -1,8 +1,8 @@
 """Structured outputs: a request's tokens constrained to a JSON schema (or any JSON) by a grammar engine.
 
 xgrammar (chosen by measurement: llguidance 1.9 misread the byte-level tokenizer our GGUF conversion writes, "Ġ"
-taken for its UTF-8 bytes; xgrammar reads both registry tokenizers, and fills a next-token mask in a median 6-8 us
-on SmolLM2's 49k and Gemma 3's 262k vocabularies, 150 us at most) compiles the grammar once per schema (cached)
+taken for its UTF-8 bytes; xgrammar reads both registry tokenizers, and fills a next-token mask in microseconds
+on SmolLM2's 49k and Gemma 3's 262k vocabularies) compiles the grammar once per schema (cached)
 and keeps one matcher per request. Before a constrained request's token is chosen, its matcher's mask sets the
 disallowed logits to -inf (so greedy, sampling and logprobs all see the constrained distribution); the chosen
 token then advances the matcher. Once the grammar is complete only a stop token is allowed, and a matcher that

@@ -50,6 +50,9 @@ class QuantScheme:
     """One line for the recipe's description and `--help`."""
     candidate: bool = True
     """The allocator may offer it (a recipe's `candidates` and `overrides`)."""
+    joins_beside: str | None = None
+    """A candidate it joins, unasked, where its RTN weight error is far under that one's (a form some releases'
+    grids take: `accel.quant.plan.joining_candidates`), if the export's loader takes it."""
     head: bool = False
     """It may quantize the lm_head."""
     table: bool = False
@@ -113,6 +116,11 @@ class QuantScheme:
     def read(self, state: dict[str, Tensor], prefix: str, bias: Tensor | None) -> nn.Module:
         """The kernel module of stored Linear `prefix` (its compressed-tensors tensors in `state`, HF names)."""
         raise ValueError(f"scheme {self.name!r} is not quantized: nothing to read")
+
+    def stored_table(self, table: Tensor, group_size: int) -> tuple[dict[str, Tensor], str]:
+        """An embedding table [V, H] rounded to this scheme (RTN, a row a token's vector) as the checkpoint stores
+        it: ({tensor suffix: tensor}, compressed-tensors format). Only schemes with the `table` role have one."""
+        raise ValueError(f"scheme {self.name!r} does not store a token table")
 
     def check_width(self, in_features: int, group_size: int) -> str | None:
         """Why a Linear of `in_features` inputs cannot take this scheme (None: it can)."""

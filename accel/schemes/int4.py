@@ -54,6 +54,17 @@ class Int4(QuantScheme):
             return str(e)
         return None
 
+    def stored_table(self, table: Tensor, group_size: int) -> tuple[dict[str, Tensor], str]:
+        """compressed-tensors' signed values and zero points (ours - 8), packed as it packs a Linear's."""
+        import torch
+        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+        q, scale, zeros = kernels().quantize_int4_groupwise(table, group_size)
+        return {"weight_packed": pack_to_int32((q.to(torch.int16) - 8).to(torch.int8), 4).contiguous(),
+                "weight_scale": scale.half(), "weight_shape": torch.tensor(tuple(q.shape)),
+                "weight_zero_point": pack_to_int32((zeros.to(torch.int16) - 8).to(torch.int8), 4,
+                                                   packed_dim=0).contiguous()}, "pack-quantized"
+
     def reads(self, weights: dict, fmt: str | None, activations: dict | None) -> bool:
         float_zero = "float" in str(weights.get("zp_dtype") or "") or weights.get("strategy") == "block"
         return (not activations and weights.get("num_bits") == 4 and weights.get("type", "int") == "int"

@@ -1,7 +1,7 @@
 """int4f: int4 with a floating-point (fp16) zero point per group: the GGUF Q4_1 / HQQ form, exact on weights of such
 a release. Written as compressed-tensors' block strategy so the zero points stay float; transformers and accel load
-it, vLLM has no kernel for float zero points. A candidate only where it is far better than int4
-(`accel.quant.plan.int4_candidates`)."""
+it, vLLM has no kernel for float zero points. It joins int4's candidates where it is far better than int4
+(`joins_beside`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class Int4f(Int4):
     table = False
     float_zero = True
     searched = False
+    joins_beside = "int4"
     zero_bits = 16
     loaders = frozenset({"accel", "transformers"})
     format = "int-quantized"  # llm-compressor's container; accel.quant.quantize.pack_int4f packs it to 4 bits

@@ -60,6 +60,10 @@ class Int8(QuantScheme):
     def held_bytes(self, out_features: int, in_features: int, group_size: int, dtype: torch.dtype) -> int:
         return out_features * in_features + 4 * out_features
 
+    def stored_table(self, table: Tensor, group_size: int) -> tuple[dict[str, Tensor], str]:
+        q, scale = kernels().quantize_int8_per_channel(table)
+        return {"weight": q, "weight_scale": scale[:, None].half()}, "int-quantized"
+
     def reads(self, weights: dict, fmt: str | None, activations: dict | None) -> bool:
         return (not activations and weights.get("num_bits") == 8 and weights.get("type", "int") == "int"
                 and weights.get("symmetric", True) and weights.get("strategy") == "channel")

@@ -53,6 +53,10 @@ class Int8g(QuantScheme):
             return f"{self.name} needs in_features divisible by {kernels().INT8_GROUP}; got {in_features}"
         return None
 
+    def stored_table(self, table: Tensor, group_size: int) -> tuple[dict[str, Tensor], str]:
+        q, scale = kernels().quantize_int8_groupwise(table, group_size)
+        return {"weight": q, "weight_scale": scale.half()}, "int-quantized"
+
     def reads(self, weights: dict, fmt: str | None, activations: dict | None) -> bool:
         return (not activations and weights.get("num_bits") == self.code_range and weights.get("type", "int") == "int"
                 and weights.get("symmetric", True) and weights.get("strategy") == "group")

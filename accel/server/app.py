@@ -138,7 +138,7 @@ async def parse_body(request: Request, model_cls):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise invalid(f"the request body is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})") from e
-    roles = raw.count(b'"role"') if model_cls is ChatCompletionRequest else 0  # C speed: ~1 ms for 4 MiB
+    roles = raw.count(b'"role"') if model_cls is ChatCompletionRequest else 0  # C speed, even over 4 MiB
     if roles > MAX_MESSAGES:
         raise invalid(f"{roles} messages were sent; allowed: at most {MAX_MESSAGES}", "messages")
     try:
@@ -261,18 +261,19 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = 
         check_auth(request)
         return ModelList(data=[ModelCard(id=n, max_model_len=async_engine.max_model_len) for n in names])
 
+    async def answer(request: Request, model_cls, handle):
+        """A generation request: authenticated, its body parsed as `model_cls` and checked, then `handle`d."""
+        check_auth(request)
+        req = await parse_body(request, model_cls)
+        check_priority(req)
+        return await handle(req, request)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        check_auth(request)
-        req = await parse_body(request, CompletionRequest)
-        check_priority(req)
-        return await handlers.completions(req, request)
+        return await answer(request, CompletionRequest, handlers.completions)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        check_auth(request)
-        req = await parse_body(request, ChatCompletionRequest)
-        check_priority(req)
-        return await handlers.chat(req, request)
+        return await answer(request, ChatCompletionRequest, handlers.chat)
 
     return app

@@ -8,11 +8,11 @@
 
 Why the loop's own thread and not an engine thread: a step keeps every core busy (its thread team), so the
 loop's per-token work cannot overlap it anyway, and handing each step's outputs to another thread cost two
-cross-core wake-ups per token (~0.1 ms of a ~3.5 ms batch-1 INT8 step on 2 cores); stepping in the loop measured
-1.03-1.04x over HTTP at batch 1 (paired, per request). The price: the loop answers nothing during a step (at
-most one step: a few ms at decode, a prefill chunk's ~0.1 s at worst). Tokenizing stays on its own thread.
-torch's OpenMP pool belongs to the thread that first runs parallel work, so the engine is built on the thread
-that runs the loop (a second pool made batch-1 steps 30-40% slower).
+cross-core wake-ups per token; stepping in the loop measured faster over HTTP at batch 1 (paired, per request;
+docs/DESIGN.md, Server). The price: the loop answers nothing during a step (at most one step: a decode step, a
+prefill chunk at worst). Tokenizing stays on its own thread. torch's OpenMP pool belongs to the thread that
+first runs parallel work, so the engine is built on the thread that runs the loop (a second pool made batch-1
+steps markedly slower).
 
 Failure policy: add_request errors go back to the one caller (ValueError -> 400, QueueFullError -> 429). A
 failure tied to one request (its sampling, verification, detokenization, stop strings) is contained by the

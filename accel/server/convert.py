@@ -122,7 +122,7 @@ def completion_prompt_ids(req: CompletionRequest, tokenizer, max_chars: int | No
 
 def check_message_count(req: ChatCompletionRequest, max_model_len: int) -> None:
     """More messages than the context has tokens cannot fit (a template spends a token or more on each, empty or
-    not): refused before templating, which costs ~1 s for 100,000 empty messages on the tokenizer's thread."""
+    not): refused before templating, whose cost on the tokenizer's thread grows with every message."""
     if len(req.messages) > max_model_len:
         raise invalid(f"{len(req.messages)} messages were sent; allowed: at most {max_model_len}, this model's "
                       "context length in tokens", "messages")
@@ -315,8 +315,8 @@ def sse_text_template(build: Callable[[str], object]) -> Callable[[str], str]:
     """`lambda text: sse(build(text))` for a chunk builder whose chunks differ only in one text field, made fast.
 
     The event is rendered by pydantic once, with a marker as the text, and each token's text is spliced into it
-    (json.dumps of one string). Why: building and dumping the pydantic models for every token cost ~13 us hot and
-    several times that right after a decode step, whose weight stream leaves the caches cold."""
+    (json.dumps of one string). Why: building and dumping the pydantic models for every token costs far more than
+    the splice, and more still right after a decode step, whose weight stream leaves the caches cold."""
     head, mark, tail = sse(build(_MARK)).partition(json.dumps(_MARK))
     if not mark or _MARK in head or _MARK in tail:  # the marker spelled elsewhere too (a model name): no splicing
         return lambda text: sse(build(text))

@@ -153,6 +153,14 @@ class OpenAIHandlers:
     async def _on_tokenizer_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
+    async def _final_logprobs(self, outs: list, params, to_logprobs, *args) -> list:
+        """Each finished choice's logprobs as `to_logprobs(tokenizer, <its tokens' logprobs>, *args)` makes them, on
+        the tokenizer thread; a None each when the request asked for none."""
+        if params.logprobs is None:
+            return [None] * len(outs)
+        tok = self.engine.tokenizer
+        return [await self._on_tokenizer_thread(to_logprobs, tok, *convert.new_logprobs(o, 0), *args) for o in outs]
+
     async def admit(self, ids: list[int], params, request_id: str, priority: int) -> RequestStream:
         """Into the engine, or an APIError: 429/503 with Retry-After when refused, 400 for the engine's checks."""
         retry = {"Retry-After": str(self.engine.policy.retry_after_s)}
@@ -243,13 +251,10 @@ class OpenAIHandlers:
         outs = await collect(streams, request)
         if outs is None:
             return Response(status_code=CLIENT_CLOSED)
-        lps = [None] * len(outs)
-        if params.logprobs is not None:
-            lps = [await self._on_tokenizer_thread(convert.completion_logprobs, tok, *convert.new_logprobs(o, 0),
-                                                   len(echo)) for o in outs]
-            if params.prompt_logprobs is not None:
-                lps = [convert.join_logprobs(await self._on_tokenizer_thread(convert.prompt_logprobs, tok, o), lp)
-                       for o, lp in zip(outs, lps)]
+        lps = await self._final_logprobs(outs, params, convert.completion_logprobs, len(echo))
+        if params.logprobs is not None and params.prompt_logprobs is not None:
+            lps = [convert.join_logprobs(await self._on_tokenizer_thread(convert.prompt_logprobs, tok, o), lp)
+                   for o, lp in zip(outs, lps)]
         return chunk([choice(i, echo + o.text, o, lp) for i, (o, lp) in enumerate(zip(outs, lps))],
                      usage=convert.usage(outs))
 
@@ -324,10 +329,7 @@ class OpenAIHandlers:
         outs = await collect(streams, request)
         if outs is None:
             return Response(status_code=CLIENT_CLOSED)
-        lps = [None] * len(outs)
-        if params.logprobs is not None:
-            lps = [await self._on_tokenizer_thread(convert.chat_logprobs, tok, *convert.new_logprobs(o, 0))
-                   for o in outs]
+        lps = await self._final_logprobs(outs, params, convert.chat_logprobs)
         choices = []
         for i, (o, lp) in enumerate(zip(outs, lps)):
             content, calls = tools.read_reply(mode, o.text, o.finish_reason == "stop")

@@ -3,8 +3,8 @@
 Nothing touches a Prometheus object per step: a step only adds its outputs' token counts and inter-token gaps to
 plain Python buffers (`observe_output`), and `render` (a scrape) folds them into the counters and histograms and
 sets the gauges from the engine's stats as of that moment. Why: Python after a decode step runs with cold caches
-(the step streamed ~100 MB of weights), and the per-step gauge, counter and histogram updates cost ~55 us of a
-~8 ms batch-1 step over HTTP (measured between steps in `accel serve`). Counters that the engine keeps
+(the step streamed the weights), and per-step gauge, counter and histogram updates cost a measurable share of a
+batch-1 step over HTTP (measured between steps in `accel serve`). Counters that the engine keeps
 cumulatively (prefix-cache queries / hits, preemptions) are turned into Prometheus counters by adding the
 increase since the last scrape. Speculative-decoding counters appear as soon
 as the engine reports them on a finished request (`RequestOutput.spec_decode`, see `spec_counters`).

@@ -14,7 +14,7 @@ successes / (successes + failures). Both are exponentially decayed (DECAY per st
 and start from a prior worth PRIOR_WEIGHT steps at PRIOR_ALPHA — or, once the proposer has been verified
 PRIOR_WEIGHT times in this engine, at the acceptance it has shown so far (`global_estimate`): a draft that
 has proven weak on this traffic does not get a fresh 0.5 for every new request (measured: at batch 8-15 a
-distilled draft at acceptance 0.18 cost 9% throughput while each new request learned it again).
+distilled draft of low acceptance cost throughput while each new request learned it again).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def speculation_enabled(batch_size: int, disable_above_batch_size: int | None) -
 MAX_PROBE_BACKOFF = 16
 """A probe that accepts nothing doubles the wait before the next (up to 16 x PROBE_INTERVAL); one that accepts
 halves it. Probing a draft model is not free (it catches up on every token since its last draft, and the target
-verifies an extra row): at batch 8-15 with a draft at acceptance 0.2, fixed 8-step probes cost ~8% throughput."""
+verifies an extra row): at batch 8-15 with a draft of low acceptance, fixed 8-step probes cost throughput."""
 
 
 EXPLORERS_PER_STEP = 1
@@ -199,8 +199,8 @@ class AdaptiveSpeculation:
         if k > 0 and not self.has_global_evidence():
             # Nothing is known about this proposer on this traffic yet: one request at a time explores it on the
             # default prior. Without this, a batch that drops below the cutoff has every request draft at once,
-            # and a draft model's first draft catches up on the request's whole prompt (measured at batch 15:
-            # ~1 s of draft prefill in an 11 s run for a draft whose acceptance then turned out to be 0.16).
+            # and a draft model's first draft catches up on the request's whole prompt (measured at batch 15: a
+            # sizeable share of the run went to draft prefill for a draft whose acceptance then turned out low).
             if explore_budget[0] <= 0:
                 return 0
             explore_budget[0] -= 1
@@ -208,8 +208,8 @@ class AdaptiveSpeculation:
                 and self._probe_can_pay(est, cost):
             # probe: keep measuring a request whose drafts stopped paying off. Probes are exploration too, so at
             # most EXPLORERS_PER_STEP per step: requests that started together would otherwise all probe in the same
-            # step, and a draft model then prefills every one of their prompts at once (measured at batch 15:
-            # 0.87x of no speculation for a draft that never drafted more than its probes)
+            # step, and a draft model then prefills every one of their prompts at once (measured at batch 15: slower
+            # than no speculation for a draft that never drafted more than its probes)
             if explore_budget[0] <= 0:
                 return 0
             explore_budget[0] -= 1
@@ -275,8 +275,8 @@ class CostMeter:
     propose_ratio: float | None = None
     _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, w x, w x^2, w y, w x y
     # decode-only steps of one request with 1 and 2 rows: their last seconds. The 2nd row is where the linear fit is
-    # furthest off (fp32 row kernels stream each weight once for both rows: 1.00x of a 1-row step, INT8 1.20x, INT4
-    # 1.61x on 2 AVX2 EPYC cores), and what a one-token guess costs
+    # furthest off (fp32 row kernels stream each weight once for both rows, so there it is nearly free; INT8's and
+    # INT4's cost more on AVX2), and what a one-token guess costs
     _one_request: dict[int, deque] = field(default_factory=lambda: {1: deque(maxlen=ROW_COST_WINDOW),
                                                                     2: deque(maxlen=ROW_COST_WINDOW)})
     steps_since_two_rows: int = 0  # decode-only steps of one request since the last one with 2 rows
@@ -304,9 +304,8 @@ class CostMeter:
         """Extra cost of a request's 2nd row at batch 1, in 1-row steps: the median 2-row step over the median 1-row
         step of the last ROW_COST_WINDOW each (None until ROW_COST_MIN_SAMPLES of each ran). Why medians: the
         guesses this decides stop once it reads high, and with them the 2-row samples that would correct it; an
-        exponential average seeded by an engine's first 2-row steps (20.6, 32.1, 42.2 ms against 17-20 ms 1-row
-        steps: first-call costs) read 0.63-0.90 where the 2nd row costs 0.07 (fp32, Zen 4), and n-gram ran 1.94x
-        without guesses."""
+        exponential average seeded by an engine's first 2-row steps (first-call costs, far above the 1-row steps')
+        read the 2nd row at many times its cost (fp32, Zen 4), and n-gram ran without guesses."""
         t1, t2 = self._one_request[1], self._one_request[2]
         if len(t1) < ROW_COST_MIN_SAMPLES or len(t2) < ROW_COST_MIN_SAMPLES:
             return None
@@ -328,9 +327,9 @@ class CostMeter:
 
         Why B: the batch's throughput is sum(tokens) / T. One more verified row adds b seconds for *every* request
         of the batch, so it pays off only if its expected extra tokens exceed b * sum(tokens) / T ~ b * B / T(B)
-        (at batch 1 the familiar b / T). On this CPU b ~ 4 ms and T(15) ~ 110 ms, so a draft row at batch 15 costs
-        ~0.55 of a request's share of the step: only very likely drafts pay, where b / T alone (~0.04) would let
-        every request draft up to the max_step_rows cap."""
+        (at batch 1 the familiar b / T). On a CPU a step's time grows slowly with its rows, so a draft row at batch
+        15 costs a large part of a request's share of the step: only very likely drafts pay, where b / T alone would
+        let every request draft up to the max_step_rows cap."""
         rows = max(1, decode_rows)
         b = self.slope()
         if b is None:

@@ -17,12 +17,11 @@ SPEC_METHODS = ("ngram", "draft")
 
 
 # Speculation off from this many running requests, per method (CPU, closed batches of open-ended chat on the
-# real model, bench_spec.py, 4 rotated repeats): n-gram lookup costs no draft forward and reads 1.27x at batch 4,
-# 0.96x at batch 8; the EAGLE draft (a forward ~0.1 of a step, acceptance ~0.5) 1.07x at batch 4 but 0.90x at
-# batch 8, and 0.94x at batch 16 with drafting from 8 running down. n-gram at 8 read 0.89-0.94x in closed batches
-# of 16 (drafting in their tail, 5-7 running, where the longest request sets the wall time anyway) against 1.03x
-# for a cutoff of 4, so both methods stop at 5. On a GPU verification is nearly free and the cutoff belongs at 32
-# or more.
+# real model, bench_spec.py, 4 rotated repeats): n-gram lookup costs no draft forward and gains at batch 4, not at
+# batch 8 (docs/DESIGN.md, Speculative decoding); the EAGLE draft gains at batch 4 but loses at batch 8, and at
+# batch 16 with drafting from 8 running down. In closed batches of 16 (drafting in their tail, where the longest
+# request sets the wall time anyway) n-gram lost with a cutoff of 8 and gained with one of 4, so both methods stop
+# at 5. On a GPU verification is nearly free and the cutoff belongs at 32 or more.
 DISABLE_ABOVE_BATCH_SIZE = {"ngram": 5, "draft": 5}
 
 

@@ -41,9 +41,8 @@ log = logging.getLogger("accel.engine")
 # what one-token guesses are assumed to accept until they have been verified GUESS_PRIOR_WEIGHT times
 GUESS_PRIOR_ACCEPTANCE, GUESS_PRIOR_WEIGHT = 0.2, 10.0
 # a free row is taken where guesses accept this many times its measured cost, not just at break-even: INT8 without
-# VNNI (2nd row 0.20 of a step, guesses right 25%) measured n-gram 1.38x with guesses against 1.43x without. fp32 on
-# Zen 4 with a fast memory stream (2nd row ~0.09, guesses right 26%), paired: 2x guessed 10-223 times a repeat and
-# 1.5x 209-271, n-gram 1.888x against 1.903x (4 of 4 repeats 1.002-1.017x); 1x gained no more
+# VNNI measured n-gram slower with guesses than without. fp32 on Zen 4 with a fast memory stream, paired: at 2
+# some repeats hardly guessed, at 1.5 every repeat did, and 1 gained no more
 GUESS_PAYBACK = 1.5
 # where guesses do not pay, the free row still comes back once this many steps passed without a 2-row step (and
 # until one runs): the measured cost stays current (a 2nd row that got cheaper would otherwise never be measured)
@@ -153,7 +152,7 @@ class SpecDecoder:
         # the chains early (`Proposals.num_forwards`). The adaptive rule charges k x c for a draft of length k, and with
         # gates the real cost is (forwards run) x (seconds per forward), so c per allowed token (proposing time /
         # max k) is the one that makes k x c right; the gates, not k, then decide the chain length. (Charging c
-        # per forward run instead measured the same within noise at batch 1: 1.21-1.27x.)
+        # per forward run instead measured the same within noise at batch 1.)
         self._draft_forwards = max(r.k for r in reqs)
         if props.max_catchup > self.config.num_speculative_tokens + 1:
             # a request's first draft (or one after a pause) prefilled its context: a one-time cost per request,
@@ -226,9 +225,9 @@ class SpecDecoder:
     def _free_row(self, batch: int) -> bool:
         """Whether a free proposer drafts this step whatever the adaptive length, guessing one token where nothing
         better matches. At batch 1 a 2nd row can cost the target next to nothing (fp32: the row kernel streams
-        each weight once for both rows), and then a guess right 18% of the time (n-gram, input-grounded prompts)
-        pays: n-gram 1.95x -> 2.0-2.05x there. Decided on measurements of this engine: the 2nd row's cost
-        (`CostMeter.second_row_cost`; INT8's 1.20x and INT4's 1.61x steps without VNNI do not pay) against the
+        each weight once for both rows), and then even a guess that is mostly wrong (n-gram, input-grounded prompts)
+        pays (docs/DESIGN.md, Speculative decoding: free row). Decided on measurements of this engine: the 2nd row's
+        cost (`CostMeter.second_row_cost`; INT8's and INT4's dearer 2-row steps without VNNI do not pay) against the
         guesses' acceptance."""
         if batch != 1 or not self.proposer.free or self.adaptive.config.k_max == 0:
             return False
@@ -255,7 +254,7 @@ class SpecDecoder:
             n = len(req.spec_token_ids)
             accepted = len(sampled) - 1
             # a guess says nothing of the request's acceptance on real drafts: a step without one, for the estimate
-            # (counting guesses, mostly wrong, measured 1-2% slower on input-grounded prompts: later real drafts
+            # (counting guesses, mostly wrong, measured slower on input-grounded prompts: later real drafts
             # were cut short)
             self.adaptive.observe(rid, 0, 0) if rid in self._guessed else self.adaptive.observe(rid, n, accepted)
             if n == 0:

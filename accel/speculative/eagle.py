@@ -35,10 +35,9 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from accel.runtime.models import CausalLM, NativeDecode, fuse_projections
-from accel.runtime.outputs import ScheduledRequest
 from accel.runtime.sequence import Sequence
 from accel.speculative.paged_draft import _GREEDY, PagedDraftProposer
-from accel.speculative.proposer import DRAFT_META_FILE, TOKENIZER_FILES, ProposalRequest, Proposals
+from accel.speculative.proposer import DRAFT_META_FILE, TOKENIZER_FILES, ProposalRequest
 from accel.speculative.tokenizer_check import check_tokenizers_match
 
 EAGLE_METHOD = "eagle"
@@ -101,8 +100,8 @@ class EagleDraft(CausalLM):
                        features: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """-> (h [T, H], head logits of `logit_rows` [R, K] float32, their argmax or None). A step the native
         decode takes (the chain's one-row forwards, short catch-up spans) runs fc, the layer, norm and head in one
-        call. Why: the module path cost ~1.0 ms per forward on a 2-core CPU against a few hundred us of weights
-        (int8: 4 MB for the layer and 8,192 head rows), and a chain runs several per target step."""
+        call. Why: on a 2-core CPU the module path's per-op overhead outweighs streaming the weights (int8: 4 MB
+        for the layer and 8,192 head rows), and a chain runs several forwards per target step."""
         native = getattr(self, "native_decode", None)
         if native is not None and native.has_head and native.takes(meta, input_ids.shape[0]):
             return native(*self._inputs(input_ids, positions, features), meta, kv_caches, logit_rows)
@@ -191,6 +190,8 @@ class EagleProposer(PagedDraftProposer):
     carries the long context. None: the whole context. Outputs stay exact either way (verification).
     """
 
+    feeds_features = True
+
     def __init__(self, model: EagleDraft, vocab_ids: list[int], target_runner, num_blocks: int,
                  block_size: int = 16, context_window: int | None = DEFAULT_CONTEXT_WINDOW) -> None:
         super().__init__(model, num_blocks, block_size, vocab_ids=None)
@@ -254,65 +255,27 @@ class EagleProposer(PagedDraftProposer):
             return None
         if seq is None:
             seq = self.seqs[r.request_id] = Sequence(r.request_id, shifted, _GREEDY)
-        keep = 0
-        limit = min(seq.num_computed_tokens, self.num_real.get(r.request_id, 0), len(shifted) - 1)
-        old = seq.prompt_token_ids
-        while keep < limit and old[keep] == shifted[keep]:
-            keep += 1
-        seq.prompt_token_ids = shifted
-        seq.num_computed_tokens = keep
-        if self.kv.allocate_slots(seq, len(shifted) - keep + r.k - 1) is None:
-            return None
-        return seq
+        return self._rewind(seq, shifted, r.k, max_keep=self.num_real.get(r.request_id, 0))
+
+    def _first_features(self, r: ProposalRequest, seq: Sequence) -> Tensor:
+        """The target's real features for the positions `seq` catches up on; they count as real from now."""
+        base = self.base[r.request_id]
+        feats = self._real_features(r.block_table, base + seq.num_computed_tokens, base + seq.num_tokens)
+        self.num_real[r.request_id] = seq.num_tokens
+        return feats
 
     def _real_features(self, block_table: list[int], start: int, end: int) -> Tensor:
         """The target's features f_start .. f_{end-1} from its feature cache (rows by KV slot)."""
         bs = self.block_size
         cache = self.target_runner.feature_cache
-        # slots as a Python list, one tensor made: these are 1-9 positions a step, and tensor arithmetic on the
-        # whole block table cost ~0.2 ms
+        # slots as a Python list, one tensor made: these are 1-9 positions a step, where tensor arithmetic on the
+        # whole block table costs more
         slots = [block_table[p // bs] * bs + p % bs for p in range(start, end)]
         return cache.index_select(0, torch.tensor(slots, dtype=torch.long, device=cache.device))
 
-    @torch.inference_mode()
-    def propose(self, requests: list[ProposalRequest]) -> Proposals:
-        drafts: list[list[int]] = [[] for _ in requests]
-        qs: list[list[Tensor]] = [[] for _ in requests]
-        active, feats = [], []
-        for i, r in enumerate(requests):
-            if r.k < 0:
-                raise ValueError(f"k={r.k} is invalid for request {r.request_id!r}; allowed: >= 0")
-            seq = self._prepare(r) if r.k > 0 else None
-            if seq is not None:
-                active.append((i, seq))
-                base = self.base[r.request_id]
-                feats.append(self._real_features(r.block_table, base + seq.num_computed_tokens,
-                                                 base + seq.num_tokens))
-                self.num_real[r.request_id] = seq.num_tokens
-        catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
-        path = [1.0] * len(requests)
-        forwards = 0
-        while active:
-            forwards += 1
-            scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
-            ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
-            picked = [row for _, row in rows]
-            hidden, logits, _ = self.model.forward_logits(ids, pos, meta, self.runner.kv_caches, picked,
+    def _forward(self, ids: Tensor, pos: Tensor, meta, picked: list[int], feats: list[Tensor]
+                 ) -> tuple[Tensor, Tensor | None]:
+        hidden, logits, _ = self.model.forward_logits(ids, pos, meta, self.runner.kv_caches, picked,
                                                        features=torch.cat(feats))  # [T, H], [B, K]
-            last = hidden[torch.tensor(picked, device=hidden.device)]  # [B, H]
-            tokens, q, top = self._pick(last, [requests[i] for i, _ in active],
-                                        [drafts[i] for i, _ in active], reduced=logits)
-            nxt, feats = [], []
-            for b, (i, seq) in enumerate(active):
-                seq.num_computed_tokens = seq.num_tokens
-                if not self._take(tokens, q, top, b, i, path, drafts, qs, requests):
-                    continue
-                if len(drafts[i]) < requests[i].k and self._goes_on(path[i]):
-                    seq.prompt_token_ids.append(tokens[b])  # fed next step with the predicted feature
-                    nxt.append((i, seq))
-                    feats.append(last[b: b + 1])
-            active = nxt
-        probs = [torch.stack(q) if q else None for q in qs]
-        return Proposals(drafts, probs if any(p is not None for p in probs) else None, num_forwards=forwards,
-                         max_catchup=catchup)
+        return hidden[torch.tensor(picked, device=hidden.device)], logits
 

@@ -44,8 +44,8 @@ def propose_ngram(token_ids: list[int] | np.ndarray, k: int, min_n: int = 2, max
 class NgramIndex:
     """`propose_ngram` for one request, whose verified tokens only grow: the most recent start of every n-gram
     (min_n..max_n) is kept in a dict as tokens arrive, so a step costs a few lookups plus the new tokens' n-grams
-    instead of a scan of the whole context (propose_ngram: 50-130 us per call at 300-1,500 tokens, 2-4% of an
-    INT8 batch-1 decode step). Same answers as `propose_ngram` on every prefix.
+    instead of a scan of the whole context (`propose_ngram`'s cost grows with the context, to a measurable share of
+    an INT8 batch-1 decode step). Same answers as `propose_ngram` on every prefix.
 
     `guess` serves where no n-gram of min_n tokens matches: the token that most often followed the last token
     (ties: the most recent). On input-grounded prompts that guess is right 25% of the time where only the last

@@ -55,6 +55,8 @@ class PagedDraftProposer(Proposer):
     vocab_ids: target ids the draft may propose (None: all).
     """
 
+    feeds_features = False  # a draft that reads a feature with each token (EagleProposer): see `_first_features`
+
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16,
                  vocab_ids: list[int] | None = None) -> None:
         self.model = model
@@ -116,28 +118,43 @@ class PagedDraftProposer(Proposer):
         seq = self.seqs.get(r.request_id)
         if seq is None:
             seq = self.seqs[r.request_id] = Sequence(r.request_id, tokens, _GREEDY)
-        keep, limit = 0, min(seq.num_computed_tokens, len(tokens) - 1)  # always feed >= 1 token for its logits
+        return self._rewind(seq, tokens, r.k)
+
+    def _rewind(self, seq: Sequence, tokens: list[int], k: int, max_keep: int | None = None) -> Sequence | None:
+        """`seq` set to `tokens`, keeping the computed prefix they share (at most `max_keep` positions) and always
+        one token to feed for its logits, with KV slots for that feed and k - 1 more; None when the pool is full."""
+        limit = min(seq.num_computed_tokens, len(tokens) - 1)
+        if max_keep is not None:
+            limit = min(limit, max_keep)
+        keep = 0
         old = seq.prompt_token_ids
         while keep < limit and old[keep] == tokens[keep]:
             keep += 1
         seq.prompt_token_ids = tokens
         seq.num_computed_tokens = keep
-        if self.kv.allocate_slots(seq, len(tokens) - keep + r.k - 1) is None:
+        if self.kv.allocate_slots(seq, len(tokens) - keep + k - 1) is None:
             return None
         return seq
+
+    def _first_features(self, r: ProposalRequest, seq: Sequence) -> Tensor:
+        """The features fed with the tokens `seq` catches up on in a proposal's first forward; only drafts that
+        `feeds_features` are asked (later forwards feed each chain its own last hidden state)."""
+        raise NotImplementedError(f"{type(self).__name__} feeds tokens only")
 
     # ---- proposing -------------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> Proposals:
         drafts: list[list[int]] = [[] for _ in requests]
         qs: list[list[Tensor]] = [[] for _ in requests]
-        active = []
+        active, feats = [], []
         for i, r in enumerate(requests):
             if r.k < 0:
                 raise ValueError(f"k={r.k} is invalid for request {r.request_id!r}; allowed: >= 0")
             seq = self._prepare(r) if r.k > 0 else None
             if seq is not None:
                 active.append((i, seq))
+                if self.feeds_features:
+                    feats.append(self._first_features(r, seq))
         catchup = max((seq.num_tokens - seq.num_computed_tokens for _, seq in active), default=0)
         path = [1.0] * len(requests)
         forwards = 0
@@ -145,11 +162,10 @@ class PagedDraftProposer(Proposer):
             forwards += 1
             scheduled = [ScheduledRequest(seq, seq.num_tokens - seq.num_computed_tokens) for _, seq in active]
             ids, pos, meta, rows = self.runner.prepare_inputs(scheduled)
-            hidden = self.model(ids, pos, meta, self.runner.kv_caches)  # [T, H]
-            last = hidden[torch.tensor([row for _, row in rows], device=hidden.device)]  # [B, H]
+            last, reduced = self._forward(ids, pos, meta, [row for _, row in rows], feats)  # [B, H], [B, K] | None
             tokens, q, top = self._pick(last, [requests[i] for i, _ in active],
-                                              [drafts[i] for i, _ in active])
-            nxt = []
+                                        [drafts[i] for i, _ in active], reduced=reduced)
+            nxt, feats = [], []
             for b, (i, seq) in enumerate(active):
                 seq.num_computed_tokens = seq.num_tokens
                 if not self._take(tokens, q, top, b, i, path, drafts, qs, requests):
@@ -157,10 +173,20 @@ class PagedDraftProposer(Proposer):
                 if len(drafts[i]) < requests[i].k and self._goes_on(path[i]):
                     seq.prompt_token_ids.append(tokens[b])  # fed next step
                     nxt.append((i, seq))
+                    if self.feeds_features:
+                        feats.append(last[b: b + 1])  # ... with the predicted feature
             active = nxt
         probs = [torch.stack(q) if q else None for q in qs]
         return Proposals(drafts, probs if any(p is not None for p in probs) else None, num_forwards=forwards,
                          max_catchup=catchup)
+
+    def _forward(self, ids: Tensor, pos: Tensor, meta, picked: list[int], feats: list[Tensor]
+                 ) -> tuple[Tensor, Tensor | None]:
+        """One draft forward -> (the hidden states of rows `picked` [B, H], their logits over vocab_ids [B, K] when
+        the forward computes them, else None). `feats`: per request fed, the features of its tokens [n, H], for a
+        draft that `feeds_features` (empty otherwise)."""
+        hidden = self.model(ids, pos, meta, self.runner.kv_caches)  # [T, H]
+        return hidden[torch.tensor(picked, device=hidden.device)], None
 
     def _take(self, tokens: list[int], q: Tensor | None, top: list[float] | None, b: int, i: int,
               path: list[float], drafts: list[list[int]], qs: list[list[Tensor]],
@@ -216,7 +242,7 @@ class PagedDraftProposer(Proposer):
 
     def _reduced_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, H] -> logits [B, K] over vocab_ids (self.head set). The K x H head goes through the runtime's
-        fp32 kernel (AVX2 GEMV on CPU: ~3x torch's matmul for these 1-16 rows; the head is ~40% of a 2-layer
+        fp32 kernel (AVX2 GEMV on CPU: faster than torch's matmul for these 1-16 rows; the head is ~40% of a 2-layer
         draft's bytes per forward)."""
         if self._head_linear is None:
             from accel.kernels.linear import PackedLinear

@@ -109,21 +109,21 @@ def test_calibration_batches_mix_by_damage_by_default_and_keep_the_draw_when_the
 
 
 def test_int4f_joins_int4_where_the_weights_sit_on_a_float_min_grid_unless_vllm_must_load_them():
-    from accel.quant.plan import int4_candidates
+    from accel.quant.plan import joining_candidates
     from tests.quant.test_quantize import _q4_1_grid
 
     grid = make_tiny_llama(initializer_range=0.1)
     _q4_1_grid(grid)  # every Linear on a GGUF Q4_1 grid (fp16 d and min per 32), as SmolLM2's release is
-    cands, ratio = int4_candidates(grid, ["int4", "int8", "fp16"], 32, "transformers")
-    assert cands == ["int4", "int8", "fp16", "int4f"] and ratio < 0.01
-    assert int4_candidates(grid, ["int4"], 32, None)[0] == ["int4", "int4f"]
-    assert int4_candidates(grid, ["int8", "fp16"], 32, None) == (["int8", "fp16"], None)  # the recipe asked no 4 bits
-    assert int4_candidates(grid, ["int4", "int8"], 32, "vllm") == (["int4", "int8"], None)  # no float-zero kernel
-    assert int4_candidates(grid, ["int4f", "int4"], 32, None) == (["int4f", "int4"], None)  # asked for
-    assert int4_candidates(grid, ["int4", "int8"], 64, None)[1] > 0.5  # a grid of 32 is not one of 64
+    cands, ratios = joining_candidates(grid, ["int4", "int8", "fp16"], 32, "transformers")
+    assert cands == ["int4", "int8", "fp16", "int4f"] and ratios["int4f"] < 0.01
+    assert joining_candidates(grid, ["int4"], 32, None)[0] == ["int4", "int4f"]
+    assert joining_candidates(grid, ["int8", "fp16"], 32, None) == (["int8", "fp16"], {})  # the recipe asked no 4 bits
+    assert joining_candidates(grid, ["int4", "int8"], 32, "vllm") == (["int4", "int8"], {})  # no float-zero kernel
+    assert joining_candidates(grid, ["int4f", "int4"], 32, None) == (["int4f", "int4"], {})  # asked for
+    assert joining_candidates(grid, ["int4", "int8"], 64, None)[1]["int4f"] > 0.5  # a grid of 32 is not one of 64
     plain = make_tiny_llama(initializer_range=0.1)  # gaussian weights: the float zero point gains little
-    cands, ratio = int4_candidates(plain, ["int4", "int8"], 32, "transformers")
-    assert cands == ["int4", "int8"] and 0.5 < ratio < 1.0
+    cands, ratios = joining_candidates(plain, ["int4", "int8"], 32, "transformers")
+    assert cands == ["int4", "int8"] and 0.5 < ratios["int4f"] < 1.0
 
 
 def test_int4f_is_offered_only_at_the_group_sizes_where_it_was_measured():

@@ -80,14 +80,16 @@ def test_a_failing_verification_ends_that_request_only(tiny_llama_dir, prompts, 
             return Proposals([[5] * r.k for r in requests])
 
     engine.spec.proposer = AlwaysDraft()
-    verify = engine.runner._verify
+    from accel.runtime import row_processors
 
-    def failing_verify(hidden, spec, draft_probs, argmax=None):
+    verify = row_processors.verify
+
+    def failing_verify(sampler, logits, spec, *args):
         if any(r.seq.params.seed == MAGIC_SEED for r, _ in spec):
             raise RuntimeError("verification failed for this request")
-        return verify(hidden, spec, draft_probs, argmax)
+        return verify(sampler, logits, spec, *args)
 
-    monkeypatch.setattr(engine.runner, "_verify", failing_verify)
+    monkeypatch.setattr(row_processors, "verify", failing_verify)
     outs = _run(engine, prompts, [GREEDY, SAMPLED, VICTIM])
     # drafts never change a greedy output; the seeded request draws differently when verified, so compare to
     # a run with the same drafts and no victim

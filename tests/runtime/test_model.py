@@ -66,23 +66,25 @@ def prompts_and_refs(tiny_llama_dir):
     return prompts, _greedy_refs(hf, prompts)
 
 
-def test_greedy_identical_one_batch(tiny_llama_dir, prompts_and_refs):
+def _greedy_identical(tiny_llama_dir, prompts_and_refs, **engine_args) -> Engine:
+    """An engine built with `engine_args` whose greedy replies to the shared prompts were checked equal to
+    transformers'; returned for the test's own checks."""
     path, _ = tiny_llama_dir
     prompts, refs = prompts_and_refs
-    engine = Engine.from_pretrained(path, num_kv_blocks=512, block_size=4, max_num_batched_tokens=4096,
-                                    num_scheduler_steps=1)
-    outs = engine.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outs] == refs
+    engine = Engine.from_pretrained(path, **engine_args)
+    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == refs
+    return engine
+
+
+def test_greedy_identical_one_batch(tiny_llama_dir, prompts_and_refs):
+    engine = _greedy_identical(tiny_llama_dir, prompts_and_refs, num_kv_blocks=512, block_size=4,
+                               max_num_batched_tokens=4096, num_scheduler_steps=1)
     assert engine.stats().num_steps == 8  # everything ran together: one prefill step + 7 decode steps
 
 
 def test_greedy_identical_chunked_prefill(tiny_llama_dir, prompts_and_refs):
-    path, _ = tiny_llama_dir
-    prompts, refs = prompts_and_refs
-    engine = Engine.from_pretrained(path, num_kv_blocks=512, block_size=4, max_num_batched_tokens=24,
-                                    long_prefill_token_threshold=None)
-    outs = engine.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outs] == refs
+    engine = _greedy_identical(tiny_llama_dir, prompts_and_refs, num_kv_blocks=512, block_size=4,
+                               max_num_batched_tokens=24, long_prefill_token_threshold=None)
     assert engine.kv.num_held_blocks() == 0
 
 
@@ -104,23 +106,16 @@ def test_greedy_identical_with_prefix_cache_hits(tiny_llama_dir):
 
 
 def test_greedy_identical_with_preemption(tiny_llama_dir, prompts_and_refs):
-    path, _ = tiny_llama_dir
-    prompts, refs = prompts_and_refs
-    engine = Engine.from_pretrained(path, num_kv_blocks=40, block_size=4, max_num_batched_tokens=64)
-    outs = engine.generate(prompts, GREEDY)
+    engine = _greedy_identical(tiny_llama_dir, prompts_and_refs, num_kv_blocks=40, block_size=4,
+                               max_num_batched_tokens=64)
     assert engine.stats().num_preemptions > 0
-    assert [o.token_ids for o in outs] == refs
     assert engine.kv.num_held_blocks() == 0
 
 
 def test_greedy_identical_preemption_without_prefix_cache(tiny_llama_dir, prompts_and_refs):
-    path, _ = tiny_llama_dir
-    prompts, refs = prompts_and_refs
-    engine = Engine.from_pretrained(path, num_kv_blocks=40, block_size=8, max_num_batched_tokens=32,
-                                    enable_prefix_caching=False)
-    outs = engine.generate(prompts, GREEDY)
+    engine = _greedy_identical(tiny_llama_dir, prompts_and_refs, num_kv_blocks=40, block_size=8,
+                               max_num_batched_tokens=32, enable_prefix_caching=False)
     assert engine.stats().num_preemptions > 0
-    assert [o.token_ids for o in outs] == refs
 
 
 def test_int8_kv_cache_is_close(tiny_llama_dir, prompts_and_refs):
@@ -133,11 +128,9 @@ def test_int8_kv_cache_is_close(tiny_llama_dir, prompts_and_refs):
 
 
 def test_unfused_projections_give_the_same_tokens(tiny_llama_dir, prompts_and_refs):
-    path, _ = tiny_llama_dir
-    prompts, refs = prompts_and_refs
-    engine = Engine.from_pretrained(path, num_kv_blocks=512, block_size=4, fuse_projections=False)
+    engine = _greedy_identical(tiny_llama_dir, prompts_and_refs, num_kv_blocks=512, block_size=4,
+                               fuse_projections=False)
     assert hasattr(engine.model.model.layers[0].self_attn, "q_proj")
-    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == refs
 
 
 def test_fusion_skips_swapped_linears(tiny_llama_dir):

@@ -87,8 +87,8 @@ def _top_probs(prop, reqs):
     seen: dict[int, list[float]] = {}
     real = prop._pick
 
-    def spy(last, rs, drafts):
-        out = real(last, rs, drafts)
+    def spy(last, rs, drafts, reduced=None):
+        out = real(last, rs, drafts, reduced)
         for r, p in zip(rs, out[2]):
             seen.setdefault(id(r), []).append(p)
         return out
@@ -181,23 +181,19 @@ def test_path_gate_for_sampled_rows_depends_on_the_context_not_the_draw(draft):
         assert out.token_ids == [[]]
 
 
-def test_path_gate_validation():
-    assert SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_path_confidence=0.3),
-                                  draft_dir="d").draft_min_path_confidence == 0.3
-    with pytest.raises(ValueError, match="draft_min_path_confidence=1.0 is invalid"):
-        SpeculativeConfig(method="draft", draft_model="d", draft_min_path_confidence=1.0)
+@pytest.mark.parametrize("field, ok, bad", [("draft_min_path_confidence", 0.3, (1.0, 0.0)),
+                                             ("draft_min_first_confidence", 0.2, (0.0, 1.0))])
+def test_path_gate_validation(field, ok, bad):
+    """`bad`: a value each of SpeculativeConfig and the recipe's SpeculationConfig refuses."""
+    runtime_bad, recipe_bad = bad
+    config = SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", **{field: ok}), draft_dir="d")
+    assert getattr(config, field) == ok
+    with pytest.raises(ValueError, match=f"{field}={runtime_bad} is invalid"):
+        SpeculativeConfig(method="draft", draft_model="d", **{field: runtime_bad})
     with pytest.raises(ValueError, match="needs a draft model; method is .ngram."):
-        SpeculativeConfig(method="ngram", draft_min_path_confidence=0.3)
-    assert SpeculativeConfig.from_recipe(SpeculationConfig(method="distilled", draft_min_first_confidence=0.2),
-                                  draft_dir="d").draft_min_first_confidence == 0.2
-    with pytest.raises(ValueError, match="draft_min_first_confidence=0.0 is invalid"):
-        SpeculativeConfig(method="draft", draft_model="d", draft_min_first_confidence=0.0)
-    with pytest.raises(ValueError, match="needs a draft model; method is .ngram."):
-        SpeculativeConfig(method="ngram", draft_min_first_confidence=0.2)
-    with pytest.raises(ValueError, match="draft_min_first_confidence"):
-        SpeculationConfig(method="distilled", draft_min_first_confidence=1.0)
-    with pytest.raises(ValueError, match="draft_min_path_confidence"):
-        SpeculationConfig(method="distilled", draft_min_path_confidence=0.0)
+        SpeculativeConfig(method="ngram", **{field: ok})
+    with pytest.raises(ValueError, match=field):
+        SpeculationConfig(method="distilled", **{field: recipe_bad})
 
 
 def test_ngram_first_from_the_recipe_carries_the_lookup_sizes():

@@ -204,8 +204,8 @@ class MLP(nn.Module):
 
 
 def longs(values: list[int], device: torch.device | None = None) -> Tensor:
-    """A long tensor of `values`. Why not torch.tensor: it infers each element's type, and a decode step's eight
-    few-element lists cost ~0.1 ms that way with caches cold after the weight stream (~3x this)."""
+    """A long tensor of `values`. Why not torch.tensor: it infers each element's type, a cost a decode step's eight
+    few-element lists pay with caches cold after the weight stream."""
     if not values:
         return torch.empty(0, dtype=torch.long, device=device)
     t = torch.frombuffer(array("q", values), dtype=torch.long)

@@ -94,26 +94,30 @@ class NativeDecode:
                 return None
             native.tensors.set_input_proj(weights, proj)
         else:
-            from accel.kernels.linear import Int8Embedding
-
-            table = model.model.embed_tokens
-            # an INT8 table's own integers and scales (its `.weight` would be a dequantized fp32 copy); an INT4
-            # table has none the native gather reads: its rows are gathered before the call (`inputs`)
-            embed, embed_scales = ((table.qweight, table.scales) if isinstance(table, Int8Embedding)
-                                   else (getattr(table, "weight", None), _NO_FLOATS))
-            tables = [model.cos, model.sin_signed]
-            if (embed is not None and all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2
-                                          for t in tables)
-                    and embed.dtype in (torch.float32, torch.float16, torch.int8)
-                    and getattr(table, "embed_scale", None) is None):
-                native.tensors.set_tables(embed.contiguous(), *(t.contiguous() for t in tables),
-                                          getattr(model, "embed_scale", 1.0), embed_scales.contiguous())
-                if local_rope:
-                    native.tensors.set_local_rope(*(t.contiguous() for t in model.tables["sliding_attention"]))
-                native.has_tables = True
+            native._set_tables(model, local_rope)
         if local_rope and not native.has_tables:
             return None  # the local table is only gathered from positions
         return native
+
+    def _set_tables(self, model: CausalLM, local_rope: bool) -> None:
+        """Hand the step the token table and rotary tables where it can gather from them itself (has_tables)."""
+        from accel.kernels.linear import Int8Embedding
+
+        table = model.model.embed_tokens
+        # an INT8 table's own integers and scales (its `.weight` would be a dequantized fp32 copy); an INT4
+        # table has none the native gather reads: its rows are gathered before the call (`inputs`)
+        embed, embed_scales = ((table.qweight, table.scales) if isinstance(table, Int8Embedding)
+                               else (getattr(table, "weight", None), _NO_FLOATS))
+        tables = [model.cos, model.sin_signed]
+        if (embed is not None and all(isinstance(t, Tensor) and t.dtype == torch.float32 and t.dim() == 2
+                                      for t in tables)
+                and embed.dtype in (torch.float32, torch.float16, torch.int8)
+                and getattr(table, "embed_scale", None) is None):
+            self.tensors.set_tables(embed.contiguous(), *(t.contiguous() for t in tables),
+                                    getattr(model, "embed_scale", 1.0), embed_scales.contiguous())
+            if local_rope:
+                self.tensors.set_local_rope(*(t.contiguous() for t in model.tables["sliding_attention"]))
+            self.has_tables = True
 
     def inputs(self, model: CausalLM, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """The call's (x, cos, sin): token ids and positions where the tables are set, else the gathered rows."""

@@ -1,0 +1,71 @@
+"""README's tables, rendered from the benchmark ledger (`accel.bench.ledger`).
+
+A README block
+
+    <!-- ledger: RENDERER KEY [KEY ...] -->
+    ...
+    <!-- /ledger -->
+
+is what RENDERER makes of those entries: the machine and commit line, the table, the command that measured it.
+`scripts/render_readme.py` rewrites every block; `tests/test_readme_ledger.py` fails when one differs from its
+rendering, so a figure in README is always the ledger's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from accel.bench.ledger import LEDGER_DIR, read
+
+BLOCK = re.compile(r"(<!-- ledger: (\S+)((?: \S+)+) -->\n)(.*?)(<!-- /ledger -->)", re.S)
+
+
+def machine_line(entries: list[dict]) -> str:
+    """'CPU, N cores (flags), commit C': one machine per table, or the table refuses to render."""
+    machines = {(e["machine"]["cpu"], e["machine"]["cores"]) for e in entries}
+    if len(machines) != 1:
+        raise ValueError(f"entries {[e['key'] for e in entries]} were measured on different machines: "
+                         f"{sorted(machines)}; re-measure them on one")
+    m = entries[0]["machine"]
+    flags = ", ".join(f for f in m["flags"] if f.startswith(("avx512f", "avx512_vnni", "amx"))) or "AVX2"
+    commits = sorted({e["commit"][:7] + ("+dirty" if e["commit"].endswith("+dirty") else "") for e in entries})
+    return f"{m['cpu']}, {m['cores']} cores ({flags}), {m['memory_gb']:.0f} GB; commit {', '.join(commits)}"
+
+
+def _cell(entry: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
+    f = entry["figures"].get(key)
+    if f is None:
+        return "-"
+    med = f["median"] * scale
+    if f["n"] > 1:
+        return f"{med:.{digits}f} ± {(f['max'] - f['min']) * scale / 2:.{digits}f}"
+    return f"{med:.{digits}f}"
+
+
+def optimize_costs(entries: list[dict]) -> str:
+    """`scripts/bench_optimize.py` entries: minutes of the long stages and of the whole run, and its peak RSS."""
+    head = "| recipe | sensitivity, min | quantize, min | evaluate, min | whole run, min | peak RSS, GB |"
+    rows = [head, "|---|---|---|---|---|---|"]
+    for e in entries:
+        name = e["key"].removeprefix("optimize-")
+        cells = [_cell(e, f"{s}.seconds", 1 / 60) for s in ("sensitivity", "quantize", "evaluate")]
+        rows.append(f"| `{name}` | " + " | ".join(cells) + f" | {_cell(e, 'total.seconds', 1 / 60)} | "
+                    f"{_cell(e, 'total.peak_gb', 1, 2)} |")
+    commands = sorted({e["command"].replace(".venv/bin/python ", "") for e in entries})
+    return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands, "```"])
+
+
+RENDERERS: dict[str, Callable[[list[dict]], str]] = {"optimize_costs": optimize_costs}
+
+
+def render(text: str, directory: Path = LEDGER_DIR) -> str:
+    """`text` with every ledger block re-rendered from the ledger."""
+    def one(m: re.Match) -> str:
+        name, keys = m.group(2), m.group(3).split()
+        if name not in RENDERERS:
+            raise ValueError(f"README block renderer {name!r}: allowed {sorted(RENDERERS)}")
+        return m.group(1) + RENDERERS[name]([read(k, directory) for k in keys]) + "\n" + m.group(5)
+
+    return BLOCK.sub(one, text)

@@ -1,0 +1,87 @@
+"""The benchmark ledger: entries as written, README blocks rendered from them, and README held to its ledger."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from accel.bench import ledger
+from accel.bench.readme import BLOCK, RENDERERS, machine_line, render
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_figure_is_the_median_and_spread_of_its_repeats():
+    assert ledger.figure([3.0, 1.0, 2.0], "tok/s") == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3,
+                                                      "unit": "tok/s"}
+    assert ledger.ratio([2.0, 3.0], [1.0, 2.0])["median"] == pytest.approx(1.75)
+    with pytest.raises(ValueError, match="at least one value"):
+        ledger.figure([], "s")
+    with pytest.raises(ValueError, match="pairs equal"):
+        ledger.ratio([1.0], [1.0, 2.0])
+
+
+def test_an_entry_records_command_commit_machine_load_and_figures(tmp_path):
+    with ledger.Entry("demo-1", argv=["scripts/bench_x.py", "--a", "b c"], directory=tmp_path) as e:
+        e.figures["decode"] = ledger.figure([10.0, 12.0], "tok/s")
+        e.info["model"] = "tiny"
+    entry = json.loads((tmp_path / "demo-1.json").read_text())
+    assert entry["command"] == "scripts/bench_x.py --a 'b c'"
+    assert entry["commit"] == "unknown" or len(entry["commit"].split("+")[0]) == 40
+    assert entry["machine"]["cores"] >= 1 and isinstance(entry["machine"]["flags"], list)
+    assert set(entry["load"]) == {"others_cores", "steal_pct", "contended"}
+    assert entry["figures"]["decode"]["median"] == 11.0 and entry["info"] == {"model": "tiny"}
+    assert ledger.read("demo-1", tmp_path)["key"] == "demo-1"
+    with pytest.raises(FileNotFoundError, match="have: \\['demo-1'\\]"):
+        ledger.read("missing", tmp_path)
+
+
+def test_a_failed_measurement_writes_nothing_and_bad_keys_are_refused(tmp_path):
+    with pytest.raises(RuntimeError):
+        with ledger.Entry("demo", directory=tmp_path) as e:
+            e.figures["x"] = ledger.figure([1.0], "s")
+            raise RuntimeError("benchmark crashed")
+    assert not list(tmp_path.iterdir())
+    for bad in ("a/b", "", ".hidden", "a b"):
+        with pytest.raises(ValueError, match="ledger key"):
+            ledger.Entry(bad)
+    with pytest.raises(ValueError, match="no figures"):
+        ledger.Entry("empty", directory=tmp_path).write()
+
+
+def _entry(key: str, cpu: str = "Test CPU", **figs) -> dict:
+    return {"key": key, "command": ".venv/bin/python scripts/bench_optimize.py recipes/x.yaml", "commit": "a" * 40,
+            "machine": {"cpu": cpu, "cores": 2, "flags": ["avx2", "avx512f"], "memory_gb": 24.0},
+            "figures": {k.replace("_", ".", 1): v for k, v in figs.items()}}
+
+
+def test_optimize_costs_renders_minutes_and_peak_from_the_entries(tmp_path):
+    e = _entry("optimize-x", sensitivity_seconds=ledger.figure([600.0], "s"),
+               total_seconds=ledger.figure([1500.0], "s"), total_peak_gb=ledger.figure([11.234], "GB"))
+    text = RENDERERS["optimize_costs"]([e])
+    assert "Test CPU, 2 cores (avx512f), 24 GB; commit aaaaaaa:" in text
+    assert "| `x` | 10.0 | - | - | 25.0 | 11.23 |" in text
+    assert "scripts/bench_optimize.py recipes/x.yaml" in text
+    with pytest.raises(ValueError, match="different machines"):
+        machine_line([e, _entry("optimize-y", cpu="Other CPU")])
+
+
+def test_render_rewrites_only_ledger_blocks_and_refuses_unknown_renderers(tmp_path):
+    (tmp_path / "optimize-x.json").write_text(json.dumps(
+        _entry("optimize-x", total_seconds=ledger.figure([60.0, 120.0, 90.0], "s"))))
+    text = "# title\n\n<!-- ledger: optimize_costs optimize-x -->\nstale table\n<!-- /ledger -->\n\nafter\n"
+    out = render(text, tmp_path)
+    assert out.startswith("# title\n\n<!-- ledger: optimize_costs optimize-x -->\n") and out.endswith(
+        "<!-- /ledger -->\n\nafter\n")
+    assert "| `x` | - | - | - | 1.5 ± 0.5 | - |" in out and "stale" not in out
+    assert render(out, tmp_path) == out
+    with pytest.raises(ValueError, match="renderer 'nope'"):
+        render("<!-- ledger: nope optimize-x -->\n<!-- /ledger -->", tmp_path)
+
+
+def test_readme_tables_are_their_ledger_entries():
+    """Every ledger block of README equals its rendering from `benchmarks/ledger/` (scripts/render_readme.py)."""
+    text = (ROOT / "README.md").read_text()
+    assert BLOCK.search(text), "README has no ledger block"
+    assert render(text) == text, "README differs from its ledger: run scripts/render_readme.py"
