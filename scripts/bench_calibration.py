@@ -236,6 +236,36 @@ def reusable_runs(path: str | None, args) -> list[dict]:
 
 def main():
     a = parse()
+    from accel.bench.ledger import Entry
+
+    with Entry(f"calibration-{Path(a.model).name}") as entry:
+        results = measure(a)
+        entry.info = {"model": a.model, "sources": a.sources, "seeds": a.seeds, "allocations": a.allocations,
+                      "threads": torch.get_num_threads(), "plan": results["plan"],
+                      "reused_runs": sum("reused_from" in r for r in results["runs"]),
+                      "target_met": {src: {arm: v["target_met"] for arm, v in per_arm.items()}
+                                     for src, per_arm in results["summary"].items()}}
+        entry.figures = calibration_figures(results)
+
+
+def calibration_figures(results: dict) -> dict[str, dict]:
+    """Per source, arm and domain: held-out KL over the seeds, and each stratified arm's KL over random's paired by
+    seed, keyed '<source>|<arm>|<domain>.<figure>'."""
+    from accel.bench.ledger import figure, ratio
+
+    out = {}
+    for src, per_arm in results["summary"].items():
+        for arm, s in per_arm.items():
+            for d, v in s["domains"].items():
+                out[f"{src}|{arm}|{d}.kl"] = figure(v["stratified"], "nats", 6)
+                out[f"{src}|random|{d}.kl"] = figure(v["random"], "nats", 6)
+                if all(x > 0 for x in v["random"]):
+                    out[f"{src}|{arm}|{d}.vs_random"] = ratio(v["stratified"], v["random"])
+    out["total.seconds"] = figure([results["seconds"]["total"]], "s", 1)
+    return out
+
+
+def measure(a) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -374,6 +404,7 @@ def main():
     md = markdown(results)
     atomic_write_text(out / "report.md", md)
     print("\n" + md)
+    return results
 
 
 if __name__ == "__main__":

@@ -80,25 +80,34 @@ def main() -> None:
     n = fake_quant_int8_(variant)
     print(f"fake-quantized {n} Linear layers to int8 per channel; torch threads {torch.get_num_threads()}")
 
-    split = window_cost_split(base, variant, tok, args.window)
-    print("one window: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
-    if args.split:
-        return
+    from accel.bench.ledger import Entry, figure, flat_figures
 
-    kwargs = {}
-    if args.max_windows is not None:
-        kwargs["max_windows_per_domain"] = args.max_windows
-    if args.max_examples is not None:
-        kwargs["max_examples_per_task"] = args.max_examples
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = run_eval(
-        from_hf(variant, tok, name="smollm2-135m-int8-fakequant"),
-        from_hf(base, tok, name="smollm2-135m-fp32"),
-        window=args.window,
-        tasks=not args.no_tasks,
-        **kwargs,
-    )
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    with Entry(f"eval-{Path(args.model).name}" + ("-split" if args.split else "")) as entry:
+        entry.info = {"model": args.model, "window": args.window, "max_windows": args.max_windows,
+                      "max_examples": args.max_examples, "tasks": not args.no_tasks,
+                      "threads": torch.get_num_threads(), "int8_linears": n}
+        split = window_cost_split(base, variant, tok, args.window)
+        print("one window: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
+        entry.figures = {f"window.{k}": figure([v], "s", 3) for k, v in split.items()}
+        if args.split:
+            return
+
+        kwargs = {}
+        if args.max_windows is not None:
+            kwargs["max_windows_per_domain"] = args.max_windows
+        if args.max_examples is not None:
+            kwargs["max_examples_per_task"] = args.max_examples
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = run_eval(
+            from_hf(variant, tok, name="smollm2-135m-int8-fakequant"),
+            from_hf(base, tok, name="smollm2-135m-fp32"),
+            window=args.window,
+            tasks=not args.no_tasks,
+            **kwargs,
+        )
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        entry.figures |= {"eval.wall_s": figure([elapsed], "s", 1), "eval.cpu_s": figure([cpu], "s", 1),
+                          **flat_figures(result.summary(), "quality.")}
     Console().print(render_table(result))
     print(
         f"full eval (baseline + 1 variant): {elapsed:.1f}s wall, {cpu:.1f}s CPU (all threads), "

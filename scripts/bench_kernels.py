@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from accel.bench.ledger import Entry, figure, ratio
 from accel.kernels.linear import (
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
@@ -44,8 +45,8 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
-def time_round_robin(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    """Best-of-`reps` seconds per function, timing them interleaved so noise hits all peers alike."""
+def time_round_robin(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+    """`reps` seconds per function, timing them interleaved so noise hits all peers alike."""
     for fn in fns.values():  # warm-up (also builds lazy kernel caches)
         fn()
         fn()
@@ -55,6 +56,15 @@ def time_round_robin(fns: dict[str, Callable[[], object]], reps: int) -> dict[st
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def record(figures: dict, prefix: str, times: dict[str, list[float]], unit: str, scale: float) -> dict[str, float]:
+    """Each path's repeats as a figure and its per-round speed-up over fp32 as a ratio; returns the best-of times."""
+    for k, v in times.items():
+        figures[f"{prefix}|{k}.{unit}"] = figure([x * scale for x in v], unit)
+        if k != "fp32":
+            figures[f"{prefix}|{k}.speedup"] = ratio(times["fp32"], v)
     return {k: min(v) for k, v in times.items()}
 
 
@@ -81,7 +91,7 @@ def shape_paths(w: torch.Tensor, x: torch.Tensor, group_size: int) -> dict[str, 
     return paths
 
 
-def bench_shapes(sd: dict[str, torch.Tensor], rows: list[int], reps: int, group_size: int) -> None:
+def bench_shapes(sd: dict[str, torch.Tensor], rows: list[int], reps: int, group_size: int, figures: dict) -> None:
     shapes = {"q/o_proj": sd["model.layers.0.self_attn.q_proj.weight"],
               "k/v_proj": sd["model.layers.0.self_attn.k_proj.weight"],
               "gate/up_proj": sd["model.layers.0.mlp.gate_proj.weight"],
@@ -93,7 +103,7 @@ def bench_shapes(sd: dict[str, torch.Tensor], rows: list[int], reps: int, group_
             x = torch.randn(m, w.shape[1])
             paths = shape_paths(w, x, group_size)
             with torch.inference_mode():
-                t = time_round_robin(paths, reps)
+                t = record(figures, f"shape|{name}|M{m}", time_round_robin(paths, reps), "us", 1e6)
             cells = "  ".join(f"{k}={v * 1e6:.0f}({t['fp32'] / v:.2f}x)" for k, v in t.items())
             print(f"{name:13s} {tuple(w.shape)!s:14s} M={m:<4d} {cells}", flush=True)
 
@@ -120,7 +130,8 @@ def build_model_linears(sd: dict[str, torch.Tensor], scheme: str, group_size: in
     return mods
 
 
-def bench_decode_step(sd: dict[str, torch.Tensor], rows: list[int], reps: int, group_size: int) -> None:
+def bench_decode_step(sd: dict[str, torch.Tensor], rows: list[int], reps: int, group_size: int,
+                      figures: dict) -> None:
     schemes = ["fp32", "bf16", "int8", "int4", "int8+int4_lm_head"]
     models = {s: build_model_linears(sd, s, group_size) for s in schemes}
     print(f"\n== whole-model Linears of one step (30 x 7 + lm_head, own weights, cold caches): best-of-{reps} ms ==")
@@ -134,12 +145,12 @@ def bench_decode_step(sd: dict[str, torch.Tensor], rows: list[int], reps: int, g
         fns = {s: (lambda mods=mods, s=s: step(mods, torch.bfloat16 if s == "bf16" else torch.float32))
                for s, mods in models.items()}
         with torch.inference_mode():
-            t = time_round_robin(fns, max(3, reps // 5))
+            t = record(figures, f"step|M{m}", time_round_robin(fns, max(3, reps // 5)), "ms", 1e3)
         print(f"M={m:<4d} " + "  ".join(f"{k}={v * 1e3:.2f}ms({t['fp32'] / v:.2f}x)" for k, v in t.items()),
               flush=True)
 
 
-def quant_errors(sd: dict[str, torch.Tensor]) -> None:
+def quant_errors(sd: dict[str, torch.Tensor], figures: dict) -> None:
     print("\n== relative Frobenius error ||W - deq(q(W))|| / ||W|| over the 210 layer Linears + lm_head ==")
     weights = {f"model.layers.{i}.{n}": sd[f"model.layers.{i}.{n}.weight"] for i in range(30) for n in LINEARS}
     weights["lm_head"] = sd["model.embed_tokens.weight"]
@@ -162,6 +173,10 @@ def quant_errors(sd: dict[str, torch.Tensor]) -> None:
         worst = max((k for k in errs if k != "lm_head"), key=errs.get)
         print(f"{s:10s} layers mean={statistics.mean(layer):.5f} max={max(layer):.5f} ({worst})  "
               f"lm_head={errs.get('lm_head', float('nan')):.5f}  ({len(errs)} tensors)")
+        figures[f"error|{s}.layers_mean"] = figure([statistics.mean(layer)], "", 6)
+        figures[f"error|{s}.layers_max"] = figure([max(layer)], "", 6)
+        if "lm_head" in errs:
+            figures[f"error|{s}.lm_head"] = figure([errs["lm_head"]], "", 6)
 
 
 def main() -> None:
@@ -184,12 +199,16 @@ def main() -> None:
 
         args.weights = resolve_model("smollm2-135m", pull_if_missing=True) / "model.safetensors"
     sd = load_file(str(args.weights))
-    if not args.skip_shapes:
-        bench_shapes(sd, args.rows, args.reps, args.group_size)
-    if not args.skip_step:
-        bench_decode_step(sd, args.rows, args.reps, args.group_size)
-    if not args.skip_errors:
-        quant_errors(sd)
+    with Entry(f"kernels-{args.weights.parent.name}", bandwidth_threads=args.threads or None) as entry:
+        entry.info = {"weights": str(args.weights), "threads": torch.get_num_threads(), "rows": args.rows,
+                      "reps": args.reps, "group_size": args.group_size, "torch": torch.__version__,
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+        if not args.skip_shapes:
+            bench_shapes(sd, args.rows, args.reps, args.group_size, entry.figures)
+        if not args.skip_step:
+            bench_decode_step(sd, args.rows, args.reps, args.group_size, entry.figures)
+        if not args.skip_errors:
+            quant_errors(sd, entry.figures)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What `accel optimize RECIPE` costs on this machine: seconds and peak RSS per stage, and for the whole run, into the
 benchmark ledger (`benchmarks/ledger/optimize-<recipe name>.json`).
 
-    .venv/bin/python scripts/bench_optimize.py recipes/qwen2.5-coder-1.5b.yaml [--keep]
+    .venv/bin/python scripts/bench_optimize.py recipes/qwen2.5-coder-1.5b.yaml [--keep] [--model qwen2.5-coder-0.5b]
 
 The recipe runs in this process from a clean run folder (`--keep`: reuse finished stages, which then cost nothing),
 so the ledger's load figures watch the run itself. Run it alone: the stage seconds are what a user waits.
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("recipe", type=Path)
     ap.add_argument("--keep", action="store_true",
                     help="resume the run folder: finished stages are reused and count with the costs they recorded")
+    ap.add_argument("--model", help="run the recipe on another model (a registry name or folder): the same stages "
+                    "side by side at another size; its run folder and ledger key are the recipe's name + '-on-' + it")
     ap.add_argument("--recorded", action="store_true",
                     help="run nothing: enter the costs the run folder's manifest recorded (no load watched)")
     a = ap.parse_args(argv)
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     from accel.recipe import load_recipe
 
     recipe = load_recipe(a.recipe)
+    if a.model:
+        recipe = recipe.model_copy(update={"name": f"{recipe.name}-on-{Path(a.model).name}",
+                                           "model": recipe.model.model_copy(update={"path": a.model})})
     entry = Entry(f"optimize-{recipe.name}", info={"recipe": str(a.recipe), "model": recipe.model.path})
     if a.recorded:
         entry.info["recorded_from"] = str(recipe.run_dir())

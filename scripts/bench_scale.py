@@ -117,22 +117,30 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    from accel.bench.ledger import Entry, figure, ratio
     from accel.hub import accel_home
 
     bin_dir = llama_bin()
     rows = []
-    for shape in a.shapes.split(","):
-        folder = make_folder(shape, accel_home() / "scale" / shape)
-        pairs = a.pairs.split(",")
-        ggufs = make_ggufs(bin_dir, folder, [PAIRS[p][2] for p in pairs])
-        for pair in pairs:
-            acc = accel_rate(folder, pair, a.threads, a.tokens, a.repeats)
-            peer = [llama_decode(bin_dir, ggufs[PAIRS[pair][2]], a.threads, a.tokens) for _ in range(a.repeats)]
-            ratio = statistics.median(acc["rates"]) / statistics.median(peer)
-            rows.append({"shape": shape, "pair": f"{pair} / {PAIRS[pair][2]}", "accel": acc["rates"], "peer": peer,
-                         "ratio": ratio, "accel_peak_gb": acc["peak_gb"]})
-            print(f"| {shape} | {rows[-1]['pair']} | {statistics.median(acc['rates']):.1f} | "
-                  f"{statistics.median(peer):.1f} | {ratio:.2f}x | {acc['peak_gb']:.1f} GB |", flush=True)
+    pairs = a.pairs.split(",")
+    with Entry(f"scale-{a.shapes.replace(',', '+')}", bandwidth_threads=a.threads) as entry:
+        entry.info = {"shapes": a.shapes.split(","), "pairs": pairs, "threads": a.threads, "tokens": a.tokens,
+                      "repeats": a.repeats, "peer": "llama.cpp", "labels": {p: f"{p} / {PAIRS[p][2]}" for p in pairs}}
+        for shape in a.shapes.split(","):
+            folder = make_folder(shape, accel_home() / "scale" / shape)
+            ggufs = make_ggufs(bin_dir, folder, [PAIRS[p][2] for p in pairs])
+            for pair in pairs:
+                acc = accel_rate(folder, pair, a.threads, a.tokens, a.repeats)
+                peer = [llama_decode(bin_dir, ggufs[PAIRS[pair][2]], a.threads, a.tokens) for _ in range(a.repeats)]
+                median_ratio = statistics.median(acc["rates"]) / statistics.median(peer)
+                rows.append({"shape": shape, "pair": f"{pair} / {PAIRS[pair][2]}", "accel": acc["rates"],
+                             "peer": peer, "ratio": median_ratio, "accel_peak_gb": acc["peak_gb"]})
+                print(f"| {shape} | {rows[-1]['pair']} | {statistics.median(acc['rates']):.1f} | "
+                      f"{statistics.median(peer):.1f} | {median_ratio:.2f}x | {acc['peak_gb']:.1f} GB |", flush=True)
+                entry.figures |= {f"{shape}|{pair}.accel": figure(acc["rates"], "tok/s"),
+                                  f"{shape}|{pair}.peer": figure(peer, "tok/s"),
+                                  f"{shape}|{pair}.ratio": ratio(acc["rates"], peer),
+                                  f"{shape}|{pair}.accel_peak_gb": figure([acc["peak_gb"]], "GB", 2)}
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     print(f"\npeak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB")

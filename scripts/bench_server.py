@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import subprocess
@@ -223,17 +224,27 @@ def main() -> None:
     args = ap.parse_args()
     prompts = load_prompts()
     results = {"config": {k: str(v) for k, v in vars(args).items()}}
-    if not args.skip_in_process:
-        results["in_process"] = bench_in_process(args, prompts)
-        print_phase("in-process", results["in_process"])
-    from accel.bench.loadgen import run_client
+    from accel.bench.ledger import Entry, flat_figures
 
-    results["server"] = run_client(bench_server_async(args, prompts))
-    print_phase("server", results["server"])
-    if "in_process" in results:
-        ratio = results["server"]["tok_per_s"] / results["in_process"]["tok_per_s"]
-        results["server_over_in_process"] = ratio
-        print(f"server / in-process tokens/s: {ratio:.3f}  (server overhead {100 * (1 - ratio):.1f}%)")
+    key = f"server-{Path(args.model).name}" + "".join(f"-{f}" for f in ("structured", "chat") if getattr(args, f))
+    with Entry(key, bandwidth_threads=args.num_threads or None) as entry:
+        if not args.skip_in_process:
+            results["in_process"] = bench_in_process(args, prompts)
+            print_phase("in-process", results["in_process"])
+        from accel.bench.loadgen import run_client
+
+        results["server"] = run_client(bench_server_async(args, prompts))
+        print_phase("server", results["server"])
+        if "in_process" in results:
+            ratio = results["server"]["tok_per_s"] / results["in_process"]["tok_per_s"]
+            results["server_over_in_process"] = ratio
+            print(f"server / in-process tokens/s: {ratio:.3f}  (server overhead {100 * (1 - ratio):.1f}%)")
+        entry.info = {"model": args.model, "concurrency": args.concurrency, "duration_s": args.duration,
+                      "max_tokens": args.max_tokens, "num_threads": args.num_threads, "structured": args.structured,
+                      "chat": args.chat}
+        # a metric the server did not report reads NaN: no figure
+        entry.figures = {k: f for k, f in flat_figures({k: v for k, v in results.items() if k != "config"}).items()
+                         if not math.isnan(f["median"])}
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

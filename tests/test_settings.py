@@ -20,7 +20,7 @@ runner = CliRunner()
 RUNTIME_FIELDS = [f.name for f in dataclasses.fields(RuntimeConfig)]
 # a value other than the default for every runtime setting (the device stays on the CPU this test runs on)
 NON_DEFAULT = dict(device="cpu", block_size=8, num_kv_blocks=None, kv_cache_memory_gb=0.001, kv_cache_dtype="int8",
-                   max_num_seqs=3, max_num_batched_tokens=96, max_waiting=7, max_wait_steps=9,
+                   weight_dtype="float16", max_num_seqs=3, max_num_batched_tokens=96, max_waiting=7, max_wait_steps=9,
                    long_prefill_token_threshold=32, preemption_mode="swap", max_model_len=100,
                    enable_prefix_caching=False, num_threads=torch.get_num_threads(), num_scheduler_steps=2)
 
@@ -89,10 +89,16 @@ def test_every_server_setting_is_a_serve_option_that_reaches_the_server(monkeypa
 def test_every_runtime_value_of_a_recipe_reaches_the_engine(tiny_model_dir):
     from accel.pipeline.evaluate import engine_kwargs
 
+    from accel.kernels import cpu
+
+    # fp16 weight panels need AVX-512: elsewhere the engine refuses them (tests/runtime/test_engine.py)
+    values = NON_DEFAULT if cpu.has_avx512() else {**NON_DEFAULT, "weight_dtype": "auto"}
     recipe = parse_recipe({"name": "x", "model": {"path": str(tiny_model_dir), "dtype": "float32"},
-                           "runtime": NON_DEFAULT})
+                           "runtime": values})
     engine = Engine.from_pretrained(tiny_model_dir, **engine_kwargs(recipe))
-    assert engine.config.runtime_fields() == NON_DEFAULT
+    assert engine.config.runtime_fields() == values
+    if cpu.has_avx512():
+        assert engine.model.lm_head.packed.dtype == torch.float16
     # the scheduler and the runner read the engine's own RuntimeConfig, not copies of its fields
     assert engine.scheduler.config.runtime is engine.config and engine.runner.config.runtime is engine.config
     assert engine.scheduler.config.max_model_len == 100

@@ -57,7 +57,35 @@ def optimize_costs(entries: list[dict]) -> str:
     return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands, "```"])
 
 
-RENDERERS: dict[str, Callable[[list[dict]], str]] = {"optimize_costs": optimize_costs}
+def _ratio_cell(entry: dict, key: str) -> str:
+    f = entry["figures"].get(key)
+    if f is None:
+        return "-"
+    return f"{f['median']:.2f}x" + (f" ({f['min']:.2f}-{f['max']:.2f})" if f["n"] > 1 else "")
+
+
+def peer_speed(entries: list[dict]) -> str:
+    """`scripts/bench_peers.py` entries: per section and pair, accel's and the peer's median ± half their spread
+    and the median of the paired ratios (its range), llama-bench style; rows against other references (the
+    server's own cost, the roofline) are left to the entry."""
+    peer = entries[0]["info"]["peer"]
+    rows = [f"| section | accel / {peer} | accel | {peer} | ratio |", "|---|---|---|---|---|"]
+    for e in entries:
+        labels = e["info"].get("labels", {})
+        for key in e["figures"]:
+            base, _, side = key.rpartition(".")
+            parts = base.split("|")
+            if side != "ratio" or len(parts) != 2:
+                continue
+            section, pair = parts
+            unit = e["figures"][f"{base}.accel"]["unit"]
+            rows.append(f"| {section} ({unit}) | {labels.get(pair, pair)} | {_cell(e, base + '.accel')} | "
+                        f"{_cell(e, base + '.peer')} | {_ratio_cell(e, key)} |")
+    commands = sorted({e["command"].replace(".venv/bin/python ", "") for e in entries})
+    return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands, "```"])
+
+
+RENDERERS: dict[str, Callable[[list[dict]], str]] = {"optimize_costs": optimize_costs, "peer_speed": peer_speed}
 
 
 def render(text: str, directory: Path = LEDGER_DIR) -> str:

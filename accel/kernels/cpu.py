@@ -220,19 +220,22 @@ def f32_linear(x: Tensor, w: Tensor) -> Tensor:
     return _module().f32_linear(x, w)
 
 
-PANEL = 48  # outputs per fp32 panel (csrc: PANEL)
+PANEL = 48  # outputs per weight panel (csrc: PANEL)
 
 
 def has_avx512() -> bool:
-    """Whether the fp32 panel kernels run here (AVX-512F)."""
+    """Whether the weight panel kernels (fp32 and fp16 panels) run here (AVX-512F)."""
     return available() and _module().has_avx512()
 
 
-def f32_panels(w: Tensor) -> Tensor:
-    """An fp32 weight [N, K] as panels [ceil(N / 48), K, 48] (for each k, 48 consecutive outputs; N zero-padded)."""
+def f32_panels(w: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """A float weight [N, K] as panels [ceil(N / 48), K, 48] (for each k, 48 consecutive outputs; N zero-padded),
+    held in `dtype`: float32, or float16 (`f32_panel_linear` converts each weight to fp32 as it reads it)."""
+    if dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"panel dtype {dtype} is invalid; allowed: torch.float32, torch.float16")
     n, k = w.shape
     t, full = -(-n // PANEL), n // PANEL
-    out = torch.empty(t, k, PANEL, dtype=torch.float32)  # written once: no padded copy beside it (a 152k-row
+    out = torch.empty(t, k, PANEL, dtype=dtype)  # written once: no padded copy beside it (a 152k-row
     out[:full] = w[:full * PANEL].view(full, PANEL, k).transpose(1, 2)  # lm_head's were 0.93 GB each)
     if full < t:
         out[full].zero_()
@@ -241,7 +244,7 @@ def f32_panels(w: Tensor) -> Tensor:
 
 
 def f32_panel_linear(x: Tensor, panels: Tensor, out_features: int) -> Tensor:
-    """x [M, K] @ w^T with w as `f32_panels` (any M). Call only where `has_avx512()`."""
+    """x [M, K] fp32 @ w^T with w as `f32_panels` (fp32 or fp16; any M) -> fp32. Call only where `has_avx512()`."""
     return _module().f32_panel_linear(x, panels, out_features)
 
 

@@ -920,27 +920,31 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
 
 
 class PackedLinear(nn.Module):
-    """An fp32 nn.Linear whose weight is laid out once for the CPU kernels (inference only).
+    """A float nn.Linear whose weight is laid out once for the CPU kernels (inference only).
 
-    AVX-512: fp32 panels (`cpu.f32_panels`) for every row count; they run prefill sizes level with or above
-    oneDNN and stream decode and verify rows faster than the plain layout. AVX2: the plain weight for accel's
-    kernel up to AVX2_MAX_ROWS rows (faster than oneDNN where decode is memory-bound), oneDNN on the same
-    weight above. Without accel's kernels: oneDNN's reordered weight (on a 2-core AVX2 EPYC it ran these skinny
-    shapes faster than torch's default MKL GEMM, the 49152 x 576 lm_head most). The packed
-    weight is opaque, so this module is built by `pack_float_linears` for the runtime only and has no state_dict
-    of its own besides the bias.
+    AVX-512: weight panels (`cpu.f32_panels`) for every row count, held in fp32 or, with `weight_dtype`
+    float16, in fp16 (converted to fp32 in the kernel: half the bytes a decode step streams); they run prefill
+    sizes level with or above oneDNN and stream decode and verify rows faster than the plain layout. AVX2: the plain
+    fp32 weight for accel's kernel up to AVX2_MAX_ROWS rows (faster than oneDNN where decode is memory-bound),
+    oneDNN on the same weight above. Without accel's kernels: oneDNN's reordered weight (on AVX2 it ran these skinny
+    shapes faster than torch's default MKL GEMM). The packed weight is opaque, so this module is built by
+    `pack_float_linears` for the runtime only and has no state_dict of its own besides the bias.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, weight_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         w = linear.weight.detach()
-        if w.dtype != torch.float32 or w.device.type != "cpu":
-            raise ValueError(f"PackedLinear takes an fp32 CPU weight; got {w.dtype} on {w.device}")
+        if w.dtype not in (torch.float32, weight_dtype) or w.device.type != "cpu":
+            raise ValueError(f"PackedLinear takes an fp32 (or {weight_dtype}) CPU weight; got {w.dtype} on {w.device}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.panels = cpu.has_avx512()
+        if weight_dtype != torch.float32 and not self.panels:
+            raise ValueError(f"weights held in {weight_dtype} need accel's AVX-512 panel kernels, which this CPU "
+                             "does not run; allowed here: torch.float32")
+        self.weight_dtype = weight_dtype
         self.avx2 = not self.panels and cpu.available() and self.in_features % 8 == 0
         if self.panels:
-            self.packed = cpu.f32_panels(w)
+            self.packed = cpu.f32_panels(w, weight_dtype)
         elif self.avx2:
             self.packed = w.contiguous()
         else:
@@ -973,21 +977,24 @@ def packed_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def pack_float_linears(model: nn.Module) -> list[str]:
-    """Swap every fp32 CPU nn.Linear of `model` for a PackedLinear (in place); returns the swapped names.
+def pack_float_linears(model: nn.Module, weight_dtype: torch.dtype = torch.float32) -> list[str]:
+    """Swap every fp32 CPU nn.Linear of `model` for a PackedLinear holding its weight in `weight_dtype` (in place);
+    returns the swapped names.
 
     Run last (after a quantization plan and projection fusion). A tied lm_head gets its own packed copy; the
-    embedding keeps the original tensor. No-op where oneDNN is missing or the weights are not fp32 on CPU.
+    embedding keeps the original tensor. No-op where oneDNN is missing or the weights are not fp32 (or already
+    `weight_dtype`, as `load_weights`' linear_dtype reads them) on CPU.
     """
     if not packed_linear_available():
         return []
     # names first, modules fetched one at a time: a list of the modules would keep every replaced Linear's fp32
     # weight alive to the end (a second copy of the Linears' weights at the peak)
     names = [(name, child_name) for name, mod in model.named_modules() for child_name, child in mod.named_children()
-             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"]
+             if type(child) is nn.Linear and child.weight.dtype in (torch.float32, weight_dtype)
+             and child.weight.device.type == "cpu"]
     for name, child_name in names:
         mod = model.get_submodule(name)
-        setattr(mod, child_name, PackedLinear(getattr(mod, child_name)))
+        setattr(mod, child_name, PackedLinear(getattr(mod, child_name), weight_dtype))
     return [f"{name}.{child_name}" if name else child_name for name, child_name in names]
 
 
@@ -1057,5 +1064,6 @@ def weight_bytes(module: nn.Module) -> int:
     if not isinstance(module, (nn.Linear, PackedLinear, _WeightOnlyLinear)):
         raise ValueError(f"{type(module).__name__} is not a Linear accel knows")
     if isinstance(module, PackedLinear):
-        return module.in_features * module.out_features * 4 + (module.bias.numel() * 4 if module.bias is not None else 0)
+        return module.in_features * module.out_features * module.weight_dtype.itemsize + \
+            (module.bias.numel() * 4 if module.bias is not None else 0)
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())

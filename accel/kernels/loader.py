@@ -90,6 +90,12 @@ def _module_prefix(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
+def is_linear_weight(name: str, ndim: int) -> bool:
+    """Whether checkpoint tensor `name` is a Linear's weight matrix (the tensors `linear_dtype` holds): a 2-D
+    `.weight` other than the token table's."""
+    return name.endswith(".weight") and ndim == 2 and name != f"{TABLE}.weight"
+
+
 def _set_tensor(model: nn.Module, name: str, t: torch.Tensor) -> bool:
     """Put tensor `name` into the tree as its parameter (frozen) or buffer, replacing what is there (a meta
     placeholder); False when the tree has no such tensor."""
@@ -114,7 +120,7 @@ def _replace(model: nn.Module, prefix: str, module: nn.Module) -> None:
 
 def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, device: torch.device, tied: bool,
                  plan: dict[str, str] | None = None, group_size: int = 64,
-                 table_dtype: torch.dtype | None = None) -> nn.Module:
+                 table_dtype: torch.dtype | None = None, linear_dtype: torch.dtype | None = None) -> nn.Module:
     """Fill `model` (HF module names; built on the meta device, or with its tensors already allocated) from the
     folder, one module at a time, so memory holds the model as it will run plus one module's tensors:
 
@@ -122,7 +128,8 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
     - a Linear that `plan` ({module: scheme}, `--quant`) quantizes is rounded as it is read, a block of rows at a
       time (`quantize_rows`);
     - every other tensor is read as stored and cast to `dtype` (to `table_dtype`, a 16-bit `Float16Embedding`,
-      for the token table when given and the head does not share it);
+      for the token table when given and the head does not share it; to `linear_dtype`, when given, for the
+      weights of the Linears left unquantized, which `PackedLinear` then holds in it);
     - `tied`: lm_head shares the token table (or, quantized, is rounded from it).
 
     Raises ValueError naming what does not match."""
@@ -177,7 +184,11 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
                 _scale_like(model, module, dtype)
             _replace(model, prefix, module)
             return
-        state = {k: v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v for k, v in state.items()}
+        def cast(k: str, v: torch.Tensor) -> torch.Tensor:
+            to = linear_dtype if linear_dtype is not None and is_linear_weight(k, v.dim()) else dtype
+            return v.to(to) if v.is_floating_point() and v.dtype != to else v
+
+        state = {k: cast(k, v) for k, v in state.items()}
         if planned(prefix):  # a fused checkpoint's part (Phi-3), split in memory
             w = state[f"{prefix}.weight"]
             _replace(model, prefix, quantize_rows(lambda a, b: w[a:b], *w.shape, plan[prefix], group_size,
@@ -221,7 +232,8 @@ def load_weights(model: nn.Module, folder: str | Path, dtype: torch.dtype, devic
 
 
 def planned_bytes(folder: str | Path, dtype: torch.dtype, tied: bool, plan: dict[str, str] | None = None,
-                  group_size: int = 64, table_dtype: torch.dtype | None = None) -> tuple[int, int]:
+                  group_size: int = 64, table_dtype: torch.dtype | None = None,
+                  linear_dtype: torch.dtype | None = None) -> tuple[int, int]:
     """From the safetensors headers alone, before anything is read: (bytes `load_weights` will hold with these
     arguments, bytes of the largest transient while loading: a tensor read and, quantized on load, its fp32
     rounding temporaries)."""
@@ -246,7 +258,9 @@ def planned_bytes(folder: str | Path, dtype: torch.dtype, tied: bool, plan: dict
         elif name == f"{TABLE}.weight" and table_dtype is not None and (head_planned or not tied):
             held += numel * torch.empty(0, dtype=table_dtype).element_size()
         elif not (tied and name == "lm_head.weight"):
-            held += numel * size if info.dtype.is_floating_point else info.nbytes
+            linear = linear_dtype is not None and is_linear_weight(name, len(info.shape))
+            held += (numel * (linear_dtype.itemsize if linear else size) if info.dtype.is_floating_point
+                     else info.nbytes)
         if tied and name == f"{TABLE}.weight" and head_planned:
             held += held_bytes(plan["lm_head"], info.shape[0], info.shape[1], group_size)
     return held, transient

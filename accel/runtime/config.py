@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 KV_CACHE_DTYPES = ("auto", "int8")
+WEIGHT_DTYPES = ("auto", "float16")
 PREEMPTION_MODES = ("recompute", "swap")
 STRICT = {"extra": "forbid", "use_attribute_docstrings": True}
 """pydantic's config for the dataclasses the recipe nests (a plain dict: pydantic is not imported here)."""
@@ -57,6 +58,9 @@ class RuntimeConfig:
     """KV cache budget in GiB when num_kv_blocks is not set."""
     kv_cache_dtype: Literal["auto", "int8"] = "auto"
     """auto: the model's dtype; int8: K/V stored as INT8 with a scale per token and head."""
+    weight_dtype: Literal["auto", "float16"] = "auto"
+    """How a CPU holds the Linears that run unquantized: auto: in the compute dtype (fp32); float16: in fp16, each
+    weight converted to fp32 in the kernel (half the bytes a decode step streams; needs AVX-512)."""
     max_num_seqs: int = 64
     """Requests running in one step."""
     max_num_batched_tokens: int = 512
@@ -90,6 +94,7 @@ class RuntimeConfig:
         check_range(self, "num_kv_blocks", 1, optional=True)
         check_range(self, "kv_cache_memory_gb", 0, 4096, integer=False)
         check_choice(self, "kv_cache_dtype", KV_CACHE_DTYPES)
+        check_choice(self, "weight_dtype", WEIGHT_DTYPES)
         check_range(self, "max_num_seqs", 1, 4096)
         check_range(self, "max_num_batched_tokens", 1, 1 << 20)
         check_range(self, "max_waiting", 1)

@@ -69,6 +69,19 @@ class EngineConfig(RuntimeConfig):
             raise ValueError(f"device={self.device!r} was asked for but torch sees no CUDA device; use 'cpu'")
         return torch.device(self.device)
 
+    def resolve_weight_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The dtype the unquantized Linears' weights are held in (`weight_dtype`; None: the compute dtype), checked
+        before anything loads."""
+        if self.weight_dtype == "auto":
+            return None
+        from accel.kernels import cpu
+
+        if device.type != "cpu" or self.resolve_dtype(device) != torch.float32 or not cpu.has_avx512():
+            raise ValueError(f"weight_dtype={self.weight_dtype!r} needs an fp32 CPU model and accel's AVX-512 kernels "
+                             f"(here: {device.type}, {self.resolve_dtype(device)}, AVX-512 kernels "
+                             f"{'on' if cpu.has_avx512() else 'off'}); allowed here: 'auto'")
+        return torch.float16
+
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype != "auto":
             return DTYPES[self.dtype]
@@ -149,9 +162,10 @@ def check_memory(path: str | Path, config: EngineConfig, device) -> None:
     dtype = config.resolve_dtype(device)
     plan = config.quant_plan or {}
     quantized = is_compressed(path) or any(quantizes(s) for s in plan.values())
-    table_dtype = table_dtype_for(quantized, dtype, device)
+    linear_dtype = config.resolve_weight_dtype(device)
+    table_dtype = table_dtype_for(quantized or linear_dtype is not None, dtype, device)
     weights, transient = planned_bytes(path, dtype, bool(getattr(hf, "tie_word_embeddings", False)), plan,
-                                       config.quant_group_size, table_dtype)
+                                       config.quant_group_size, table_dtype, linear_dtype)
     if config.num_kv_blocks is None:
         kv = config.kv_cache_memory_bytes
     else:
@@ -226,13 +240,15 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         device = config.resolve_device()
+        weight_dtype = config.resolve_weight_dtype(device)
         check_memory(path, config, device)
-        model = load_model(path, config.resolve_dtype(device), device, config.quant_plan, config.quant_group_size)
+        model = load_model(path, config.resolve_dtype(device), device, config.quant_plan, config.quant_group_size,
+                           linear_dtype=weight_dtype)
         if config.fuse_projections:
             fuse_projections(model)
         from accel.kernels.linear import pack_float_linears
 
-        pack_float_linears(model)  # CPU fp32: oneDNN with pre-reordered weights; a no-op elsewhere
+        pack_float_linears(model, weight_dtype or torch.float32)  # CPU: accel's weight panels; a no-op elsewhere
         tokenizer = None
         if (Path(path) / "tokenizer_config.json").exists() or (Path(path) / "tokenizer.json").exists():
             from accel.tokenizer import load_tokenizer

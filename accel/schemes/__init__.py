@@ -154,9 +154,9 @@ def scheme_of(module: nn.Module) -> str:
     for s in _REGISTRY.values():
         if s.owns(module):
             return s.name
-    if isinstance(module, PackedLinear):
-        return "fp32"
     dtypes = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+    if isinstance(module, PackedLinear):
+        return dtypes[module.weight_dtype]
     if isinstance(module, nn.Linear) and module.weight.dtype in dtypes:
         return dtypes[module.weight.dtype]
     raise ValueError(f"{type(module).__name__} is not a Linear accel knows; expected nn.Linear (fp16/bf16/fp32) or "

@@ -1,5 +1,6 @@
 """The benchmark ledger: entries as written, README blocks rendered from them, and README held to its ledger."""
 
+import ast
 import json
 import sys
 from pathlib import Path
@@ -50,6 +51,20 @@ def test_a_failed_measurement_writes_nothing_and_bad_keys_are_refused(tmp_path):
         ledger.Entry("empty", directory=tmp_path).write()
 
 
+def test_every_benchmark_script_writes_a_ledger_entry():
+    """Each scripts/bench_*.py constructs an `Entry`, so a new benchmark that forgets the ledger fails here."""
+    scripts = sorted((ROOT / "scripts").glob("bench_*.py"))
+    assert scripts, "no scripts/bench_*.py found"
+
+    def constructs_entry(path: Path) -> bool:
+        return any(isinstance(node, ast.Call) and "Entry" in (getattr(node.func, "id", None),
+                                                              getattr(node.func, "attr", None))
+                   for node in ast.walk(ast.parse(path.read_text(), filename=str(path))))
+
+    missing = [p.name for p in scripts if not constructs_entry(p)]
+    assert not missing, f"benchmark scripts that write no ledger entry (`with Entry(KEY) as entry:`): {missing}"
+
+
 def _entry(key: str, cpu: str = "Test CPU", **figs) -> dict:
     return {"key": key, "command": ".venv/bin/python scripts/bench_optimize.py recipes/x.yaml", "commit": "a" * 40,
             "machine": {"cpu": cpu, "cores": 2, "flags": ["avx2", "avx512f"], "memory_gb": 24.0},
@@ -85,3 +100,18 @@ def test_readme_tables_are_their_ledger_entries():
     text = (ROOT / "README.md").read_text()
     assert BLOCK.search(text), "README has no ledger block"
     assert render(text) == text, "README differs from its ledger: run scripts/render_readme.py"
+
+
+def test_peer_speed_renders_each_pairs_absolute_figures_and_ratio(tmp_path):
+    e = _entry("peers-m-llama.cpp-inprocess")
+    e["command"] = ".venv/bin/python scripts/bench_peers.py --model m"
+    e["info"] = {"peer": "llama.cpp", "labels": {"fp16": "fp16 weights / F16"}}
+    e["figures"] = {"batch-1 decode, in-process|fp16.accel": ledger.figure([30.0, 32.0, 31.0], "tok/s"),
+                    "batch-1 decode, in-process|fp16.peer": ledger.figure([20.0, 22.0, 21.0], "tok/s"),
+                    "batch-1 decode, in-process|fp16.ratio": ledger.ratio([30.0, 32.0, 31.0], [20.0, 22.0, 21.0]),
+                    # a row against another reference (the roofline) stays in the entry
+                    "batch-1 decode, in-process|fp16|weight-bytes roofline.ratio": ledger.ratio([1.0], [2.0])}
+    text = RENDERERS["peer_speed"]([e])
+    assert "| batch-1 decode, in-process (tok/s) | fp16 weights / F16 | 31.0 ± 1.0 | 21.0 ± 1.0 | 1.48x (1.46-1.50) |" \
+        in text
+    assert "roofline" not in text and "scripts/bench_peers.py --model m" in text

@@ -526,6 +526,28 @@ def test_packed_linear_matches_nn_linear_on_every_row_count(m, bias):
     assert linear_scheme(packed) == "fp32" and weight_bytes(packed) == 200 * 96 * 4 + (200 * 4 if bias else 0)
 
 
+@pytest.mark.skipif(not cpu.has_avx512(), reason="fp16 weight panels need AVX-512")
+@pytest.mark.parametrize("m", [1, 3, 9, 70])
+def test_fp16_packed_linear_is_the_linear_on_its_fp16_weight(m):
+    from accel.kernels.linear import PackedLinear
+
+    lin = _linear(200, 96, bias=True)
+    packed = PackedLinear(lin, torch.float16)
+    x = torch.randn(m, 96)
+    rounded = torch.nn.functional.linear(x, lin.weight.half().float(), lin.bias)
+    torch.testing.assert_close(packed(x), rounded, atol=1e-5, rtol=1e-5)
+    assert packed.packed.dtype == torch.float16
+    assert linear_scheme(packed) == "fp16" and weight_bytes(packed) == 200 * 96 * 2 + 200 * 4
+
+
+def test_fp16_weights_are_refused_where_the_panel_kernels_do_not_run(monkeypatch):
+    from accel.kernels.linear import PackedLinear
+
+    monkeypatch.setattr(cpu, "has_avx512", lambda: False)
+    with pytest.raises(ValueError, match="AVX-512.*allowed here: torch.float32"):
+        PackedLinear(_linear(64, 32), torch.float16)
+
+
 def test_pack_float_linears_frees_each_replaced_linear_before_packing_the_next(monkeypatch):
     import weakref
 
@@ -538,9 +560,9 @@ def test_pack_float_linears_frees_each_replaced_linear_before_packing_the_next(m
     want = model(x)
     replaced, real = [], lin_mod.PackedLinear.__init__
 
-    def init(self, linear):
+    def init(self, linear, weight_dtype=torch.float32):
         assert all(r() is None for r in replaced), "a replaced Linear is still alive"
-        real(self, linear)
+        real(self, linear, weight_dtype)
         replaced.append(weakref.ref(linear))
 
     monkeypatch.setattr(lin_mod.PackedLinear, "__init__", init)
@@ -562,20 +584,22 @@ def test_f32_kernel_rows_do_not_depend_on_how_many_share_the_call(k):
     torch.testing.assert_close(full, x @ w.T, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(not cpu.has_avx512(), reason="the fp32 panel kernels need AVX-512")
+@pytest.mark.skipif(not cpu.has_avx512(), reason="the weight panel kernels need AVX-512")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n,k", [(203, 96), (96, 37), (48, 1)])
-def test_f32_panel_rows_do_not_depend_on_how_many_share_the_call(n, k):
-    # the same invariance for the panel layout, through a whole last panel and a partial one (203 = 4 x 48 + 11),
-    # up to prefill sizes (groups of 8 rows and one of the rest)
+def test_panel_rows_do_not_depend_on_how_many_share_the_call(n, k, dtype):
+    # the same invariance for the panel layout (fp32 and fp16 panels), through a whole last panel and a partial one
+    # (203 = 4 x 48 + 11), up to prefill sizes (groups of 8 rows and one of the rest)
     torch.manual_seed(n + k)
     w, x = torch.randn(n, k), torch.randn(70, k)
-    panels = cpu.f32_panels(w)
-    assert panels.shape == (-(-n // 48), k, 48)
+    panels = cpu.f32_panels(w, dtype)
+    assert panels.shape == (-(-n // 48), k, 48) and panels.dtype == dtype
     full = cpu.f32_panel_linear(x, panels, n)
     for m in [1, 2, 3, 5, 8, 9, 16, 17, 33]:
         assert torch.equal(cpu.f32_panel_linear(x[:m], panels, n), full[:m]), m
         assert torch.equal(cpu.f32_panel_linear(x[m:m + 1], panels, n), full[m:m + 1]), m
-    torch.testing.assert_close(full, x @ w.T, atol=1e-4, rtol=1e-4)
+    # fp16 panels compute in fp32 on the fp16-rounded weight
+    torch.testing.assert_close(full, x @ w.to(dtype).float().T, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(not cpu.available(), reason="accel's AVX2 kernels did not build on this machine")

@@ -147,6 +147,18 @@ def test_bad_inputs_name_the_value():
         EngineConfig(model="x", kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="device='tpu'"):
         EngineConfig(model="x", device="tpu")
+    with pytest.raises(ValueError, match="weight_dtype='bfloat16'.*'auto', 'float16'"):
+        EngineConfig(model="x", weight_dtype="bfloat16")
+
+
+def test_fp16_weights_are_refused_before_loading_where_the_panel_kernels_do_not_run(tiny_model_dir, monkeypatch):
+    from accel.kernels import cpu
+    import accel.runtime.engine as engine_mod
+
+    monkeypatch.setattr(cpu, "has_avx512", lambda: False)
+    monkeypatch.setattr(engine_mod, "load_model", lambda *a, **k: pytest.fail("loaded before refusing"))
+    with pytest.raises(ValueError, match="weight_dtype='float16' needs .*AVX-512 kernels off.*allowed here: 'auto'"):
+        Engine.from_pretrained(tiny_model_dir, weight_dtype="float16")
 
 
 def test_detokenizer_waits_for_complete_characters():

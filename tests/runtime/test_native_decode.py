@@ -19,10 +19,19 @@ def _run(engine: Engine, prompts, params) -> list[list[int]]:
     return [o.token_ids for o in engine.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("scheme", [None, "int8", "int8g", "w8a8", "int4", "int4f"])
+def _weights(scheme: str | None) -> dict:
+    """Engine kwargs of a test's weights: fp32, fp16 panels (`weight_dtype`), or a scheme quantized on load."""
+    if scheme == "fp16-panels":
+        if not cpu.has_avx512():
+            pytest.skip("fp16 weight panels need AVX-512")
+        return {"weight_dtype": "float16"}
+    return {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
+
+
+@pytest.mark.parametrize("scheme", [None, "fp16-panels", "int8", "int8g", "w8a8", "int4", "int4f"])
 def test_native_decode_is_identical_to_the_modules(tiny_llama_dir, scheme):
     path, _ = tiny_llama_dir
-    kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
+    kw = _weights(scheme)
     # no prefix cache: the second run must compute what the first did (INT4 prefill and decode kernels differ in
     # their activation rounding, so a cached prompt would change the numbers)
     engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, enable_prefix_caching=False, **kw)
@@ -38,14 +47,14 @@ def test_native_decode_is_identical_to_the_modules(tiny_llama_dir, scheme):
     assert outs["native"] == outs["modules"]
 
 
-@pytest.mark.parametrize("scheme", [None, "int8", "int8g", "w8a8", "int4", "int4f"])
+@pytest.mark.parametrize("scheme", [None, "fp16-panels", "int8", "int8g", "w8a8", "int4", "int4f"])
 @pytest.mark.parametrize("inputs", ["lists", "tensors"])
 def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_llama_dir, scheme, inputs):
     """The lm_head inside the native step: the same logits, to the bit, as the lm_head module on the step's
     hidden states, for any subset and order of rows (a verify span's rows, then sampling rows). The runner calls it
     with lists (`NativeDecode.step`), or with tensors where a hidden hook reads the step's hidden states."""
     path, _ = tiny_llama_dir
-    kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
+    kw = _weights(scheme)
     engine = Engine.from_pretrained(path, num_kv_blocks=128, block_size=8, enable_prefix_caching=False,
                                     num_scheduler_steps=1, **kw)
     native, runner = engine.model.native_decode, engine.runner

@@ -10,7 +10,7 @@
 //
 // Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
 // VNNI tile layout; 4 int4 in its VNNI tile layout; 2 int4 packed
-// [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]), three tensor indices into
+// [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]; 6 the same in fp16), three tensor indices into
 // `weights` (-1 unused: weight, scale, and INT8's fp16 group scales, int8g, in the weight's layout), the INT4 group size
 // (INT8 kinds: the activation bits, 0 for 16-bit blocks or 8 for W8A8's 8-bit rows),
 // the bias index (-1: none), out_features. Per layer: input-norm index, pre-MLP-norm index, the qkv, o, gate_up and
@@ -34,6 +34,7 @@ static void run_linear(const DecodeLinear& L, const float* x, int64_t M, int64_t
   const int64_t N = L.N;
   if (L.kind == 0) f32_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
   else if (L.kind == 5) panel_gemm(x, M, K, L.q.data_ptr<float>(), y, N);
+  else if (L.kind == 6) panel_gemm(x, M, K, reinterpret_cast<const uint16_t*>(L.q.data_ptr<at::Half>()), y, N);
   else if (L.kind == 1) int8_gemm(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp(), L.a8);
   else if (L.kind == 3) int8_gemm_vnni(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp(), L.a8);
   else if (L.kind == 4) int4_gemm_vnni_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
@@ -158,17 +159,18 @@ struct DecodeTensors {
   static DecodeLinear linear(const std::vector<torch::Tensor>& w, const int64_t* f) {
     DecodeLinear d;
     d.kind = f[0]; d.gs = f[4]; d.N = f[6];
-    TORCH_CHECK(d.kind >= 0 && d.kind <= 5, "unknown linear kind ", d.kind);
+    TORCH_CHECK(d.kind >= 0 && d.kind <= 6, "unknown linear kind ", d.kind);
     if (d.kind == 1 || d.kind == 3) {
       TORCH_CHECK(d.gs == 0 || d.gs == 8, "INT8 activation bits: 0 (16-bit blocks) or 8 (W8A8), got ", d.gs);
       d.a8 = d.gs == 8;
       d.gs = 0;
     }
     TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
-    TORCH_CHECK(HAS_AVX512 || d.kind != 5, "fp32 panels need AVX-512");
-    const bool f32 = d.kind == 0 || d.kind == 5;
-    d.q = weight(w, f[1], f32 ? at::kFloat : d.kind == 1 || d.kind == 3 ? at::kChar : at::kByte);
-    if (!f32) {
+    TORCH_CHECK(HAS_AVX512 || (d.kind != 5 && d.kind != 6), "weight panels need AVX-512");
+    const bool f32 = d.kind == 0 || d.kind == 5, plain = f32 || d.kind == 6;
+    d.q = weight(w, f[1], f32 ? at::kFloat : d.kind == 6 ? at::kHalf : d.kind == 1 || d.kind == 3 ? at::kChar
+                                                                                                     : at::kByte);
+    if (!plain) {
       TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
       d.scale = w[f[2]];
       TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
@@ -220,8 +222,8 @@ struct DecodeTensors {
   static void check_linear(const DecodeLinear& d, int64_t k, int j) {
     const int64_t n = d.N;
     const bool int4 = d.kind == 2 || d.kind == 4;
-    const int64_t panels = (n + PANEL - 1) / PANEL * PANEL;  // kind 5: N padded to whole panels
-    TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : d.kind == 5 ? panels * k : n * k), "projection ", j,
+    const int64_t panels = (n + PANEL - 1) / PANEL * PANEL;  // kinds 5, 6: N padded to whole panels
+    TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : d.kind == 5 || d.kind == 6 ? panels * k : n * k), "projection ", j,
                 ": weight of ", d.q.numel(), " elements for [", n, ", ", k, "]");
     if (d.kind == 1 || d.kind == 3) TORCH_CHECK(d.scale.numel() == n, "INT8 scale must be [N]");
     if (d.gscale.defined()) TORCH_CHECK(k % 32 == 0 && d.gscale.numel() == n * (k / 32), "INT8 group scales: [N, K / 32]");

@@ -153,16 +153,25 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
 constexpr int64_t PANEL = 48, PANEL_ROWS = 8;
 static const bool HAS_AVX512 = __builtin_cpu_supports("avx512f");
 
+// fp16 panels (kind 6, `weight_dtype: float16`) hold the same layout at half the bytes: each k's 48 weights are
+// converted to fp32 in registers (vcvtph2ps, AVX-512F) before the same FMAs, so a row's result is the fp32 panel's
+// on the fp16-rounded weight. Why: a batch-1 step streams every weight once, and half the bytes is the step's
+// largest lever for a model served unquantized.
 #pragma GCC push_options
 #pragma GCC target("avx512f")
-template <int MR>
-static void panel_tile(const float* x, int64_t K, const float* p, float* y, int64_t N, int64_t cols) {
+static inline __m512 panel_load(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 panel_load(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int MR, typename W>
+static void panel_tile(const float* x, int64_t K, const W* p, float* y, int64_t N, int64_t cols) {
   __m512 a[MR][3];
   for (int m = 0; m < MR; ++m)
     for (int g = 0; g < 3; ++g) a[m][g] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    const float* pk = p + k * PANEL;
-    const __m512 w0 = _mm512_loadu_ps(pk), w1 = _mm512_loadu_ps(pk + 16), w2 = _mm512_loadu_ps(pk + 32);
+    const W* pk = p + k * PANEL;
+    const __m512 w0 = panel_load(pk), w1 = panel_load(pk + 16), w2 = panel_load(pk + 32);
     for (int m = 0; m < MR; ++m) {
       const __m512 b = _mm512_set1_ps(x[m * K + k]);
       a[m][0] = _mm512_fmadd_ps(b, w0, a[m][0]);
@@ -182,10 +191,11 @@ static void panel_tile(const float* x, int64_t K, const float* p, float* y, int6
 // much arithmetic as hides under it, and the later ones add only their own (424 MB as above, two CCDs: 9 rows 12.9
 // -> 11.5 ms, 12 rows 14.2 -> 13.2 against balanced groups). k-blocking the groups (64-128 k per block, partial sums
 // in a local tile) and prefetching the next panel during the last pass both cost 1.1-1.8x.
-static void panel_rows(const float* x, int64_t M, int64_t K, const float* p, float* y, int64_t N, int64_t t0,
+template <typename W>
+static void panel_rows(const float* x, int64_t M, int64_t K, const W* p, float* y, int64_t N, int64_t t0,
                        int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    const float* pt = p + t * K * PANEL;
+    const W* pt = p + t * K * PANEL;
     const int64_t cols = std::min<int64_t>(PANEL, N - t * PANEL);
     for (int64_t m0 = 0; m0 < M; m0 += PANEL_ROWS) {
       const int64_t m1 = std::min(M, m0 + PANEL_ROWS);
@@ -208,12 +218,13 @@ static void panel_rows(const float* x, int64_t M, int64_t K, const float* p, flo
 
 // Up to 16 rows a call streams its weights: chunks of ~STREAM_CHUNK bytes, the same number per thread; above, one
 // panel per chunk.
-static void panel_gemm(const float* x, int64_t M, int64_t K, const float* p, float* y, int64_t N) {
+template <typename W>
+static void panel_gemm(const float* x, int64_t M, int64_t K, const W* p, float* y, int64_t N) {
   const int64_t T = (N + PANEL - 1) / PANEL;
   int64_t n = T;
   if (M <= 16) {
-    const int64_t nt = work_threads();
-    const int64_t per_thread = std::max<int64_t>(1, (T * K * PANEL * 4 + nt * STREAM_CHUNK / 2) / (nt * STREAM_CHUNK));
+    const int64_t nt = work_threads(), bytes = T * K * PANEL * static_cast<int64_t>(sizeof(W));
+    const int64_t per_thread = std::max<int64_t>(1, (bytes + nt * STREAM_CHUNK / 2) / (nt * STREAM_CHUNK));
     n = std::max<int64_t>(1, std::min(T, nt * per_thread));
   }
   parallel_chunks(n, [&](int64_t c) { panel_rows(x, M, K, p, y, N, c * T / n, (c + 1) * T / n); });
@@ -243,14 +254,19 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
+// fp32 or fp16 panels ([ceil(N / 48), K, 48]) by the tensor's dtype.
 torch::Tensor f32_panel_linear(torch::Tensor x, torch::Tensor p, int64_t N) {
-  TORCH_CHECK(HAS_AVX512, "fp32 panels need AVX-512");
+  TORCH_CHECK(HAS_AVX512, "weight panels need AVX-512");
   TORCH_CHECK(x.dim() == 2 && p.dim() == 3 && p.size(2) == PANEL && x.size(1) == p.size(1) &&
               p.size(0) == (N + PANEL - 1) / PANEL, "x [M, K], panels [ceil(N / 48), K, 48]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat && p.is_contiguous(), "fp32 only");
+  const bool half = p.scalar_type() == at::kHalf;
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (half || p.scalar_type() == at::kFloat) && p.is_contiguous(),
+              "x fp32, panels fp32 or fp16");
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
   auto y = torch::empty({M, N}, x.options());
-  panel_gemm(x.data_ptr<float>(), M, K, p.data_ptr<float>(), y.data_ptr<float>(), N);
+  if (half) panel_gemm(x.data_ptr<float>(), M, K, reinterpret_cast<const uint16_t*>(p.data_ptr<at::Half>()),
+                       y.data_ptr<float>(), N);
+  else panel_gemm(x.data_ptr<float>(), M, K, p.data_ptr<float>(), y.data_ptr<float>(), N);
   return y;
 }

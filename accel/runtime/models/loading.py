@@ -57,12 +57,12 @@ def _fuse(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> bool:
     if len({(m.weight.dtype, m.weight.device) for m in mods}) != 1:
         return False
     w = torch.cat([m.weight for m in mods])
-    has_bias = [m.bias is not None for m in mods]
-    fused = nn.Linear(w.shape[1], w.shape[0], bias=any(has_bias), device=w.device, dtype=w.dtype)
+    biases = [m.bias for m in mods if m.bias is not None]
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=bool(biases), device=w.device, dtype=w.dtype)
     fused.weight.data.copy_(w)
-    if any(has_bias):
-        fused.bias.data.copy_(torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, device=w.device,
-                                         dtype=w.dtype) for m in mods]))
+    if biases:  # in the biases' own dtype (fp32 beside fp16 weights, `weight_dtype`)
+        fused.bias = nn.Parameter(torch.cat([m.bias if m.bias is not None else torch.zeros(
+            m.out_features, device=w.device, dtype=biases[0].dtype) for m in mods]))
     for n in names:
         delattr(parent, n)
     setattr(parent, fused_name, fused.requires_grad_(False))
@@ -114,11 +114,12 @@ def _no_init():
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, plan: dict[str, str] | None = None,
-               group_size: int = 64) -> CausalLM:
+               group_size: int = 64, linear_dtype: torch.dtype | None = None) -> CausalLM:
     """Build the model from `path`/config.json on the meta device and load its weights (HF names) module by module
     (`accel.kernels.loader.load_weights`, the one way from disk to kernels): plain tensors as stored, an export's
     quantized Linears as kernel modules, the Linears `plan` names quantized as they are read (`--quant`). A model
-    served quantized on a CPU keeps a 16-bit token table at 16 bits (`Float16Embedding`), as its export stores it."""
+    served quantized on a CPU keeps a 16-bit token table at 16 bits (`Float16Embedding`), as its export stores it;
+    so does one whose unquantized Linears are held in `linear_dtype` (fp16, `RuntimeConfig.weight_dtype`)."""
     from accel.schemes import quantized as quantizes
     from accel.kernels.loader import is_compressed, load_weights, table_dtype_for
     from accel.runtime.models.hf_config import load_config
@@ -131,8 +132,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, plan:
     with torch.device("meta"), _no_init():
         model = family(config)
     quantized = is_compressed(path) or any(quantizes(s) for s in (plan or {}).values())
-    table_dtype = table_dtype_for(quantized, dtype, device)
-    load_weights(model, path, dtype, device, model.tie_word_embeddings, plan, group_size, table_dtype)
+    table_dtype = table_dtype_for(quantized or linear_dtype is not None, dtype, device)
+    load_weights(model, path, dtype, device, model.tie_word_embeddings, plan, group_size, table_dtype, linear_dtype)
     model.post_load()
     model.init_rope(device, dtype)
     return model.eval().requires_grad_(False)

@@ -200,7 +200,8 @@ def _native_linear(m: nn.Module | None, add) -> list[int] | None:
     bias = getattr(m, "bias", None)
     b = add(bias.float()) if bias is not None else -1
     if isinstance(m, PackedLinear) and (m.avx2 or m.panels):
-        return [5 if m.panels else 0, add(m.packed), -1, -1, 0, b, m.out_features]
+        kind = (6 if m.packed.dtype == torch.float16 else 5) if m.panels else 0
+        return [kind, add(m.packed), -1, -1, 0, b, m.out_features]
     if isinstance(m, Int8WeightOnlyLinear) and m.in_features % 8 == 0:
         kind, q, scales = m.avx2_operands()
         gs = m.group_scales_operand()
