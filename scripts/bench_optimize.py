@@ -2,6 +2,7 @@
 benchmark ledger (`benchmarks/ledger/optimize-<recipe name>.json`).
 
     .venv/bin/python scripts/bench_optimize.py recipes/qwen2.5-coder-1.5b.yaml [--keep] [--model qwen2.5-coder-0.5b]
+                                               [--set quantization.table=int8g]
 
 The recipe runs in this process from a clean run folder (`--keep`: reuse finished stages, which then cost nothing),
 so the ledger's load figures watch the run itself. Run it alone: the stage seconds are what a user waits.
@@ -37,6 +38,29 @@ def stage_figures(records: dict) -> dict[str, dict]:
     return out
 
 
+def with_overrides(path: Path, model: str | None, sets: list[str]):
+    """The recipe at `path`, on `model` (its name then ends '-on-<model>') and with each KEY=VALUE set, validated
+    as the recipe file would be."""
+    import yaml
+
+    from accel.recipe import parse_recipe
+
+    data = yaml.safe_load(path.read_text())
+    if model:
+        data["name"] = f"{data['name']}-on-{Path(model).name}"
+        data.setdefault("model", {})["path"] = model
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. quantization.table=int8g")
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return parse_recipe(data, str(path))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recipe", type=Path)
@@ -44,18 +68,17 @@ def main(argv: list[str] | None = None) -> None:
                     help="resume the run folder: finished stages are reused and count with the costs they recorded")
     ap.add_argument("--model", help="run the recipe on another model (a registry name or folder): the same stages "
                     "side by side at another size; its run folder and ledger key are the recipe's name + '-on-' + it")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one recipe field (dotted path, a YAML value), e.g. quantization.table=int8g where "
+                         "--model ties its table the recipe quantizes alone; repeatable")
     ap.add_argument("--recorded", action="store_true",
                     help="run nothing: enter the costs the run folder's manifest recorded (no load watched)")
     a = ap.parse_args(argv)
     from accel.cli.pipeline import run_pipeline
     from accel.pipeline.optimize import clean
     from accel.pipeline.stages import read_manifest
-    from accel.recipe import load_recipe
 
-    recipe = load_recipe(a.recipe)
-    if a.model:
-        recipe = recipe.model_copy(update={"name": f"{recipe.name}-on-{Path(a.model).name}",
-                                           "model": recipe.model.model_copy(update={"path": a.model})})
+    recipe = with_overrides(a.recipe, a.model, a.set)
     entry = Entry(f"optimize-{recipe.name}", info={"recipe": str(a.recipe), "model": recipe.model.path})
     if a.recorded:
         entry.info["recorded_from"] = str(recipe.run_dir())
