@@ -44,9 +44,9 @@ def test_placement_of_a_repeat_from_the_core_latency_around_it(before, after, wh
     assert where in PLACEMENTS
 
 
-def _pid_stat(pid: int, busy: int, ppid: int = 1) -> str:
-    """A /proc/PID/stat text with these busy ticks (split over utime and stime)."""
-    return f"{pid} (python3 -m x) R {ppid} 1 1 0 -1 0 0 0 0 0 {busy - 5} 5 0 0 20 0 3 0 100 0 0"
+def _pid_stat(pid: int, busy: int, ppid: int = 1, children: int = 0) -> str:
+    """A /proc/PID/stat text with these busy ticks (split over utime and stime) and its waited-for children's."""
+    return f"{pid} (python3 -m x) R {ppid} 1 1 0 -1 0 0 0 0 0 {busy - 5} 5 {children} 0 20 0 3 0 100 0 0"
 
 
 def _stat(busy: int, idle: int, steal: int, own: int, **engine: int) -> tuple[str, dict[int, str]]:
@@ -73,6 +73,18 @@ def test_a_measurement_records_what_else_used_the_machine():
     got = contended_runs([("quantized/batch1", [q.to_dict(), load.to_dict()]), ("baseline/batch1", [q.to_dict()]),
                           ("peer/batch1", None)])
     assert got == ["quantized/batch1 (other processes 0.50 cores, steal 1%)"]
+
+
+def test_the_peer_runs_a_benchmark_starts_and_waits_for_are_its_own_work():
+    from accel.bench.probes import CpuLoad
+
+    # this process used 20 ticks itself and waited for a llama-bench child that used 120 of the 150 busy ticks
+    snaps = iter([("cpu  990 0 10 5000 0 0 0 0 0 0\n", {1234: _pid_stat(1234, 300, children=40)}),
+                  ("cpu  1140 0 10 5050 0 0 0 0 0 0\n", {1234: _pid_stat(1234, 320, children=160)})])
+    clock = iter([0.0, 1.0])
+    with CpuLoad(read=lambda: next(snaps), clock=lambda: next(clock), ticks_per_s=100) as load:
+        pass
+    assert load.others_cores == 0.1 and not load.contended
 
 
 def test_a_measured_servers_processes_are_the_engine_not_others():

@@ -98,12 +98,13 @@ CONTENDED_STEAL_PCT = 5.0
 
 def _cpu_ticks(stat: str, engine_stats: dict[int, str]) -> tuple[int, int, int, dict[int, int]]:
     """(busy, steal, total) ticks of all CPUs from /proc/stat, and each engine process's busy ticks from its
-    /proc/PID/stat."""
+    /proc/PID/stat, its children's that it waited for included (a benchmark's own peer runs: llama-bench, a server
+    it started and stopped)."""
     user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in stat.split("\n", 1)[0].split()[1:9])
     own = {}
     for pid, text in engine_stats.items():
         fields = text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        own[pid] = int(fields[11]) + int(fields[12])  # utime, stime (all threads)
+        own[pid] = sum(int(x) for x in fields[11:15])  # utime, stime (all threads), cutime, cstime
     busy = user + nice + system + irq + softirq
     return busy, steal, busy + idle + iowait + steal, own
 
