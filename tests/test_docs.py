@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 
-README_MAX_CHARS = 10_000
+README_MAX_CHARS = 8_000
 DOCS_MAX_CHARS = 25_000
 MAX_NUMBERS_PER_CELL = 4
 
