@@ -7,8 +7,8 @@ A README block
     <!-- /ledger -->
 
 is what RENDERER makes of those entries: the machine and commit line, the table, the command that measured it.
-`scripts/render_readme.py` rewrites every block; `tests/test_readme_ledger.py` fails when one differs from its
-rendering, so a figure in README is always the ledger's.
+`scripts/render_readme.py` rewrites every block of the RENDERED files; `tests/bench/test_ledger.py` fails when one
+differs from its rendering, so a figure in them is always the ledger's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 
 from accel.bench.ledger import LEDGER_DIR, read
 
+RENDERED = ("README.md", "benchmarks/README.md")
+"""The files with ledger blocks (repository-relative): README's headline tables, the benchmarks folder's others."""
 BLOCK = re.compile(r"(<!-- ledger: (\S+)((?: \S+)+) -->\n)(.*?)(<!-- /ledger -->)", re.S)
 
 

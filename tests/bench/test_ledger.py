@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from accel.bench import ledger
-from accel.bench.readme import BLOCK, RENDERERS, machine_line, render
+from accel.bench.readme import BLOCK, RENDERED, RENDERERS, machine_line, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,11 +95,13 @@ def test_render_rewrites_only_ledger_blocks_and_refuses_unknown_renderers(tmp_pa
         render("<!-- ledger: nope optimize-x -->\n<!-- /ledger -->", tmp_path)
 
 
-def test_readme_tables_are_their_ledger_entries():
-    """Every ledger block of README equals its rendering from `benchmarks/ledger/` (scripts/render_readme.py)."""
-    text = (ROOT / "README.md").read_text()
-    assert BLOCK.search(text), "README has no ledger block"
-    assert render(text) == text, "README differs from its ledger: run scripts/render_readme.py"
+@pytest.mark.parametrize("name", RENDERED)
+def test_readme_tables_are_their_ledger_entries(name):
+    """Every ledger block of README (and benchmarks/README.md) equals its rendering from `benchmarks/ledger/`
+    (scripts/render_readme.py)."""
+    text = (ROOT / name).read_text()
+    assert BLOCK.search(text), f"{name} has no ledger block"
+    assert render(text) == text, f"{name} differs from its ledger: run scripts/render_readme.py"
 
 
 def test_peer_speed_renders_each_pairs_absolute_figures_and_ratio(tmp_path):
