@@ -93,7 +93,7 @@ static inline void block_accumulate(const float* p, const float* v, int64_t ts, 
 
 // GQA tiles (D % 8 == 0): the NQ query heads that share a kv head go through a block together, so every K/V
 // vector loaded serves NQ FMAs, and the tiles keep 8-12 independent FMA chains in flight (the one-head loops
-// above have 4 chains that each wait on the FMA latency, ~2.5x below the FMA throughput).
+// above have 4 chains that each wait on the FMA latency, well below the FMA throughput).
 // s[j * ss + t] = scale * dot(q_j, k_t) for the NQ heads j (q_j at q + j * D) and the n tokens t of a block.
 template <int NQ>
 static inline void gqa_scores(const float* q, const float* k, int64_t ts, int64_t n, int64_t D, float scale,
@@ -300,8 +300,8 @@ static AttnPlan plan_attention(int64_t H, int64_t D, const torch::Tensor& k_cach
   a.RG = RG;
   // ... and where that still leaves a remainder (one decode row) over a long context, each kv head's query heads in
   // two halves, the second re-reading the head's K/V from cache. Per head, the arithmetic is the same in any
-  // grouping. SmolLM2's 30 layers, one row, 2 threads: 1.09x at 500 tokens of context, 1.20x at 800; 0.89-0.91x at
-  // 200-300, where the K/V stayed in cache and the extra tasks cost more than the balance saved.
+  // grouping. Only from 400 tokens of context: at shorter ones the K/V stayed in cache and the extra tasks cost
+  // more than the balance saved.
   int64_t longest_ctx = 0;
   for (int64_t s = 0; s < S; ++s) longest_ctx = std::max(longest_ctx, clp[longest[s]]);
   a.QG = splits > 1 && (KVH * RG) % at::get_num_threads() != 0 && group >= 2 && longest_ctx >= 400 ? 2 : 1;
@@ -368,8 +368,8 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
         // blocks are scattered, so the hardware prefetcher cannot run ahead: prefetch the block PF ahead, its
         // lines spread over this block's head tiles (one burst of ~400 prefetches stalls on the miss buffers).
         // Only this task's heads, [h0, h1): per token, `tok_lines` lines at a stride of TS floats. A task of one
-        // kv head had fetched every head's lines, three times its own (a batch-1 verify step's tasks are single
-        // heads: SmolLM2, 16 rows at ~250 tokens, its attention 2.83 -> 2.64 ms a step, the step 31.07 -> 30.83).
+        // kv head had fetched every head's lines, three times its own, and a batch-1 verify step's tasks are single
+        // heads.
         const char* nk = nullptr;
         const char* nv = nullptr;
         if (b0 + PF * BS < Lmax) {
@@ -378,13 +378,9 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
           nv = reinterpret_cast<const char*>(vp + nblk * BS * TS + h0 * D);
         }
         // ... and the blocks further ahead, all into L2 (T1), which holds more misses in flight than L1 (the next
-        // block into L1 instead: 0.96-0.99x): one row has almost no arithmetic per block to hide DRAM behind, and a
-        // prefetch that finds the miss buffers full is dropped, so a one-row task asks for each block at four
-        // distances (2-5), a verify span's rows once (2).
-        // SmolLM2 on 2 Zen 4 cores, paired runs: INT8 batch 1 at 800 tokens, the step 7.28 -> 5.85 ms (distance 2
-        // alone 6.54, 2 and 5 6.13); fp32 at 250, attention 1.23 -> 0.81 ms a step; INT8 batch 16 at 250, 29.6 ->
-        // 23.8 ms (2 alone 24.6); fp32 batch 64 at 200, 152 -> 137 ms; 16 verify rows at 250, attention 2.52 ->
-        // 2.38 ms with 2 alone, 2.55 with 2-5.
+        // block into L1 instead measured slower): one row has almost no arithmetic per block to hide DRAM behind, and
+        // a prefetch that finds the miss buffers full is dropped, so a one-row task asks for each block at four
+        // distances (2-5), a verify span's rows once (2: for verify rows the further distances measured slower).
         const char* fk[4];
         const char* fv[4];
         int nfar = 0;

@@ -58,8 +58,8 @@ static void prefetch_next(const DecodeLinear& L) {
 }
 
 // A model's decode-step tensors, resolved and checked once (`NativeDecode`): its weights from `weights` and the
-// spec above, and the KV caches it writes (`bind_caches`). Passing ~460 tensors through pybind every step cost ~5%
-// of an INT8 batch-1 step.
+// spec above, and the KV caches it writes (`bind_caches`). Passing ~460 tensors through pybind every step cost a
+// visible share of an INT8 batch-1 step.
 struct DecodeTensors {
   struct Layer {
     torch::Tensor norm1, norm2;
@@ -236,8 +236,8 @@ struct DecodeTensors {
 
 // ---- greedy sampling ------------------------------------------------------------------------------------------
 // A row's index of its largest value, as torch.argmax returns it (the first of equal maxima; a NaN counts as the
-// largest). torch's took ~50 us for one 49,152-logit row on 2 threads (its parallel reduction's overhead), ~1% of
-// a batch-1 decode step; two vector passes over the row take ~10.
+// largest). Why not torch's: on one logit row its parallel reduction's overhead costs several times what two
+// vector passes over the row take.
 static int64_t argmax_row(const float* r, int64_t N) {
   __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
   int64_t i = 0;
@@ -329,11 +329,11 @@ static torch::Tensor gather_embed(const DecodeTensors& dw, torch::Tensor idx) {
 // With an input projection set (`set_input_proj`), x is its input and the team runs it first (an EAGLE draft's fc).
 // With a head set (`set_head`), the same team then computes the logits of `logit_rows` (indices into the step's
 // rows): returns (final hidden [T, hidden], logits [R, vocab], each logit row's argmax [R]; R = 0 without them).
-// Why in this call: after the step's ~135 MB weight stream the caches are cold, and the lm_head as a separate call
-// from Python (module, its checks, a row gather, another thread team) cost ~0.2-0.3 ms of an INT8 step of ~8.
+// Why in this call: after the step's weight stream the caches are cold, and the lm_head as a separate call from
+// Python (module, its checks, a row gather, another thread team) cost a visible share of an INT8 step.
 // With tables set (`set_tables`), x may be the step's token ids [T] (long) and cos its positions [T] (long; then
 // sin_signed is unused): the rows are gathered here. Why: the gathers as torch ops from Python (embedding, two
-// index_selects and their reshapes) cost ~0.1 ms a step with caches cold after the weight stream.
+// index_selects and their reshapes) each paid a dispatch with caches cold after the weight stream.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
     torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, const DecodeTensors& dw, torch::Tensor slots,
     torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, torch::Tensor spans,
@@ -508,8 +508,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_step(
 // input (vLLM's multi-step scheduling): tokens [T][steps run]. The steps stop after the first in which a row's token
 // is one of that row's `stop_ids`. Row t's block table (row t of [T, nb]) must hold slots for positions
 // positions[t] .. positions[t] + num_steps - 1. With `features` (not empty), each step's final hidden states are
-// stored there by slot. Why: between single steps the runner's Python, with caches cold after
-// the weight stream, cost ~0.2 ms of an INT8 step of ~3.
+// stored there by slot. Why: between single steps the runner's Python, with caches cold after the weight stream,
+// cost a visible share of every INT8 step.
 std::vector<std::vector<int64_t>> decode_steps(
     std::vector<int64_t> ids, std::vector<int64_t> positions, const DecodeTensors& dw, std::vector<int64_t> block_table,
     int64_t nb, int64_t num_steps, std::vector<std::vector<int64_t>> stop_ids, torch::Tensor features,

@@ -3,7 +3,7 @@
 
 // ---- INT8 weights x 16-bit activations ------------------------------------------------------------------------
 // Widening every int8 weight to fp32 (load, sign-extend, convert, FMA: ~4 uops per 8 weights) made the INT8 GEMV
-// compute-bound at ~21 GB/s. Here the activations are rounded once to 16-bit integers per block of 32 inputs, each
+// compute-bound. Here the activations are rounded once to 16-bit integers per block of 32 inputs, each
 // block with its own scale (error <= 1.5e-5 of the block's largest value, so an outlier channel costs its own block
 // only; per-row or 14-bit scales let near-tied greedy tokens flip against transformers'), and 32 weights go through
 // sign-extends, multiply-add pairs into int32 (vpmaddwd + vpaddd, or vpdpwssd with AVX512-VNNI) and one FMA of the
@@ -55,7 +55,7 @@ static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, boo
         const int64_t k0 = b * 32, n = std::min<int64_t>(32, K - k0);
         const float* xb = x + m * K + k0;
         int16_t* q = r.q.data() + m * K + k0;
-        if (n == 32) {  // vectorized: called for every Linear of a decode step, where the scalar loop cost ~2 us
+        if (n == 32) {  // vectorized: called for every Linear of a decode step, where a scalar loop showed
           __m256 v[4];
           __m256 amax = _mm256_setzero_ps();
           const __m256 sign = _mm256_set1_ps(-0.f);
@@ -145,9 +145,8 @@ static const bool HAS_VNNI = __builtin_cpu_supports("avx512vnni") && __builtin_c
                              __builtin_cpu_supports("avx512bw");  // the prefill GEMM widens bytes with AVX512-BW
 
 // One or two activation rows stream each weight once, in one linear pass per chunk. On Intel (Xeon with AVX-512 /
-// AMX, 2 cores, ~14 GB/s) a software prefetch 4 KB ahead of that pass lifted INT8 decode 1.05-1.12x (8 KB the same,
-// 1 KB 1.05x, 16 KB 1.05x); on AMD EPYC the hardware prefetcher alone ran 9-17% faster than a prefetch of the next
-// tiles, so AMD keeps it.
+// AMX) a software prefetch 4 KB ahead of that pass lifted INT8 decode (8 KB the same, 1 KB and 16 KB less); on AMD
+// EPYC the hardware prefetcher alone measured faster than a prefetch of the next tiles, so AMD keeps it.
 static const int64_t STREAM_PREFETCH_AHEAD = __builtin_cpu_is("intel") ? 4096 : 0;
 static inline const char* stream_ahead(const void* p) {
   return STREAM_PREFETCH_AHEAD ? static_cast<const char*>(p) + STREAM_PREFETCH_AHEAD : nullptr;

@@ -27,9 +27,8 @@ static inline float min_of(const Z16* p) { return -(_cvtsh_ss(p[1].h) * _cvtsh_s
 // `vpdpwssd` order (per input pair, 16 rows' pairs in one vector), and each 4-row block of activations broadcasts
 // its int16 pairs against it, so 16 multiply-adds share one convert + FMA per block. Same numerics as the row
 // kernels (16-bit activations per block of 32, exact int32 block sums, one FMA of the block's scale per block).
-// vpdpwssd multiplies 32 int16 pairs per instruction against fp32 FMA's 16 lanes: SmolLM2's 30 layers of Linears at
-// 512 rows took 310 ms (INT8) and 340 ms (INT4 g64) against 500 ms for oneDNN's prepacked fp32 GEMM, 2 Zen4 cores;
-// 6 activation rows per register tile (4: 341 / 370 ms; 8 spills registers: 368 / 407 ms).
+// vpdpwssd multiplies 32 int16 pairs per instruction against fp32 FMA's 16 lanes, so at prefill sizes this beats
+// oneDNN's prepacked fp32 GEMM; 6 activation rows per register tile (4 measured slower; 8 spills registers).
 // the activations' sums per INT4 group, [M, K / gs] (the min term of every INT4 kernel)
 static std::vector<float> group_sums(const float* xp, int64_t M, int64_t K, int64_t gs) {
   const int64_t G = K / gs;
@@ -190,17 +189,16 @@ static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const
 // FMA of the block's activation scale per block in block order, times scale[n]) at every row count, so a row's
 // result does not depend on how many rows share the call: speculation's verify steps and prefill compute exactly
 // what a one-row decode step does. Needs N % 16 == 0 and K % 32 == 0 (`cpu_kernels.vnni_int8`).
-// SmolLM2-135M's Linears and lm_head, 2 Zen4 cores, against the row kernel: 1.00-1.02x at one row, 1.06-1.10x at
-// 2, 1.39-1.49x at 16, 1.67x at 32; n-gram speculation on an INT8 target (bench_spec.py, input-grounded, k 15) went
-// from 1.56x to 1.80x, a 16-row verify step from 5.0 to 3.1 decode steps.
+// Against the row kernel it is level at one row and gains more with every row a call shares (a 16-row verify step
+// costs fewer decode steps, so n-gram speculation on an INT8 target speeds up).
 // One or two activation rows read one tile at a time (a single linear stream through the chunk, as the row kernel
-// reads): two tiles in turn measured 0.82-0.86x the row kernel at one row. In the whole engine at one row (paired
-// runs), 256-bit halves (`vnni_tile1_i8`): 1.10x the row kernel's decode rate.
+// reads): two tiles in turn measured slower than the row kernel at one row; 256-bit halves (`vnni_tile1_i8`)
+// beat the row kernel's decode rate in the whole engine.
 
 // MB activation rows against NT consecutive 16-row tiles at `tile` (a weight vector per tile serves the MB rows, a
 // broadcast activation pair the NT tiles); `ahead`: the next NT tiles, prefetched 512 bytes per tile and block into
-// L2, where the stream keeps going during the arithmetic (the model's Linears, cold, one Zen 4 thread, against into
-// L1: 0.70x the time at 3-4 rows, 0.83x at 8, 0.90x at 16; INT4's tiles, compute-bound, gained nothing)
+// L2, where the stream keeps going during the arithmetic (faster than into L1 at 3-16 rows, cold weights; INT4's
+// tiles, compute-bound, gained nothing)
 template <int MB, int NT>
 static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB, int64_t K, const int8_t* tile,
                                  const float* scale, const uint16_t* gs, float* y, int64_t N, const char* ahead) {
@@ -255,7 +253,7 @@ static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB,
 
 // One activation row against one tile in 256-bit halves (rows 0-7 and 8-15): per input pair, two 16-byte loads widened
 // to int16 and two `vpdpwssd` of 8 rows each. The same per-row operations as `vnni_tiles_i8` (identical results);
-// at one row the 512-bit widening cost the decode step ~6% (SmolLM2 INT8, whole engine, paired runs).
+// at one row the 512-bit widening slowed the whole decode step.
 static inline void vnni_tile1_i8(const int16_t* xq, const float* xs, int64_t KB, const int8_t* tile,
                                  const float* scale, const uint16_t* gs, float* y, const char* ahead) {
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -413,9 +411,8 @@ static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t 
 // instructions per 16 weight bytes; the row kernel spends ~17 per 32 weights). Group scales and mins are stored
 // per tile and group as 16 scales then 16 mins ([N / 16][G][2][16], fp32 or fp16). Numerics are the INT4 prefill
 // GEMM's at every row count, so a row's result does not depend on the call's row count. Needs N % 16 == 0,
-// K % 32 == 0 and whole blocks of 32 per group (`cpu_kernels.vnni_int4`). SmolLM2-135M's Linears and lm_head, 2
-// Zen4 cores, against the row kernel: int4f g32 (fp16 scales) 1.45x at one row, 2.2x at 2, 2.3x at 16, 2.8x at 32;
-// int4 g64 1.25x at one row, 1.7x at 2, 2.1x at 16.
+// K % 32 == 0 and whole blocks of 32 per group (`cpu_kernels.vnni_int4`). Faster than the row kernel from one row
+// on, the more so the more rows a call shares.
 static inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_f32(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

@@ -17,7 +17,7 @@ static void rms_rows(const float* x, float* res, const float* w, float* out, int
         src = rr;
       }
       // sum of squares in 4 vector chains: a scalar `ss += x * x` loop is one serial FMA chain (the compiler may
-      // not reorder float adds), ~0.8 us per 576-wide row
+      // not reorder float adds)
       __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
       int64_t i0 = 0;
       for (; i0 + 32 <= H; i0 += 32) {
@@ -167,7 +167,7 @@ void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, int64_t
 
 // KV cache write: token t's k/v rows [KVH * D] (any row stride, e.g. views into the fused qkv output) into flat
 // slot slots[t] of the [blocks * block_size, KVH * D] caches. One call for K and V instead of two index_copy_
-// ops (each ~35 us of dispatch at decode sizes, twice per layer per step).
+// ops (each a torch dispatch at decode sizes, twice per layer per step).
 void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slots) {
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
               k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "fp32 only");

@@ -71,7 +71,7 @@ static int64_t ngram_guess(const std::vector<int64_t>& t) {
 // `max_steps` steps, at `max_new` tokens, after a step that drew one of `stop_ids`, where the block table cannot
 // hold the next step's rows, or when another step would end past `budget_s` seconds at the last step's cost.
 // Returns (tokens, per step {length asked, drafted, accepted, guess, propose seconds, step seconds}). Why: at batch 1
-// the engine's Python around each verify step cost ~0.45 ms, cold after the weight stream, of a 10-27 ms fp32 step.
+// the engine's Python around each verify step, cold after the weight stream, cost a visible share of the step.
 std::tuple<std::vector<int64_t>, std::vector<std::vector<double>>> spec_steps(
     std::vector<int64_t> history, const DecodeTensors& dw, std::vector<int64_t> block_table, int64_t max_steps,
     int64_t max_new, double budget_s, std::vector<int64_t> stop_ids, int64_t min_n, int64_t max_n, bool guess,

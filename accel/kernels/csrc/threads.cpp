@@ -30,16 +30,15 @@ static inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Weight rows the int8 / int4 row kernels prefetch ahead: ~9 KB / ~2.3 KB of SmolLM2's 576-wide rows. AVX2 EPYC,
-// whole INT8 batch-1 engine steps paired in one process: 16 rows 0.97x the time of 8 (32: 1.00x, 64: 1.06x);
-// INT4 at 16 rows 1.01x of 8.
+// Weight rows the int8 / int4 row kernels prefetch ahead: ~9 KB / ~2.3 KB of SmolLM2's 576-wide rows (whole engine
+// steps barely changed between 8 and 64 rows).
 constexpr int64_t PF_ROWS_I8 = 16, PF_ROWS_I4 = 8;
 
 // What a thread waiting at a barrier of the decode step prefetches into L2, PF_WAIT_LINES cache lines per spin: its
 // range of the next Linear's weights (`prefetch_next`). Why: the waits (rope on one thread, attention's 3 kv heads
-// on 2 threads, the end of a Linear) leave a core's memory link idle, and the next Linear then starts from L2.
-// INT8 batch 1, 48-token decodes alternated in one process: two CCDs 1.02-1.03x (314 -> 320-323 tok/s), one CCD
-// 1.01x; 1 to 4 lines per spin and 64 KB to the whole range within 1%.
+// on 2 threads, the end of a Linear) leave a core's memory link idle, and the next Linear then starts from L2 (a
+// small gain at INT8 batch 1, larger with the vCPUs on two CCDs; the lines per spin and the range's size barely
+// mattered).
 struct PrefetchCursor {
   const char* cur = nullptr;
   const char* end = nullptr;
@@ -50,7 +49,7 @@ constexpr int PF_WAIT_LINES = 2;
 // The threads of one-call decode step (`decode_layers`): every thread runs the whole step, each Linear's chunks
 // are split among them (`parallel_chunks`), and a barrier ends each phase. Why not a parallel region per
 // kernel: at batch 1 a step has ~180 of them, and their fork/join on OpenMP's pool left the second thread idle
-// (spinning in libgomp) ~38% of the step (perf, SmolLM2 INT8 on 2 cores).
+// (spinning in libgomp) for a large part of the step (perf).
 struct Team {
   // A phase's chunks: thread t owns the contiguous range [t * c / n, (t + 1) * c / n), taken from the front by
   // itself and from the back by threads that finished their own. Each slot packs (phase, front, back): any thread
@@ -71,7 +70,7 @@ struct Team {
   // A wait this long is a partner that was not running (a phase's imbalance is tens of microseconds).
   static constexpr int64_t LATE_NS = 200000;
 
-  // Spin (~0.5 ms: a phase's wait is tens of us, and sleeping after 2,000 spins measured 0.96x at batch 1), then
+  // Spin (about half a millisecond: a phase's wait is tens of us, and sleeping sooner slowed batch 1), then
   // sleep on a futex. Sleeping, not yielding, matters where the server's event loop shares the cores: a core that
   // goes idle pulls the preempted team thread over at once, while a spinning or yielding one keeps it queued.
   static constexpr int SPINS = 20000;
@@ -142,12 +141,12 @@ static int64_t run_team(int threads, const F& step) {
 
 // The team size of the decode step on a shared CPU. Where another busy process holds a core, a team thread is off
 // its core for whole scheduler slices and its partner waits at every barrier of the step (~180 at batch 1):
-// SmolLM2 INT8 batch-1 decode fell to 14% of its quiet speed beside one `yes` (llama.cpp's Q8_0: 31-35%). A step
+// batch-1 decode fell to a small fraction of its quiet speed beside one `yes` (llama.cpp's too, less so). A step
 // whose barrier waits over Team::LATE_NS exceed LATE_FRAC of the team's time is a strike; after STRIKES in a row
-// TRIAL_STEPS steps run in this thread alone, and the step continues alone if those were faster per row than the mean of the
-// team's last WINDOW steps: the rate it would keep (not the late step that started the trial: a client or event loop
-// preempting a team thread now and then makes one slow step, and comparing with it served batch 1 at 0.93x; not
-// the median: beside `yes` half the team's steps are quick and the slow half costs the time, 26% of quiet).
+// TRIAL_STEPS steps run in this thread alone, and the step continues alone if those were faster per row than the
+// mean of the team's last WINDOW steps: the rate it would keep (not the late step that started the trial: a client
+// or event loop preempting a team thread now and then makes one slow step, and comparing with it slowed batch 1;
+// not the median: beside `yes` half the team's steps are quick and the slow half costs the time).
 // After PROBE_STEPS alone the team runs again and earns its next trial the same way. A trial that lost waits
 // `backoff` steps before the next, from FIRST_BACKOFF (a load that just began has not filled the window yet)
 // doubling to MAX_BACKOFF. A pure state machine over measured times: tests drive
@@ -231,18 +230,17 @@ static int64_t work_threads() {
 // fn(c) for c in [0, n), the chunks handed out one at a time rather than split once up front: where the server's
 // event loop or a client shares the cores, a preempted thread then delays only the chunk it holds while the others
 // take the rest; with fixed splits the whole step waited at the region's end for the preempted thread's slice
-// (batch-1 decode over HTTP ran ~20% below the same engine in-process on 2 cores).
+// (batch-1 decode over HTTP ran well below the same engine in-process).
 // Inside a team each thread takes its own contiguous range first and then steals from the others' ends
 // (`Team::Range`), instead of every chunk coming from one shared counter (as ggml's mul_mat does). Why: each
 // thread's weight stream then runs on through its chunks, and a claim touches the thread's own cache line. Where
-// a VM puts the 2 vCPUs of a Zen 4 on different CCDs (~165 ns core to core against ~30, each core with its own
-// link to memory: ~64 GB/s against ~37), the shared counter held INT8 batch-1 decode to ~34 GB/s of weights and
-// contiguous ranges reached ~41 (252 -> 300 tok/s, medians of 160 alternated runs); on one CCD +3%.
+// a VM puts the 2 vCPUs of a Zen 4 on different CCDs (core to core several times slower, each core with its own
+// link to memory), the shared counter held INT8 batch-1 decode's weight stream well below contiguous ranges'.
 // Output rows per chunk of a GEMM with `tile`-row L1 tiles. At decode sizes (M <= 8) a call is a weight stream,
 // and a thread that streams 16-32 KB and then jumps to the next free chunk restarts the hardware prefetcher each
-// time: the read stream ran at ~25 GB/s in 16 KB chunks and ~33 in 128-256 KB ones (2 cores, 134 MB of INT8
-// weights). So decode chunks hold ~STREAM_CHUNK bytes, in a multiple of the thread count so the threads finish
-// together; larger M computes enough per byte that one tile per chunk balances best.
+// time: the read stream ran faster in 128-256 KB chunks than in 16 KB ones. So decode chunks hold ~STREAM_CHUNK
+// bytes, in a multiple of the thread count so the threads finish together; larger M computes enough per byte that
+// one tile per chunk balances best.
 constexpr int64_t STREAM_CHUNK = 192 << 10;
 static int64_t chunk_rows(int64_t M, int64_t N, int64_t row_bytes, int64_t tile) {
   if (M > 8) return tile;
@@ -256,9 +254,8 @@ static int64_t chunk_rows(int64_t M, int64_t N, int64_t row_bytes, int64_t tile)
 // number per thread, their sizes within one pair of each other (rounding every chunk up to the same size left a
 // short last chunk and one thread waiting for the other at the end of most Linears); above 16 rows, one pair each.
 // Why 16 and not 8 as for the row kernels: a speculative verify step of 9-16 rows streams its weights like a decode
-// step, and one pair per chunk made a 9-row INT8 step cost 10.2 ms against 6.3 at 8 rows (6.7 with stream chunks;
-// 16 rows 13.8 -> 10.8 ms). SmolLM2 INT8, 2 EPYC cores (AVX512-VNNI): batch-16 decode +10-18%, n-gram
-// speculation at batch 1 1.73-1.78x -> 1.92x (bench_spec.py, input-grounded, k 15, alternated runs).
+// step, and one pair per chunk made a 9-row INT8 step cost far more than an 8-row one; stream-sized chunks up to 16
+// rows sped up batch-16 decode and n-gram speculation at batch 1.
 struct TileChunks {
   int64_t n, pairs, tiles;
   int64_t begin(int64_t c) const { return std::min(tiles, 2 * (c * pairs / n)); }
