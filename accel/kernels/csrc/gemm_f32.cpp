@@ -1,5 +1,6 @@
 // gemm_f32.cpp: fp32 small GEMM and the AVX-512 panel layout.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "gemm_f32.h"
+#include "threads.h"
 
 // ---- fp32 small GEMM (1-96 rows: decode, verification, batched decode) -------------------------------------
 // Every output is two FMA chains, one over the even and one over the odd 8-input blocks (a last lone block is
@@ -146,8 +147,7 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
 // or above oneDNN's reordered weights, so panels serve every row count and the weight is held once. A row's result
 // is its sequential k-sum: it does not depend on the rows beside it. A software prefetch (1 KB ahead into L1)
 // measured slower.
-constexpr int64_t PANEL = 48, PANEL_ROWS = 8;
-static const bool HAS_AVX512 = __builtin_cpu_supports("avx512f");
+constexpr int64_t PANEL_ROWS = 8;
 
 // fp16 panels (kind 6, `weight_dtype: float16`) hold the same layout at half the bytes: each k's 48 weights are
 // converted to fp32 in registers (vcvtph2ps, AVX-512F) before the same FMAs, so a row's result is the fp32 panel's
@@ -215,7 +215,7 @@ static void panel_rows(const float* x, int64_t M, int64_t K, const W* p, float* 
 // Up to 16 rows a call streams its weights: chunks of ~STREAM_CHUNK bytes, the same number per thread; above, one
 // panel per chunk.
 template <typename W>
-static void panel_gemm(const float* x, int64_t M, int64_t K, const W* p, float* y, int64_t N) {
+void panel_gemm(const float* x, int64_t M, int64_t K, const W* p, float* y, int64_t N) {
   const int64_t T = (N + PANEL - 1) / PANEL;
   int64_t n = T;
   if (M <= 16) {
@@ -225,8 +225,10 @@ static void panel_gemm(const float* x, int64_t M, int64_t K, const W* p, float* 
   }
   parallel_chunks(n, [&](int64_t c) { panel_rows(x, M, K, p, y, N, c * T / n, (c + 1) * T / n); });
 }
+template void panel_gemm<float>(const float* x, int64_t M, int64_t K, const float* p, float* y, int64_t N);
+template void panel_gemm<uint16_t>(const float* x, int64_t M, int64_t K, const uint16_t* p, float* y, int64_t N);
 
-static void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, float* yp, int64_t N) {
+void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, float* yp, int64_t N) {
   const int64_t CR = chunk_rows(M, N, K * 4, 48);  // larger M: chunks of 48 output rows (whole 3- and 6-row tiles)
   // Inside a decode team every thread splits its own copy (no barrier; M x K floats is small).
   static thread_local std::vector<float> split;

@@ -1,7 +1,58 @@
 // gemm_int4.cpp: INT4 weights x 16-bit activations, dequantization.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "gemm_int4.h"
+#include "gemm_int8.h"
+#include "gemm_vnni.h"
+#include "threads.h"
 
+std::vector<float> group_sums(const float* xp, int64_t M, int64_t K, int64_t gs) {
+  const int64_t G = K / gs;
+  std::vector<float> xsum(M * G);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float acc = 0.f;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) acc += xp[m * K + k];
+      xsum[m * G + g] = acc;
+    }
+  return xsum;
+}
+
+// Weight rows the row kernels prefetch ahead: ~2.3 KB of SmolLM2's 576-wide rows (as PF_ROWS_I8).
+constexpr int64_t PF_ROWS_I4 = 8;
+
+// ---- INT4 weights x fp32 activations (groups not made of whole blocks of 32) ---------------------------------
 // y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, g] + min[n, g]), the min term as min * (sum of x over the group)
+template <int MB, typename S>
+static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64_t gs, const uint8_t* q,
+                  const S* sm, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const __m256i lowmask = _mm256_set1_epi32(0xF);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = q + n * (K / 2);
+    __m256 tot[MB];
+    float mterm[MB];
+    for (int m = 0; m < MB; ++m) { tot[m] = _mm256_setzero_ps(); mterm[m] = 0.f; }
+    for (int64_t g = 0; g < G; ++g) {
+      __m256 a[MB];
+      for (int m = 0; m < MB; ++m) a[m] = _mm256_setzero_ps();
+      for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2)));
+        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, lowmask));
+        __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+        for (int m = 0; m < MB; ++m) {
+          a[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + m * K + k), a[m]);
+          a[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + k + 8), a[m]);
+        }
+      }
+      const __m256 s = _mm256_set1_ps(f32_of(sm[2 * (n * G + g)]));
+      const float mn = min_of(sm + 2 * (n * G + g));
+      for (int m = 0; m < MB; ++m) {
+        tot[m] = _mm256_fmadd_ps(s, a[m], tot[m]);
+        mterm[m] += mn * xsum[m * G + g];
+      }
+    }
+    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + mterm[m];
+  }
+}
+
 // ---- INT4 weights x 16-bit activations ------------------------------------------------------------------------
 // The widening kernel above spends ~17 uops per 32 weights (unpack, convert, two FMAs per 8 weights) and ran
 // compute-bound. Here the activations are 16-bit integers per block of 32, as for INT8 (`quantize_blocks_i16`),
@@ -184,9 +235,8 @@ static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, 
   });
 }
 
-// the INT4 GEMM on a scale/min tensor of either dtype
-static void int4_gemm_t(const float* x, int64_t M, int64_t K, const uint8_t* q, const torch::Tensor& sm, int64_t gs,
-                        float* y, int64_t N) {
+void int4_gemm_t(const float* x, int64_t M, int64_t K, const uint8_t* q, const torch::Tensor& sm, int64_t gs,
+                 float* y, int64_t N) {
   if (sm.scalar_type() == at::kShort)
     int4_gemm(x, M, K, q, reinterpret_cast<const Z16*>(sm.data_ptr<int16_t>()), gs, y, N);
   else if (sm.scalar_type() == at::kHalf)

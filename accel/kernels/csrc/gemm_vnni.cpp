@@ -1,46 +1,26 @@
-// gemm_vnni.cpp: INT4 helpers; the VNNI prefill GEMMs and the INT8 / INT4 tile layouts.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+// gemm_vnni.cpp: the VNNI prefill GEMMs and the INT8 / INT4 tile layouts.
+#include "gemm_vnni.h"
+#include "gemm_int4.h"
+#include "gemm_int8.h"
+#include "threads.h"
 
-// ---- INT4 (group-wise, w = q * scale + min with q in [0, 15]) --------------------------------------------
-// Kernel layout (`int4_repack`): per row, every 16 consecutive inputs c0..c15 are 8 bytes, byte i holding c_i in
-// its low nibble and c_{i+8} in its high one, so one 8-byte load widens to both halves with a mask and a shift.
-// The float `min` form covers integer zero points (min = -zero * scale) and GGUF Q4_1 (scale d, min m) alike.
-// Scales and mins are interleaved per group, sm[n, g] = (scale, min), in fp32 or, where that is exact (a GGUF
-// grid's fp16 d and m), fp16 (uint16 bits): at group 32 the fp32 pair is half as many bytes again as the weights.
-// A third form, `Z16` (int16 storage of fp16 bits), holds (scale, zero point) pairs instead: min = -zero * scale,
-// formed in fp32 where it is read. With an fp16 scale and an integer zero in [0, 15] that product is exact, so an
-// integer-zero-point INT4 (vLLM's W4A16 form) streams 4 bytes per group where fp32 pairs took 8: at group 64,
-// 4.5 bits per weight instead of 5.0 (Q4_K_M's ~4.85).
-struct Z16 { uint16_t h; };
-static inline float f32_of(float v) { return v; }
-static inline float f32_of(uint16_t h) { return _cvtsh_ss(h); }
-static inline float f32_of(Z16 v) { return _cvtsh_ss(v.h); }
-// the min of the (scale, min) or (scale, zero) pair at p
-template <typename S>
-static inline float min_of(const S* p) { return f32_of(p[1]); }
-static inline float min_of(const Z16* p) { return -(_cvtsh_ss(p[1].h) * _cvtsh_ss(p[0].h)); }
+// One or two activation rows stream each weight once, in one linear pass per chunk. On Intel (Xeon with AVX-512 /
+// AMX) a software prefetch 4 KB ahead of that pass lifted INT8 decode (8 KB the same, 1 KB and 16 KB less); on AMD
+// EPYC the hardware prefetcher alone measured faster than a prefetch of the next tiles, so AMD keeps it.
+static const int64_t STREAM_PREFETCH_AHEAD = __builtin_cpu_is("intel") ? 4096 : 0;
+static inline const char* stream_ahead(const void* p) {
+  return STREAM_PREFETCH_AHEAD ? static_cast<const char*>(p) + STREAM_PREFETCH_AHEAD : nullptr;
+}
 
 // ---- prefill GEMM (AVX512-VNNI) ------------------------------------------------------------------------------
-// At prefill sizes (M >= VNNI_MIN_ROWS) a Linear is compute-bound. The row kernels above form one dot product per
-// (activation row, weight row) and pay a convert and an FMA per block of 32 for each: about fp32 GEMM speed. Here
-// the register tile is an outer product: a tile of 32 weight rows is widened to int16 once per call into
-// `vpdpwssd` order (per input pair, 16 rows' pairs in one vector), and each 4-row block of activations broadcasts
-// its int16 pairs against it, so 16 multiply-adds share one convert + FMA per block. Same numerics as the row
-// kernels (16-bit activations per block of 32, exact int32 block sums, one FMA of the block's scale per block).
+// At prefill sizes (M >= VNNI_MIN_ROWS) a Linear is compute-bound. The row kernels (gemm_int8.cpp, gemm_int4.cpp)
+// form one dot product per (activation row, weight row) and pay a convert and an FMA per block of 32 for each: about
+// fp32 GEMM speed. Here the register tile is an outer product: a tile of 32 weight rows is widened to int16 once per
+// call into `vpdpwssd` order (per input pair, 16 rows' pairs in one vector), and each 4-row block of activations
+// broadcasts its int16 pairs against it, so 16 multiply-adds share one convert + FMA per block. Same numerics as the
+// row kernels (16-bit activations per block of 32, exact int32 block sums, one FMA of the block's scale per block).
 // vpdpwssd multiplies 32 int16 pairs per instruction against fp32 FMA's 16 lanes, so at prefill sizes this beats
 // oneDNN's prepacked fp32 GEMM; 6 activation rows per register tile (4 measured slower; 8 spills registers).
-// the activations' sums per INT4 group, [M, K / gs] (the min term of every INT4 kernel)
-static std::vector<float> group_sums(const float* xp, int64_t M, int64_t K, int64_t gs) {
-  const int64_t G = K / gs;
-  std::vector<float> xsum(M * G);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      float acc = 0.f;
-      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) acc += xp[m * K + k];
-      xsum[m * G + g] = acc;
-    }
-  return xsum;
-}
 
 constexpr int64_t VT = 32;  // weight rows per packed tile: two vectors of 16
 
@@ -165,8 +145,8 @@ static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const floa
 }
 
 // q in the row layout [N, K], group scales (if any) [N, K / 32]
-static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
-                              const uint16_t* gs, float* y, int64_t N) {
+void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
+                       const uint16_t* gs, float* y, int64_t N) {
   const int64_t KB = K / 32;
   vnni_gemm_i8(xr, M, K, scale, y, N, [&](int64_t n0, int32_t* wp) {
     pack_tile(n0, N, K, wp, [&](int64_t n, int64_t b) {
@@ -383,8 +363,8 @@ static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, in
 
 // q in the INT4 row kernel layout (`int4_repack`), sm [N, G, 2] (scale, min) pairs
 template <typename S>
-static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,
-                              const uint8_t* q, const S* sm, float* y, int64_t N) {
+void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs, const uint8_t* q,
+                       const S* sm, float* y, int64_t N) {
   const int64_t G = K / gs;
   vnni_gemm_i4(xr, xsum, M, K, gs, y, N, [&](int64_t n0, int32_t* wp) {
     const __m128i low = _mm_set1_epi8(0x0F);
@@ -403,6 +383,14 @@ static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t 
       }
   });
 }
+// the scale / min forms gemm_int4.cpp's int4_gemm takes: fp32, fp16 and (fp16 scale, zero point) pairs
+#define ACCEL_I4_ROWS(S)                                                                                         \
+  template void vnni_gemm_i4_rows<S>(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,     \
+                                     const uint8_t* q, const S* sm, float* y, int64_t N);
+ACCEL_I4_ROWS(float)
+ACCEL_I4_ROWS(uint16_t)
+ACCEL_I4_ROWS(Z16)
+#undef ACCEL_I4_ROWS
 
 // ---- INT4 in the VNNI tile layout --------------------------------------------------------------------------
 // `int4_vnni_layout`: per tile of 16 output rows and per two input pairs (k..k + 3), 32 bytes: byte j holds value j
@@ -555,9 +543,8 @@ static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t
 }
 #pragma GCC pop_options
 
-// y [M, N] = (x [M, K] @ q^T) * scale[N], q in the VNNI tile layout (only where HAS_VNNI)
-static void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp,
-                           int64_t N, const uint16_t* gs = nullptr, bool a8 = false) {
+void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp, int64_t N,
+                    const uint16_t* gs, bool a8) {
   TORCH_CHECK(HAS_VNNI, "the INT8 VNNI tile layout needs AVX512-VNNI");
   TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "the INT8 VNNI tile layout needs N % 16 == 0 and K % 32 == 0");
   vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false, a8), M, K, qv, sp, gs, yp, N);
@@ -574,8 +561,8 @@ static void int4_gemm_vnni(const float* xp, int64_t M, int64_t K, const uint8_t*
   vnni_gemm_i4_tiles(quantize_blocks_i16(xp, M, K, false), xsum.data(), M, K, gs, qv, smv, yp, N);
 }
 
-static void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv,
-                             int64_t gs, float* y, int64_t N) {
+void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv, int64_t gs,
+                      float* y, int64_t N) {
   if (smv.scalar_type() == at::kShort)
     int4_gemm_vnni(x, M, K, qv, reinterpret_cast<const Z16*>(smv.data_ptr<int16_t>()), gs, y, N);
   else if (smv.scalar_type() == at::kHalf)
@@ -608,37 +595,4 @@ torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor 
   int8_gemm_vnni(x.data_ptr<float>(), M, K, qv.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N,
                  group_scales(gs, N, K), a8);
   return y;
-}
-
-
-template <int MB, typename S>
-static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64_t gs, const uint8_t* q,
-                  const S* sm, float* y, int64_t N, int64_t n0, int64_t n1) {
-  const __m256i lowmask = _mm256_set1_epi32(0xF);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = q + n * (K / 2);
-    __m256 tot[MB];
-    float mterm[MB];
-    for (int m = 0; m < MB; ++m) { tot[m] = _mm256_setzero_ps(); mterm[m] = 0.f; }
-    for (int64_t g = 0; g < G; ++g) {
-      __m256 a[MB];
-      for (int m = 0; m < MB; ++m) a[m] = _mm256_setzero_ps();
-      for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
-        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2)));
-        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, lowmask));
-        __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-        for (int m = 0; m < MB; ++m) {
-          a[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + m * K + k), a[m]);
-          a[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + k + 8), a[m]);
-        }
-      }
-      const __m256 s = _mm256_set1_ps(f32_of(sm[2 * (n * G + g)]));
-      const float mn = min_of(sm + 2 * (n * G + g));
-      for (int m = 0; m < MB; ++m) {
-        tot[m] = _mm256_fmadd_ps(s, a[m], tot[m]);
-        mterm[m] += mn * xsum[m * G + g];
-      }
-    }
-    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + mterm[m];
-  }
 }

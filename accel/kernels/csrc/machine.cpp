@@ -1,5 +1,6 @@
 // machine.cpp: the machine probe (core-to-core latency) and weights in 2 MB pages.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "machine.h"
+#include <sys/mman.h>
 
 // ---- machine probe ------------------------------------------------------------------------------------------
 // Two threads pass a counter back and forth through one cache line `rounds` times: ns per one-way pass (0 with one
@@ -34,7 +35,6 @@ double core_to_core_ns(int64_t rounds) {
 // under THP_MEM_ALLOC_ENABLE, read once at its first allocation, so large tensors are copied into an anonymous
 // mapping advised MADV_HUGEPAGE before it is first touched (the kernel then backs it with 2 MB pages where it can;
 // where it cannot, this is an ordinary copy).
-#include <sys/mman.h>
 torch::Tensor huge_page_copy(torch::Tensor t) {
   t = t.contiguous();
   const size_t bytes = t.numel() * t.element_size();
