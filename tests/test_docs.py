@@ -193,7 +193,38 @@ def _recipe_comments(path: Path):
             yield number, line[line.index(" #") :]
 
 
+CSRC = ROOT / "accel" / "kernels" / "csrc"
+
+
+def _cpp_comments(path: Path):
+    """(line number, text) for each comment line of a C++ file: `//` comments and the lines of `/* */` blocks (a
+    line-based scan: a `//` or `/*` inside a string literal would count too)."""
+    in_block = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        rest, parts = line, []
+        while rest:
+            if in_block:
+                end = rest.find("*/")
+                parts.append(rest if end < 0 else rest[:end])
+                if end < 0:
+                    break
+                in_block, rest = False, rest[end + 2 :]
+                continue
+            line_at, block_at = rest.find("//"), rest.find("/*")
+            if line_at >= 0 and (block_at < 0 or line_at < block_at):
+                parts.append(rest[line_at:])
+                break
+            if block_at < 0:
+                break
+            in_block, rest = True, rest[block_at + 2 :]
+        if any(part.strip() for part in parts):
+            yield number, " ".join(part.strip() for part in parts)
+
+
 def _code_text():
+    for path in sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
+        for number, text in _cpp_comments(path):
+            yield _rel(path), number, text
     for folder in CODE_TEXT_DIRS:
         for path in sorted((ROOT / folder).rglob("*.py")):
             for number, text in _python_code_text(path):

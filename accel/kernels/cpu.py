@@ -12,9 +12,9 @@ Work is split into chunks of output rows that threads take from a shared counter
 one-call decode step runs on one team of those threads from its first layer to its last, each thread taking its
 own range of a Linear's chunks first. On AVX-512, fp32 weights are held in panels of 48 outputs (`f32_panels`).
 
-Compiled with torch.utils.cpp_extension.load_inline into the torch extensions cache (once per machine and
-source); `available()` is False where there is no compiler, no AVX2/FMA, or the build fails, and callers then use
-the torch kernels.
+Compiled with torch.utils.cpp_extension.load into the torch extensions cache (once per machine and source): each
+csrc/*.cpp compiles alone against the headers beside it, and one extension links them. `available()` is False where
+there is no compiler, no AVX2/FMA, or the build fails, and callers then use the torch kernels.
 """
 
 from __future__ import annotations
@@ -33,12 +33,20 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("threads", "gemm_int8", "gemm_f32", "gemm_vnni", "gemm_int4", "attention", "norms_rope", "decode_step",
            "spec_steps", "machine", "bindings")
-"""csrc/ split by job, compiled as one translation unit in this order (each file uses the ones before it): one
-build, one extension, its name keyed by the hash of the whole source."""
+"""csrc/ split by job: the units, each compiling alone against the headers it includes (`csrc/<unit>.h` declares
+what the others use of it; order does not matter). One build, one extension, its name keyed by the hash of every
+.cpp and .h in csrc/."""
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 
 
-def source() -> str:
-    return "".join((CSRC / f"{name}.cpp").read_text() for name in SOURCES)
+def _source_hash() -> str:
+    """12 hex digits of sha256 over every .cpp and .h in csrc/ (name and text, sorted by name): processes built from
+    different sources never share a build folder."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 DISABLE_ENV = "ACCEL_DISABLE_CPU_KERNELS"
@@ -51,17 +59,15 @@ def _module():
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     try:
-        from torch.utils.cpp_extension import load_inline
+        from torch.utils.cpp_extension import load
 
-        code = source()
-        # the name carries the source's hash: processes built from different sources never share a build folder
-        name = "accel_cpu_kernels_" + hashlib.sha256(code.encode()).hexdigest()[:12]
+        name = "accel_cpu_kernels_" + _source_hash()
         _remove_stale_lock(name)
         if not _built(name):  # a build takes minutes, once per machine and source: say so, not a silent stall
             log.warning("building accel's CPU kernels for this machine (once, ~1-2 minutes)")
-        return load_inline(name=name, cpp_sources=[code], functions=None,
-                           extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                           verbose=False)
+        return load(name=name, sources=[str(CSRC / f"{unit}.cpp") for unit in SOURCES],
+                    extra_include_paths=[str(CSRC)], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+                    verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / build failure: fall back to torch kernels
         log.warning("accel CPU kernels unavailable (%s: %s); using torch's kernels", type(e).__name__, e)
         return None

@@ -1,28 +1,7 @@
 // attention.cpp: paged decode attention (one query token per row, fp32 cache).
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "attention.h"
 
 // ---- paged decode attention (one query token per row, fp32 cache) ------------------------------------------
-// exp, Cephes-style: 2^n * p(r), rel. error ~1e-7; inputs clamped to [-87.3, 88.3] (0 / ~2e38 at the ends)
-static inline __m256 exp256(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
-  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(fx, c1));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(fx, c2));
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
-  __m256 r2 = _mm256_mul_ps(r, r);
-  y = _mm256_fmadd_ps(y, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i n = _mm256_cvtps_epi32(fx);
-  n = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
-}
-
 // s[t] = scale * dot(q, k_t) for the n tokens of a block (k_t at k + t * ts): four tokens at a time, so four
 // independent FMA chains are in flight and one hadd tree reduces all four sums.
 static inline void block_scores(const float* q, const float* k, int64_t ts, int64_t n, int64_t D, float scale,
@@ -93,7 +72,7 @@ static inline void block_accumulate(const float* p, const float* v, int64_t ts, 
 
 // GQA tiles (D % 8 == 0): the NQ query heads that share a kv head go through a block together, so every K/V
 // vector loaded serves NQ FMAs, and the tiles keep 8-12 independent FMA chains in flight (the one-head loops
-// above have 4 chains that each wait on the FMA latency, ~2.5x below the FMA throughput).
+// above have 4 chains that each wait on the FMA latency, well below the FMA throughput).
 // s[j * ss + t] = scale * dot(q_j, k_t) for the NQ heads j (q_j at q + j * D) and the n tokens t of a block.
 template <int NQ>
 static inline void gqa_scores(const float* q, const float* k, int64_t ts, int64_t n, int64_t D, float scale,
@@ -230,29 +209,9 @@ static inline void tile_block_softmax(const float* q, const float* k, int64_t ts
 #ifndef PREFETCH_BLOCKS
 #define PREFETCH_BLOCKS 1
 #endif
-// Decode attention over the paged fp32 cache, flash-decoding style (online softmax, no score buffer over the
-// whole context). A task owns one span and a range of kv heads [h0, h1). A span is the query rows of one request
-// in this step: one decode token, or the k + 1 rows of a speculative verification (row r at context length L_r,
-// each row seeing its own causal prefix). The task walks the request's blocks once and, per block, scores and
-// accumulates every row and head of its range, so the block's K and V (all kv heads contiguous in the
-// [blocks, block_size, kv_heads, D] layout) come from DRAM once for all the span's rows: a verify step of 8 rows
-// reads the context once, not 8 times. Spans are split across threads when there are enough of them; otherwise
-// each span is split by kv head so every thread works.
-// The split of one step's attention over threads: the same for every layer of the step (block tables and context
-// lengths are shared), so the one-call decode plans it once.
-struct AttnPlan {
-  torch::Tensor bt, cl, rw;  // long copies of the block tables, context lengths and row indices
-  const int64_t* btp = nullptr;
-  const int64_t* clp = nullptr;
-  const int64_t* rp = nullptr;
-  int64_t G = 0, maxnb = 0, H = 0, D = 0, BS = 0, KVH = 0, group = 0, maxR = 1, splits = 1, HPS = 0, RG = 1, QG = 1,
-          TPS = 1;
-  std::vector<int64_t> so, longest;
-  std::vector<std::vector<int64_t>> lists;  // per thread: its tasks
-};
 
-static AttnPlan plan_attention(int64_t H, int64_t D, const torch::Tensor& k_cache, torch::Tensor block_tables,
-                               torch::Tensor context_lens, torch::Tensor rows, torch::Tensor span_offsets) {
+AttnPlan plan_attention(int64_t H, int64_t D, const torch::Tensor& k_cache, torch::Tensor block_tables,
+                        torch::Tensor context_lens, torch::Tensor rows, torch::Tensor span_offsets) {
   AttnPlan a;
   a.bt = block_tables.to(at::kLong).contiguous();
   a.cl = context_lens.to(at::kLong).contiguous();
@@ -300,8 +259,8 @@ static AttnPlan plan_attention(int64_t H, int64_t D, const torch::Tensor& k_cach
   a.RG = RG;
   // ... and where that still leaves a remainder (one decode row) over a long context, each kv head's query heads in
   // two halves, the second re-reading the head's K/V from cache. Per head, the arithmetic is the same in any
-  // grouping. SmolLM2's 30 layers, one row, 2 threads: 1.09x at 500 tokens of context, 1.20x at 800; 0.89-0.91x at
-  // 200-300, where the K/V stayed in cache and the extra tasks cost more than the balance saved.
+  // grouping. Only from 400 tokens of context: at shorter ones the K/V stayed in cache and the extra tasks cost
+  // more than the balance saved.
   int64_t longest_ctx = 0;
   for (int64_t s = 0; s < S; ++s) longest_ctx = std::max(longest_ctx, clp[longest[s]]);
   a.QG = splits > 1 && (KVH * RG) % at::get_num_threads() != 0 && group >= 2 && longest_ctx >= 400 ? 2 : 1;
@@ -329,10 +288,8 @@ static AttnPlan plan_attention(int64_t H, int64_t D, const torch::Tensor& k_cach
   return a;
 }
 
-// Thread t's tasks of plan `a`: q rows [*, H, D] at row stride QS, one layer's caches, out [rows, H, D].
-// window > 0: a sliding-window layer, a row of context L sees keys [L - window, L) (blocks before are not read).
-static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t QS, const float* kp, const float* vp,
-                          float scale, float* op, int64_t window = 0) {
+void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t QS, const float* kp, const float* vp,
+                   float scale, float* op, int64_t window) {
   const int64_t H = a.H, D = a.D, BS = a.BS, KVH = a.KVH, group = a.group, maxnb = a.maxnb, maxR = a.maxR;
   const int64_t splits = a.splits, HPS = a.HPS, RG = a.RG, QG = a.QG, TPS = a.TPS;
   const int64_t* btp = a.btp;
@@ -368,8 +325,8 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
         // blocks are scattered, so the hardware prefetcher cannot run ahead: prefetch the block PF ahead, its
         // lines spread over this block's head tiles (one burst of ~400 prefetches stalls on the miss buffers).
         // Only this task's heads, [h0, h1): per token, `tok_lines` lines at a stride of TS floats. A task of one
-        // kv head had fetched every head's lines, three times its own (a batch-1 verify step's tasks are single
-        // heads: SmolLM2, 16 rows at ~250 tokens, its attention 2.83 -> 2.64 ms a step, the step 31.07 -> 30.83).
+        // kv head had fetched every head's lines, three times its own, and a batch-1 verify step's tasks are single
+        // heads.
         const char* nk = nullptr;
         const char* nv = nullptr;
         if (b0 + PF * BS < Lmax) {
@@ -378,13 +335,9 @@ static void run_attention(const AttnPlan& a, int64_t t, const float* qp, int64_t
           nv = reinterpret_cast<const char*>(vp + nblk * BS * TS + h0 * D);
         }
         // ... and the blocks further ahead, all into L2 (T1), which holds more misses in flight than L1 (the next
-        // block into L1 instead: 0.96-0.99x): one row has almost no arithmetic per block to hide DRAM behind, and a
-        // prefetch that finds the miss buffers full is dropped, so a one-row task asks for each block at four
-        // distances (2-5), a verify span's rows once (2).
-        // SmolLM2 on 2 Zen 4 cores, paired runs: INT8 batch 1 at 800 tokens, the step 7.28 -> 5.85 ms (distance 2
-        // alone 6.54, 2 and 5 6.13); fp32 at 250, attention 1.23 -> 0.81 ms a step; INT8 batch 16 at 250, 29.6 ->
-        // 23.8 ms (2 alone 24.6); fp32 batch 64 at 200, 152 -> 137 ms; 16 verify rows at 250, attention 2.52 ->
-        // 2.38 ms with 2 alone, 2.55 with 2-5.
+        // block into L1 instead measured slower): one row has almost no arithmetic per block to hide DRAM behind, and
+        // a prefetch that finds the miss buffers full is dropped, so a one-row task asks for each block at four
+        // distances (2-5), a verify span's rows once (2: for verify rows the further distances measured slower).
         const char* fk[4];
         const char* fv[4];
         int nfar = 0;

@@ -1,5 +1,15 @@
 // bindings.cpp: the Python bindings.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include <torch/python.h>
+#include "attention.h"
+#include "decode_step.h"
+#include "gemm_f32.h"
+#include "gemm_int4.h"
+#include "gemm_int8.h"
+#include "gemm_vnni.h"
+#include "machine.h"
+#include "norms_rope.h"
+#include "spec_steps.h"
+#include "threads.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("huge_page_copy", &huge_page_copy, "a copy of a tensor in memory advised for 2 MB pages");

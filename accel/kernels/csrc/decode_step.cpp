@@ -1,5 +1,12 @@
 // decode_step.cpp: the decoder's decode step in one call, greedy sampling, multi-step decode.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "decode_step.h"
+#include "attention.h"
+#include "gemm_f32.h"
+#include "gemm_int4.h"
+#include "gemm_int8.h"
+#include "gemm_vnni.h"
+#include "norms_rope.h"
+#include "threads.h"
 
 // ---- the decoder's decode step in one call ---------------------------------------------------------------
 // Why: at batch 1 a step runs ~12 ops per layer (norm, fused qkv, RoPE, KV write, attention, o_proj, norm,
@@ -7,28 +14,6 @@
 // top of its arithmetic, ~1,400 torch ops per step in all. Here the same kernels run back to back on raw pointers
 // into a few buffers allocated once per step, so the step is bound by its weight streaming. It computes exactly
 // what the module-by-module path computes (same kernels, same order): greedy output is unchanged.
-//
-// Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
-// VNNI tile layout; 4 int4 in its VNNI tile layout; 2 int4 packed
-// [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]; 6 the same in fp16), three tensor indices into
-// `weights` (-1 unused: weight, scale, and INT8's fp16 group scales, int8g, in the weight's layout), the INT4 group size
-// (INT8 kinds: the activation bits, 0 for 16-bit blocks or 8 for W8A8's 8-bit rows),
-// the bias index (-1: none), out_features. Per layer: input-norm index, pre-MLP-norm index, the qkv, o, gate_up and
-// down specs, then (EXTRA_FIELDS) the q-norm and k-norm indices and the post-attention and post-MLP norm indices
-// (-1: none; Qwen3 has the first two, Gemma 3 all four), the sliding window (0: none), the RoPE table (0: global,
-// 1: the local one, `set_local_rope`), the activation (0: SiLU, 1: tanh GELU) and the KV group (its block table
-// and slots among a step's groups: a hybrid model's layers of different windows hold different blocks, `KVLayout`);
-// the last int is the final norm's index.
-constexpr int64_t LIN_FIELDS = 7, EXTRA_FIELDS = 8, LAYER_FIELDS = 2 + 4 * LIN_FIELDS + EXTRA_FIELDS;
-
-// One projection of the spec, its tensors resolved once (`DecodeTensors`).
-struct DecodeLinear {
-  int64_t kind = 0, gs = 0, N = 0;
-  bool a8 = false;  // INT8 kinds: W8A8's 8-bit activation rows
-  torch::Tensor q, scale, bias;  // scale: fp32 [N] (INT8) or the INT4 scale_min (fp32 / fp16)
-  torch::Tensor gscale;  // INT8 group scales (int8g), fp16 [N, K / 32] in the weight's layout; undefined: none
-  const uint16_t* gsp() const { return gscale.defined() ? reinterpret_cast<const uint16_t*>(gscale.data_ptr<at::Half>()) : nullptr; }
-};
 
 static void run_linear(const DecodeLinear& L, const float* x, int64_t M, int64_t K, float* y) {
   const int64_t N = L.N;
@@ -57,187 +42,151 @@ static void prefetch_next(const DecodeLinear& L) {
   tl_pf = PrefetchCursor{base + bytes * r / n, base + bytes * (r + 1) / n};
 }
 
-// A model's decode-step tensors, resolved and checked once (`NativeDecode`): its weights from `weights` and the
-// spec above, and the KV caches it writes (`bind_caches`). Passing ~460 tensors through pybind every step cost ~5%
-// of an INT8 batch-1 step.
-struct DecodeTensors {
-  struct Layer {
-    torch::Tensor norm1, norm2;
-    DecodeLinear lin[4];  // qkv, o, gate_up, down
-    torch::Tensor q_norm, k_norm, post_attn, post_mlp;  // undefined: none
-    int64_t window = 0, rope = 0, act = 0, group = 0;
-  };
-  std::vector<Layer> layers;
-  int64_t num_groups = 1;  // KV groups: a step's slots and block tables come as [num_groups * rows]
-  torch::Tensor final_norm;
-  DecodeLinear head;
-  bool has_head = false;
-  DecodeLinear in_proj;  // an EAGLE draft's fc over [embedding ; feature]: x [T, in] -> [T, hidden] first
-  bool has_in_proj = false;
-  torch::Tensor embed, cos, sin_signed;  // set_tables: the step's inputs from token ids and positions
-  torch::Tensor embed_scales;  // an INT8 embedding's scales (empty for fp32)
-  bool has_tables = false;
-  double embed_scale = 1.0;  // the embedding rows are multiplied by it (Gemma: sqrt(hidden))
-  torch::Tensor cos_local, sin_local;  // set_local_rope: the table of layers whose rope field is 1
-  std::vector<torch::Tensor> k_caches, v_caches;
+DecodeTensors::DecodeTensors(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
+  TORCH_CHECK(!spec.empty() && (spec.size() - 1) % LAYER_FIELDS == 0, "spec: ", LAYER_FIELDS, " ints per layer + 1");
+  const int64_t L = (spec.size() - 1) / LAYER_FIELDS;
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t* s = spec.data() + l * LAYER_FIELDS;
+    Layer y;
+    y.norm1 = weight(w, s[0], at::kFloat);
+    y.norm2 = weight(w, s[1], at::kFloat);
+    for (int j = 0; j < 4; ++j) y.lin[j] = linear(w, s + 2 + j * LIN_FIELDS);
+    const int64_t* e = s + 2 + 4 * LIN_FIELDS;
+    torch::Tensor* opt[4] = {&y.q_norm, &y.k_norm, &y.post_attn, &y.post_mlp};
+    for (int j = 0; j < 4; ++j)
+      if (e[j] >= 0) *opt[j] = weight(w, e[j], at::kFloat);
+    TORCH_CHECK(y.q_norm.defined() == y.k_norm.defined(), "q and k norms: both or neither");
+    y.window = e[4]; y.rope = e[5]; y.act = e[6]; y.group = e[7];
+    TORCH_CHECK(y.window >= 0 && (y.rope == 0 || y.rope == 1) && (y.act == 0 || y.act == 1) && y.group >= 0,
+                "layer ", l, ": window >= 0, rope table 0 or 1, activation 0 (SiLU) or 1 (tanh GELU), group >= 0");
+    num_groups = std::max(num_groups, y.group + 1);
+    layers.push_back(y);
+  }
+  final_norm = weight(w, spec.back(), at::kFloat);
+}
 
-  DecodeTensors(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
-    TORCH_CHECK(!spec.empty() && (spec.size() - 1) % LAYER_FIELDS == 0, "spec: ", LAYER_FIELDS, " ints per layer + 1");
-    const int64_t L = (spec.size() - 1) / LAYER_FIELDS;
-    for (int64_t l = 0; l < L; ++l) {
-      const int64_t* s = spec.data() + l * LAYER_FIELDS;
-      Layer y;
-      y.norm1 = weight(w, s[0], at::kFloat);
-      y.norm2 = weight(w, s[1], at::kFloat);
-      for (int j = 0; j < 4; ++j) y.lin[j] = linear(w, s + 2 + j * LIN_FIELDS);
-      const int64_t* e = s + 2 + 4 * LIN_FIELDS;
-      torch::Tensor* opt[4] = {&y.q_norm, &y.k_norm, &y.post_attn, &y.post_mlp};
-      for (int j = 0; j < 4; ++j)
-        if (e[j] >= 0) *opt[j] = weight(w, e[j], at::kFloat);
-      TORCH_CHECK(y.q_norm.defined() == y.k_norm.defined(), "q and k norms: both or neither");
-      y.window = e[4]; y.rope = e[5]; y.act = e[6]; y.group = e[7];
-      TORCH_CHECK(y.window >= 0 && (y.rope == 0 || y.rope == 1) && (y.act == 0 || y.act == 1) && y.group >= 0,
-                  "layer ", l, ": window >= 0, rope table 0 or 1, activation 0 (SiLU) or 1 (tanh GELU), group >= 0");
-      num_groups = std::max(num_groups, y.group + 1);
-      layers.push_back(y);
+void DecodeTensors::set_head(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
+  TORCH_CHECK(static_cast<int64_t>(spec.size()) == LIN_FIELDS, "head spec: ", LIN_FIELDS, " ints");
+  head = linear(w, spec.data());
+  has_head = true;
+}
+
+void DecodeTensors::set_input_proj(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
+  TORCH_CHECK(static_cast<int64_t>(spec.size()) == LIN_FIELDS, "input projection spec: ", LIN_FIELDS, " ints");
+  in_proj = linear(w, spec.data());
+  has_in_proj = true;
+}
+
+void DecodeTensors::set_tables(torch::Tensor e, torch::Tensor c, torch::Tensor s, double scale, torch::Tensor es) {
+  TORCH_CHECK(!has_in_proj, "an input projection's step takes its x, not token ids");
+  for (const auto& t : {c, s})
+    TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.scalar_type() == at::kFloat, "tables: fp32 contiguous 2-D");
+  TORCH_CHECK(e.dim() == 2 && e.is_contiguous() && (e.scalar_type() == at::kFloat || e.scalar_type() == at::kChar ||
+                                                    e.scalar_type() == at::kHalf),
+              "embedding: fp32, fp16 or int8, contiguous 2-D");
+  if (e.scalar_type() == at::kChar) {
+    TORCH_CHECK(es.scalar_type() == at::kFloat && es.is_contiguous() && es.dim() >= 1 && es.size(0) == e.size(0) &&
+                    (es.dim() == 1 || (es.dim() == 2 && es.size(1) * 32 == e.size(1))),
+                "INT8 embedding scales: fp32 [vocab] or [vocab, hidden / 32]");
+  } else {
+    TORCH_CHECK(es.numel() == 0, "embedding scales go with an INT8 table only");
+  }
+  TORCH_CHECK(c.sizes() == s.sizes(), "cos and sin tables: the same shape");
+  embed = e; embed_scales = es; cos = c; sin_signed = s; embed_scale = scale;
+  has_tables = true;
+}
+
+void DecodeTensors::set_local_rope(torch::Tensor c, torch::Tensor s) {
+  TORCH_CHECK(has_tables && c.sizes() == cos.sizes() && s.sizes() == cos.sizes() && c.is_contiguous() &&
+              s.is_contiguous() && c.scalar_type() == at::kFloat && s.scalar_type() == at::kFloat,
+              "local RoPE tables: set_tables first, then fp32 tables of the same shape");
+  cos_local = c; sin_local = s;
+}
+
+torch::Tensor DecodeTensors::weight(const std::vector<torch::Tensor>& w, int64_t i, at::ScalarType t) {
+  TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(w.size()), "spec index ", i, " outside the weights");
+  TORCH_CHECK(w[i].is_contiguous() && w[i].scalar_type() == t, "weight ", i, ": expected contiguous ", t);
+  return w[i];
+}
+
+DecodeLinear DecodeTensors::linear(const std::vector<torch::Tensor>& w, const int64_t* f) {
+  DecodeLinear d;
+  d.kind = f[0]; d.gs = f[4]; d.N = f[6];
+  TORCH_CHECK(d.kind >= 0 && d.kind <= 6, "unknown linear kind ", d.kind);
+  if (d.kind == 1 || d.kind == 3) {
+    TORCH_CHECK(d.gs == 0 || d.gs == 8, "INT8 activation bits: 0 (16-bit blocks) or 8 (W8A8), got ", d.gs);
+    d.a8 = d.gs == 8;
+    d.gs = 0;
+  }
+  TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
+  TORCH_CHECK(HAS_AVX512 || (d.kind != 5 && d.kind != 6), "weight panels need AVX-512");
+  const bool f32 = d.kind == 0 || d.kind == 5, plain = f32 || d.kind == 6;
+  d.q = weight(w, f[1], f32 ? at::kFloat : d.kind == 6 ? at::kHalf : d.kind == 1 || d.kind == 3 ? at::kChar
+                                                                                                   : at::kByte);
+  if (!plain) {
+    TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
+    d.scale = w[f[2]];
+    TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
+                (d.scale.scalar_type() == at::kHalf || d.scale.scalar_type() == at::kShort)),
+                "scales: fp32 (INT4 scale_min: fp32 or fp16, or int16 (fp16 scale, zero point) pairs)");
+  }
+  if (f[3] >= 0) {
+    TORCH_CHECK(d.kind == 1 || d.kind == 3, "group scales (the third tensor) are for INT8 kinds 1 and 3 only");
+    d.gscale = weight(w, f[3], at::kHalf);
+  }
+  if (f[5] >= 0) d.bias = weight(w, f[5], at::kFloat);
+  return d;
+}
+
+void DecodeTensors::bind_caches(std::vector<torch::Tensor> k, std::vector<torch::Tensor> v) {
+  TORCH_CHECK(k.size() == layers.size() && v.size() == layers.size(), "one k and one v cache per layer");
+  for (size_t l = 0; l < k.size(); ++l)
+    TORCH_CHECK(k[l].scalar_type() == at::kFloat && v[l].scalar_type() == at::kFloat && k[l].is_contiguous() &&
+                v[l].is_contiguous() && k[l].dim() == 4 && k[l].sizes() == k[0].sizes() &&
+                v[l].sizes() == k[0].sizes(), "caches: fp32 contiguous [blocks, block_size, kv_heads, head_dim], "
+                "the same for every layer");
+  k_caches = std::move(k);
+  v_caches = std::move(v);
+}
+
+void DecodeTensors::check(int64_t Xd, int64_t Hd, int64_t QKV, int64_t HD, int64_t I) const {
+  for (const Layer& y : layers) {
+    const int64_t K[4] = {Hd, HD, Hd, I}, N[4] = {QKV, Hd, 2 * I, Hd};
+    for (int j = 0; j < 4; ++j) {
+      TORCH_CHECK(y.lin[j].N == N[j], "projection ", j, ": out_features ", y.lin[j].N, ", the model needs ", N[j]);
+      check_linear(y.lin[j], K[j], j);
     }
-    final_norm = weight(w, spec.back(), at::kFloat);
+    TORCH_CHECK(y.norm1.numel() == Hd && y.norm2.numel() == Hd, "norm weights must be [hidden]");
+    TORCH_CHECK((!y.post_attn.defined() || y.post_attn.numel() == Hd) &&
+                (!y.post_mlp.defined() || y.post_mlp.numel() == Hd), "post norms must be [hidden]");
+    TORCH_CHECK(y.rope == 0 || cos_local.defined(), "a layer on the local RoPE table but none set");
   }
+  TORCH_CHECK(final_norm.numel() == Hd, "norm weights must be [hidden]");
+  if (has_head) check_linear(head, Hd, 4);
+  if (has_in_proj) {
+    TORCH_CHECK(in_proj.N == Hd, "input projection: out_features ", in_proj.N, ", the model needs ", Hd);
+    check_linear(in_proj, Xd, 5);
+  }
+}
 
-  // the lm_head (one linear spec), run by decode_layers on the final hidden states of the rows it is asked for
-  void set_head(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
-    TORCH_CHECK(static_cast<int64_t>(spec.size()) == LIN_FIELDS, "head spec: ", LIN_FIELDS, " ints");
-    head = linear(w, spec.data());
-    has_head = true;
-  }
-
-  // a projection decode_layers runs on x first (x then holds its in_features per row)
-  void set_input_proj(std::vector<torch::Tensor> w, std::vector<int64_t> spec) {
-    TORCH_CHECK(static_cast<int64_t>(spec.size()) == LIN_FIELDS, "input projection spec: ", LIN_FIELDS, " ints");
-    in_proj = linear(w, spec.data());
-    has_in_proj = true;
-  }
-
-  // the input embedding [vocab, hidden] and RoPE tables [positions, head_dim] (cos, signed sin): decode_layers then
-  // takes token ids and positions and gathers the rows itself. The embedding is fp32, fp16 (a model served
-  // quantized keeps its 16-bit table) or an INT8 table (a tied lm_head's own integers) with fp32 scales `es`,
-  // [vocab] or one per 32 values [vocab, hidden / 32], whose gathered rows are widened here. Why: a dequantized
-  // fp32 copy of Gemma 3's 262k table is 670 MB.
-  void set_tables(torch::Tensor e, torch::Tensor c, torch::Tensor s, double scale, torch::Tensor es) {
-    TORCH_CHECK(!has_in_proj, "an input projection's step takes its x, not token ids");
-    for (const auto& t : {c, s})
-      TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.scalar_type() == at::kFloat, "tables: fp32 contiguous 2-D");
-    TORCH_CHECK(e.dim() == 2 && e.is_contiguous() && (e.scalar_type() == at::kFloat || e.scalar_type() == at::kChar ||
-                                                      e.scalar_type() == at::kHalf),
-                "embedding: fp32, fp16 or int8, contiguous 2-D");
-    if (e.scalar_type() == at::kChar) {
-      TORCH_CHECK(es.scalar_type() == at::kFloat && es.is_contiguous() && es.dim() >= 1 && es.size(0) == e.size(0) &&
-                      (es.dim() == 1 || (es.dim() == 2 && es.size(1) * 32 == e.size(1))),
-                  "INT8 embedding scales: fp32 [vocab] or [vocab, hidden / 32]");
-    } else {
-      TORCH_CHECK(es.numel() == 0, "embedding scales go with an INT8 table only");
-    }
-    TORCH_CHECK(c.sizes() == s.sizes(), "cos and sin tables: the same shape");
-    embed = e; embed_scales = es; cos = c; sin_signed = s; embed_scale = scale;
-    has_tables = true;
-  }
-
-  // the RoPE table (cos, signed sin) of the layers whose rope field is 1 (Gemma 3's sliding layers)
-  void set_local_rope(torch::Tensor c, torch::Tensor s) {
-    TORCH_CHECK(has_tables && c.sizes() == cos.sizes() && s.sizes() == cos.sizes() && c.is_contiguous() &&
-                s.is_contiguous() && c.scalar_type() == at::kFloat && s.scalar_type() == at::kFloat,
-                "local RoPE tables: set_tables first, then fp32 tables of the same shape");
-    cos_local = c; sin_local = s;
-  }
-
-  static torch::Tensor weight(const std::vector<torch::Tensor>& w, int64_t i, at::ScalarType t) {
-    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(w.size()), "spec index ", i, " outside the weights");
-    TORCH_CHECK(w[i].is_contiguous() && w[i].scalar_type() == t, "weight ", i, ": expected contiguous ", t);
-    return w[i];
-  }
-
-  static DecodeLinear linear(const std::vector<torch::Tensor>& w, const int64_t* f) {
-    DecodeLinear d;
-    d.kind = f[0]; d.gs = f[4]; d.N = f[6];
-    TORCH_CHECK(d.kind >= 0 && d.kind <= 6, "unknown linear kind ", d.kind);
-    if (d.kind == 1 || d.kind == 3) {
-      TORCH_CHECK(d.gs == 0 || d.gs == 8, "INT8 activation bits: 0 (16-bit blocks) or 8 (W8A8), got ", d.gs);
-      d.a8 = d.gs == 8;
-      d.gs = 0;
-    }
-    TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
-    TORCH_CHECK(HAS_AVX512 || (d.kind != 5 && d.kind != 6), "weight panels need AVX-512");
-    const bool f32 = d.kind == 0 || d.kind == 5, plain = f32 || d.kind == 6;
-    d.q = weight(w, f[1], f32 ? at::kFloat : d.kind == 6 ? at::kHalf : d.kind == 1 || d.kind == 3 ? at::kChar
-                                                                                                     : at::kByte);
-    if (!plain) {
-      TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
-      d.scale = w[f[2]];
-      TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
-                  (d.scale.scalar_type() == at::kHalf || d.scale.scalar_type() == at::kShort)),
-                  "scales: fp32 (INT4 scale_min: fp32 or fp16, or int16 (fp16 scale, zero point) pairs)");
-    }
-    if (f[3] >= 0) {
-      TORCH_CHECK(d.kind == 1 || d.kind == 3, "group scales (the third tensor) are for INT8 kinds 1 and 3 only");
-      d.gscale = weight(w, f[3], at::kHalf);
-    }
-    if (f[5] >= 0) d.bias = weight(w, f[5], at::kFloat);
-    return d;
-  }
-
-  // one fp32 [blocks, block_size, kv_heads, head_dim] k and v cache per layer, the same shape for every layer
-  void bind_caches(std::vector<torch::Tensor> k, std::vector<torch::Tensor> v) {
-    TORCH_CHECK(k.size() == layers.size() && v.size() == layers.size(), "one k and one v cache per layer");
-    for (size_t l = 0; l < k.size(); ++l)
-      TORCH_CHECK(k[l].scalar_type() == at::kFloat && v[l].scalar_type() == at::kFloat && k[l].is_contiguous() &&
-                  v[l].is_contiguous() && k[l].dim() == 4 && k[l].sizes() == k[0].sizes() &&
-                  v[l].sizes() == k[0].sizes(), "caches: fp32 contiguous [blocks, block_size, kv_heads, head_dim], "
-                  "the same for every layer");
-    k_caches = std::move(k);
-    v_caches = std::move(v);
-  }
-
-  // every projection's tensors against the step's sizes (checked before the threads start: a kernel's own check
-  // failing inside the team would leave the other threads at a barrier)
-  void check(int64_t Xd, int64_t Hd, int64_t QKV, int64_t HD, int64_t I) const {
-    for (const Layer& y : layers) {
-      const int64_t K[4] = {Hd, HD, Hd, I}, N[4] = {QKV, Hd, 2 * I, Hd};
-      for (int j = 0; j < 4; ++j) {
-        TORCH_CHECK(y.lin[j].N == N[j], "projection ", j, ": out_features ", y.lin[j].N, ", the model needs ", N[j]);
-        check_linear(y.lin[j], K[j], j);
-      }
-      TORCH_CHECK(y.norm1.numel() == Hd && y.norm2.numel() == Hd, "norm weights must be [hidden]");
-      TORCH_CHECK((!y.post_attn.defined() || y.post_attn.numel() == Hd) &&
-                  (!y.post_mlp.defined() || y.post_mlp.numel() == Hd), "post norms must be [hidden]");
-      TORCH_CHECK(y.rope == 0 || cos_local.defined(), "a layer on the local RoPE table but none set");
-    }
-    TORCH_CHECK(final_norm.numel() == Hd, "norm weights must be [hidden]");
-    if (has_head) check_linear(head, Hd, 4);
-    if (has_in_proj) {
-      TORCH_CHECK(in_proj.N == Hd, "input projection: out_features ", in_proj.N, ", the model needs ", Hd);
-      check_linear(in_proj, Xd, 5);
-    }
-  }
-
-  static void check_linear(const DecodeLinear& d, int64_t k, int j) {
-    const int64_t n = d.N;
-    const bool int4 = d.kind == 2 || d.kind == 4;
-    const int64_t panels = (n + PANEL - 1) / PANEL * PANEL;  // kinds 5, 6: N padded to whole panels
-    TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : d.kind == 5 || d.kind == 6 ? panels * k : n * k), "projection ", j,
-                ": weight of ", d.q.numel(), " elements for [", n, ", ", k, "]");
-    if (d.kind == 1 || d.kind == 3) TORCH_CHECK(d.scale.numel() == n, "INT8 scale must be [N]");
-    if (d.gscale.defined()) TORCH_CHECK(k % 32 == 0 && d.gscale.numel() == n * (k / 32), "INT8 group scales: [N, K / 32]");
-    if (int4) TORCH_CHECK(d.gs > 0 && k % d.gs == 0 && d.scale.numel() == n * (k / d.gs) * 2, "INT4 scale_min shape");
-    if (d.kind == 3) TORCH_CHECK(n % 16 == 0 && k % 32 == 0, "INT8 VNNI layout: N % 16, K % 32");
-    if (d.kind == 4) TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && d.gs % 32 == 0, "INT4 VNNI layout shape");
-    if (d.bias.defined()) TORCH_CHECK(d.bias.numel() == n, "bias must be [N]");
-  }
-};
+void DecodeTensors::check_linear(const DecodeLinear& d, int64_t k, int j) {
+  const int64_t n = d.N;
+  const bool int4 = d.kind == 2 || d.kind == 4;
+  const int64_t panels = (n + PANEL - 1) / PANEL * PANEL;  // kinds 5, 6: N padded to whole panels
+  TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : d.kind == 5 || d.kind == 6 ? panels * k : n * k), "projection ", j,
+              ": weight of ", d.q.numel(), " elements for [", n, ", ", k, "]");
+  if (d.kind == 1 || d.kind == 3) TORCH_CHECK(d.scale.numel() == n, "INT8 scale must be [N]");
+  if (d.gscale.defined()) TORCH_CHECK(k % 32 == 0 && d.gscale.numel() == n * (k / 32), "INT8 group scales: [N, K / 32]");
+  if (int4) TORCH_CHECK(d.gs > 0 && k % d.gs == 0 && d.scale.numel() == n * (k / d.gs) * 2, "INT4 scale_min shape");
+  if (d.kind == 3) TORCH_CHECK(n % 16 == 0 && k % 32 == 0, "INT8 VNNI layout: N % 16, K % 32");
+  if (d.kind == 4) TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && d.gs % 32 == 0, "INT4 VNNI layout shape");
+  if (d.bias.defined()) TORCH_CHECK(d.bias.numel() == n, "bias must be [N]");
+}
 
 // ---- greedy sampling ------------------------------------------------------------------------------------------
 // A row's index of its largest value, as torch.argmax returns it (the first of equal maxima; a NaN counts as the
-// largest). torch's took ~50 us for one 49,152-logit row on 2 threads (its parallel reduction's overhead), ~1% of
-// a batch-1 decode step; two vector passes over the row take ~10.
+// largest). Why not torch's: on one logit row its parallel reduction's overhead costs several times what two
+// vector passes over the row take.
 static int64_t argmax_row(const float* r, int64_t N) {
   __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
   int64_t i = 0;
@@ -329,11 +278,11 @@ static torch::Tensor gather_embed(const DecodeTensors& dw, torch::Tensor idx) {
 // With an input projection set (`set_input_proj`), x is its input and the team runs it first (an EAGLE draft's fc).
 // With a head set (`set_head`), the same team then computes the logits of `logit_rows` (indices into the step's
 // rows): returns (final hidden [T, hidden], logits [R, vocab], each logit row's argmax [R]; R = 0 without them).
-// Why in this call: after the step's ~135 MB weight stream the caches are cold, and the lm_head as a separate call
-// from Python (module, its checks, a row gather, another thread team) cost ~0.2-0.3 ms of an INT8 step of ~8.
+// Why in this call: after the step's weight stream the caches are cold, and the lm_head as a separate call from
+// Python (module, its checks, a row gather, another thread team) cost a visible share of an INT8 step.
 // With tables set (`set_tables`), x may be the step's token ids [T] (long) and cos its positions [T] (long; then
 // sin_signed is unused): the rows are gathered here. Why: the gathers as torch ops from Python (embedding, two
-// index_selects and their reshapes) cost ~0.1 ms a step with caches cold after the weight stream.
+// index_selects and their reshapes) each paid a dispatch with caches cold after the weight stream.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
     torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, const DecodeTensors& dw, torch::Tensor slots,
     torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor rows, torch::Tensor spans,
@@ -482,11 +431,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_layers(
   return {out, logits, amax};
 }
 
-// A list of ints as a long tensor, without a copy (the list outlives the tensor's use).
-static torch::Tensor long_view(std::vector<int64_t>& v) {
-  return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kLong);
-}
-
 // `decode_layers` with the step's indices as Python lists of ints (token ids, positions, slots, the block table
 // flattened to [T, nb], context lengths, the rows' indices, spans, logit rows), viewed here without a copy. Why: at
 // batch 1 the runner built them as ~11 small tensors from Python, and with caches cold after the weight stream
@@ -508,8 +452,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> decode_step(
 // input (vLLM's multi-step scheduling): tokens [T][steps run]. The steps stop after the first in which a row's token
 // is one of that row's `stop_ids`. Row t's block table (row t of [T, nb]) must hold slots for positions
 // positions[t] .. positions[t] + num_steps - 1. With `features` (not empty), each step's final hidden states are
-// stored there by slot. Why: between single steps the runner's Python, with caches cold after
-// the weight stream, cost ~0.2 ms of an INT8 step of ~3.
+// stored there by slot. Why: between single steps the runner's Python, with caches cold after the weight stream,
+// cost a visible share of every INT8 step.
 std::vector<std::vector<int64_t>> decode_steps(
     std::vector<int64_t> ids, std::vector<int64_t> positions, const DecodeTensors& dw, std::vector<int64_t> block_table,
     int64_t nb, int64_t num_steps, std::vector<std::vector<int64_t>> stop_ids, torch::Tensor features,

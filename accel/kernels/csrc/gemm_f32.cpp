@@ -1,15 +1,16 @@
 // gemm_f32.cpp: fp32 small GEMM and the AVX-512 panel layout.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "gemm_f32.h"
+#include "threads.h"
 
 // ---- fp32 small GEMM (1-96 rows: decode, verification, batched decode) -------------------------------------
 // Every output is two FMA chains, one over the even and one over the odd 8-input blocks (a last lone block is
-// even), summed once at the end. At one activation row a single chain per output waits on FMA latency, not memory:
-// 2 cores of an AVX2 EPYC, the model's Linears with cold weights, one chain 24.2 GB/s, two 27.6, four 29.1 (four
-// don't fit a tile in 16 ymm). Every M computes an output in this order, so a row's result does not depend on how
-// many rows share the call: verifying draft tokens reproduces the decode step exactly.
+// even), summed once at the end. At one activation row a single chain per output waits on FMA latency, not memory
+// (two chains stream faster; four would, but don't fit a tile in 16 ymm). Every M computes an output in this
+// order, so a row's result does not depend on how many rows share the call: verifying draft tokens reproduces the
+// decode step exactly.
 
 // One activation row, one weight row: both chains live in one sequential pass (the hardware prefetcher's best
-// case). Two rows or halves streamed at once measured 0.88-0.96x of one.
+// case; two rows or halves streamed at once measured slower).
 static inline float dot_row(const float* x, const float* w, int64_t K) {
   __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
   int64_t k = 0;
@@ -70,10 +71,9 @@ static void split_blocks(const float* x, int64_t M, int64_t K, float* out) {
 // 2-4 activation rows (a verify step's draft rows) against one weight row: both chains of every row live in one
 // sequential pass, dot_row's stream and summation order (a row's result is dot_row's bit for bit), the weight row
 // read from DRAM once. Each 64-byte step prefetches the line 1 KB ahead: with 2-4 rows of FMAs between loads the
-// hardware prefetcher alone fell behind (1.09x / 1.02x / 1.03x at 2 / 3 / 4 rows; 512 B and 2 KB ahead were
-// worse, and one row gains nothing). Whole decode steps of the engine, 2 cores of an AVX2 EPYC, against the 4 x 3
-// tiles: the tiles' steps take 1.11x at 3 rows and 1.04x at 4, but 0.88x at 5 and 0.84x at 6 (the row pass's
-// 10-12 accumulators and the x rows it rereads per weight row cost more than a second tile block).
+// hardware prefetcher alone fell behind (512 B and 2 KB ahead were worse, and one row gains nothing). Up to 4 rows
+// this pass beats the 4 x 3 tiles; from 5 the tiles win (the row pass's 10-12 accumulators and the x rows it
+// rereads per weight row cost more than a second tile block).
 constexpr int64_t F32_ROW_PASS_MAX = 4;
 template <int MR>
 static inline void dot_rows(const float* x, int64_t K, const float* w, float* y, int64_t N) {
@@ -97,9 +97,9 @@ static inline void dot_rows(const float* x, int64_t K, const float* w, float* y,
 
 // Output rows [n0, n1) for all M activation rows, weight-row tiles outermost: each tile of NR weight rows comes
 // from DRAM once (prefetched during the previous tile's row blocks) and is reused from L1 by every row
-// block, while the activations (M x K floats) stay in L2. Measured on a 2-core AVX2 CPU, the model's 30 layers of
-// Linears with cold weights: +15-45% over the row-pass kernel at 12-64 rows (scripts/bench_kernels.py). Up to
-// F32_ROW_PASS_MAX rows stream each weight row in turn instead (`dot_row`, `dot_rows`).
+// block, while the activations (M x K floats) stay in L2. Above F32_ROW_PASS_MAX rows it beats the row-pass kernel
+// on the model's Linears with cold weights (scripts/bench_kernels.py); up to it, rows stream each weight row in turn
+// instead (`dot_row`, `dot_rows`).
 static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, const float* w, float* y, int64_t N,
                       int64_t n0, int64_t n1) {
   if (M <= F32_ROW_PASS_MAX) {
@@ -120,8 +120,7 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
   for (; n + NR <= n1; n += NR) {
     const float* wn = w + n * K;
     // every row block prefetches its share of the next tile, so the weight stream runs through the whole tile's
-    // arithmetic: the first block prefetching all of it left DRAM idle during the others (all fp32 Linears of a
-    // step, 2 AVX2 EPYC cores: 1.10x / 1.13x / 1.15x at 9 / 12 / 16 rows, 0.99x at 32)
+    // arithmetic: the first block prefetching all of it left DRAM idle during the others (slower at 9-16 rows)
     const char* pf = reinterpret_cast<const char*>(wn + NR * K);
     const int64_t pf_lines = n + 2 * NR <= N ? tile_lines : 0;
     for (int64_t b = 0; b < blocks; ++b) {
@@ -144,14 +143,11 @@ static void gemm_rows(const float* x, const float* xe, int64_t M, int64_t K, con
 // AVX-512 machines keep fp32 weights in panels ([ceil(N / 48), K, 48]: for each k, 48 consecutive outputs), and a
 // register tile of up to 8 rows x 48 outputs takes one weight load per 8 FMAs with one sequential chain per output
 // (no horizontal sums). Why: the [N, K] dot-product tiles folded 24 zmm chains per tile, and on a 2-core Zen 4 their
-// verify rows' arithmetic did not overlap the weight stream. 60 Linears of 3072 x 576 (424 MB), 2 threads, ms, the
-// [N, K] tiles against panels, vCPUs on two CCDs: 1 row 9.6 / 8.6, 4 rows 10.5 / 8.4, 8 rows 14.7 / 9.6, 16 rows
-// 23.4 / 17.1; on one CCD 12.2 / 12.1, 12.9 / 11.8, 14.6 / 12.0, 21.8 / 17.8. Prefill sizes (32-512 rows) run at
-// 200-227 GFLOPS, level with or above oneDNN's reordered weights (187-224), so panels serve every row count and
-// the weight is held once. A row's result is its sequential k-sum: it does not depend on the rows beside it.
-// Software prefetch (1 KB ahead into L1) cost 1.2-1.3x.
-constexpr int64_t PANEL = 48, PANEL_ROWS = 8;
-static const bool HAS_AVX512 = __builtin_cpu_supports("avx512f");
+// verify rows' arithmetic did not overlap the weight stream. At prefill sizes (32-512 rows) panels run level with
+// or above oneDNN's reordered weights, so panels serve every row count and the weight is held once. A row's result
+// is its sequential k-sum: it does not depend on the rows beside it. A software prefetch (1 KB ahead into L1)
+// measured slower.
+constexpr int64_t PANEL_ROWS = 8;
 
 // fp16 panels (kind 6, `weight_dtype: float16`) hold the same layout at half the bytes: each k's 48 weights are
 // converted to fp32 in registers (vcvtph2ps, AVX-512F) before the same FMAs, so a row's result is the fp32 panel's
@@ -188,9 +184,9 @@ static void panel_tile(const float* x, int64_t K, const W* p, float* y, int64_t 
 
 // Output panels [t0, t1) of y [M, N]: rows in groups of PANEL_ROWS and a last one of the rest, each a pass over the
 // panel (the first from memory, the rest from L2). Why full groups first: the first pass streams the panel with as
-// much arithmetic as hides under it, and the later ones add only their own (424 MB as above, two CCDs: 9 rows 12.9
-// -> 11.5 ms, 12 rows 14.2 -> 13.2 against balanced groups). k-blocking the groups (64-128 k per block, partial sums
-// in a local tile) and prefetching the next panel during the last pass both cost 1.1-1.8x.
+// much arithmetic as hides under it, and the later ones add only their own (faster than balanced groups at 9 and
+// 12 rows). k-blocking the groups (64-128 k per block, partial sums in a local tile) and prefetching the next panel
+// during the last pass both measured slower.
 template <typename W>
 static void panel_rows(const float* x, int64_t M, int64_t K, const W* p, float* y, int64_t N, int64_t t0,
                        int64_t t1) {
@@ -219,7 +215,7 @@ static void panel_rows(const float* x, int64_t M, int64_t K, const W* p, float* 
 // Up to 16 rows a call streams its weights: chunks of ~STREAM_CHUNK bytes, the same number per thread; above, one
 // panel per chunk.
 template <typename W>
-static void panel_gemm(const float* x, int64_t M, int64_t K, const W* p, float* y, int64_t N) {
+void panel_gemm(const float* x, int64_t M, int64_t K, const W* p, float* y, int64_t N) {
   const int64_t T = (N + PANEL - 1) / PANEL;
   int64_t n = T;
   if (M <= 16) {
@@ -229,8 +225,10 @@ static void panel_gemm(const float* x, int64_t M, int64_t K, const W* p, float* 
   }
   parallel_chunks(n, [&](int64_t c) { panel_rows(x, M, K, p, y, N, c * T / n, (c + 1) * T / n); });
 }
+template void panel_gemm<float>(const float* x, int64_t M, int64_t K, const float* p, float* y, int64_t N);
+template void panel_gemm<uint16_t>(const float* x, int64_t M, int64_t K, const uint16_t* p, float* y, int64_t N);
 
-static void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, float* yp, int64_t N) {
+void f32_gemm(const float* xp, int64_t M, int64_t K, const float* wp, float* yp, int64_t N) {
   const int64_t CR = chunk_rows(M, N, K * 4, 48);  // larger M: chunks of 48 output rows (whole 3- and 6-row tiles)
   // Inside a decode team every thread splits its own copy (no barrier; M x K floats is small).
   static thread_local std::vector<float> split;

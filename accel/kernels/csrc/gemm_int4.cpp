@@ -1,19 +1,70 @@
 // gemm_int4.cpp: INT4 weights x 16-bit activations, dequantization.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "gemm_int4.h"
+#include "gemm_int8.h"
+#include "gemm_vnni.h"
+#include "threads.h"
 
+std::vector<float> group_sums(const float* xp, int64_t M, int64_t K, int64_t gs) {
+  const int64_t G = K / gs;
+  std::vector<float> xsum(M * G);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float acc = 0.f;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) acc += xp[m * K + k];
+      xsum[m * G + g] = acc;
+    }
+  return xsum;
+}
+
+// Weight rows the row kernels prefetch ahead: ~2.3 KB of SmolLM2's 576-wide rows (as PF_ROWS_I8).
+constexpr int64_t PF_ROWS_I4 = 8;
+
+// ---- INT4 weights x fp32 activations (groups not made of whole blocks of 32) ---------------------------------
 // y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, g] + min[n, g]), the min term as min * (sum of x over the group)
+template <int MB, typename S>
+static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64_t gs, const uint8_t* q,
+                  const S* sm, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const __m256i lowmask = _mm256_set1_epi32(0xF);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = q + n * (K / 2);
+    __m256 tot[MB];
+    float mterm[MB];
+    for (int m = 0; m < MB; ++m) { tot[m] = _mm256_setzero_ps(); mterm[m] = 0.f; }
+    for (int64_t g = 0; g < G; ++g) {
+      __m256 a[MB];
+      for (int m = 0; m < MB; ++m) a[m] = _mm256_setzero_ps();
+      for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2)));
+        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, lowmask));
+        __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+        for (int m = 0; m < MB; ++m) {
+          a[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + m * K + k), a[m]);
+          a[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + k + 8), a[m]);
+        }
+      }
+      const __m256 s = _mm256_set1_ps(f32_of(sm[2 * (n * G + g)]));
+      const float mn = min_of(sm + 2 * (n * G + g));
+      for (int m = 0; m < MB; ++m) {
+        tot[m] = _mm256_fmadd_ps(s, a[m], tot[m]);
+        mterm[m] += mn * xsum[m * G + g];
+      }
+    }
+    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + mterm[m];
+  }
+}
+
 // ---- INT4 weights x 16-bit activations ------------------------------------------------------------------------
 // The widening kernel above spends ~17 uops per 32 weights (unpack, convert, two FMAs per 8 weights) and ran
 // compute-bound. Here the activations are 16-bit integers per block of 32, as for INT8 (`quantize_blocks_i16`),
 // and 32 weights cost a 16-byte load zero-extended to int16 lanes, a nibble split, two multiply-adds into int32
 // (vpmaddwd + vpaddd, or vpdpwssd with AVX512-VNNI) and one FMA of the group scale x block scale. Rounding the
 // activations to int8 per block (llama.cpp's Q8) would halve the uops again, but it moved the real model's greedy
-// tokens away from transformers' on 2-4 of 6 prompts; 16 bits keep them equal. The nibble layout puts inputs c0..7,
+// tokens away from transformers'; 16 bits keep them equal. The nibble layout puts inputs c0..7,
 // c16..23 in the low nibbles of 16 bytes and c8..15, c24..31 in the high ones: the activations are stored so.
 // A row's group scales and mins are deinterleaved 8 groups at a time first, its min term is one vector dot
 // product, and each block's scale x activation-scale product is stored, so the block loop is only loads, nibble
 // splits, multiply-adds and one FMA from a broadcast load: the per-group scalar work (fp16 converts, scalar
-// multiplies, broadcasts) had been ~half the loop's uops and held the kernel at ~12 GB/s per thread.
+// multiplies, broadcasts) had been ~half the loop's uops and held the kernel compute-bound.
 static inline void load_pairs8(const float* p, __m256& s, __m256& m) {
   const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
   s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
@@ -71,8 +122,8 @@ static inline float dot_f32(const float* a, const float* b, int64_t n) {
 
 // One activation row (decode): the row's scales and mins are deinterleaved (`row_scales`), each block's group
 // scale x activation scale is stored, and the block loop FMAs from a broadcast load with two accumulators (even /
-// odd blocks) against the FMA latency. More rows: those passes cost more than they saved (int4 g64 at 16 rows:
-// 49 vs 30 ms for the model's Linears), so the scale product is formed per block and the min term per group.
+// odd blocks) against the FMA latency. More rows: those passes cost more than they saved, so the scale product is
+// formed per block and the min term per group.
 #define ACCEL_DEFINE_TILE4W(NAME, DOT)                                                                           \
 template <int MB, typename S>                                                                                  \
 static void NAME(const int16_t* xq, const float* xs, int64_t KB, const float* xsum, int64_t K, int64_t G,        \
@@ -97,7 +148,7 @@ static void NAME(const int16_t* xq, const float* xs, int64_t KB, const float* xs
         for (; b + 8 <= KB; b += 8)                                                                            \
           _mm256_storeu_ps(wsx + b, _mm256_mul_ps(_mm256_loadu_ps(sc + b), _mm256_loadu_ps(xs + b)));          \
         for (; b < KB; ++b) wsx[b] = sc[b] * xs[b];                                                            \
-      } else if (bpg == 2) {  /* group 64: each group scale twice; a scalar loop here cost ~1/3 of short rows */ \
+      } else if (bpg == 2) {  /* group 64: each group scale twice; a scalar loop here showed on short rows */    \
         const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);                                         \
         int64_t b = 0;                                                                                         \
         for (; b + 8 <= KB; b += 8) {                                                                          \
@@ -184,9 +235,8 @@ static void int4_gemm(const float* xp, int64_t M, int64_t K, const uint8_t* qp, 
   });
 }
 
-// the INT4 GEMM on a scale/min tensor of either dtype
-static void int4_gemm_t(const float* x, int64_t M, int64_t K, const uint8_t* q, const torch::Tensor& sm, int64_t gs,
-                        float* y, int64_t N) {
+void int4_gemm_t(const float* x, int64_t M, int64_t K, const uint8_t* q, const torch::Tensor& sm, int64_t gs,
+                 float* y, int64_t N) {
   if (sm.scalar_type() == at::kShort)
     int4_gemm(x, M, K, q, reinterpret_cast<const Z16*>(sm.data_ptr<int16_t>()), gs, y, N);
   else if (sm.scalar_type() == at::kHalf)
@@ -212,8 +262,8 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale_
 }
 
 // w[n, k] = q * scale + min for output rows [n0, n1) -> fp32 [n1 - n0, K]: the prefill path's dequantize before
-// an fp32 GEMM. torch's unpack + subtract + multiply over the weight cost about half as much as the GEMM itself at
-// 512 rows (SmolLM2's Linears: 968 vs 661 ms for 30 layers); one vectorized pass writes each fp32 weight once.
+// an fp32 GEMM. torch's unpack + subtract + multiply over the weight cost a large share of the GEMM's own time at
+// prefill sizes; one vectorized pass writes each fp32 weight once.
 template <typename S>
 static void int4_dequant_rows(const uint8_t* q, const S* sm, int64_t K, int64_t gs, int64_t n0, int64_t n1, float* out) {
   const int64_t G = K / gs;

@@ -1,20 +1,16 @@
 // gemm_int8.cpp: INT8 weights x 16-bit activations (AVX2 / AVX-512 VNNI rows).
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "gemm_int8.h"
+#include "gemm_vnni.h"
+#include "threads.h"
 
 // ---- INT8 weights x 16-bit activations ------------------------------------------------------------------------
 // Widening every int8 weight to fp32 (load, sign-extend, convert, FMA: ~4 uops per 8 weights) made the INT8 GEMV
-// compute-bound at ~21 GB/s. Here the activations are rounded once to 16-bit integers per block of 32 inputs, each
+// compute-bound. Here the activations are rounded once to 16-bit integers per block of 32 inputs, each
 // block with its own scale (error <= 1.5e-5 of the block's largest value, so an outlier channel costs its own block
 // only; per-row or 14-bit scales let near-tied greedy tokens flip against transformers'), and 32 weights go through
 // sign-extends, multiply-add pairs into int32 (vpmaddwd + vpaddd, or vpdpwssd with AVX512-VNNI) and one FMA of the
 // block's scale. A row's result does not depend on the other rows of the call.
 constexpr int XQ_MAX = 32767;  // 16-bit activations: a block of 32 sums at most 32 * 128 * 32767 < 2^31
-
-struct QuantBlocks {
-  std::vector<int16_t> q;  // [M, K]
-  std::vector<float> scale;  // [M, ceil(K / 32)]
-  int64_t KB = 0;
-};
 
 // W8A8 (`a8`): each activation row rounded to 8-bit integers with one scale, as vLLM-CPU's dynamic per-token INT8
 // quantization does (scale = max |x| / 127, q = x * float(1.0 / scale) rounded half to even, clamped); every block
@@ -36,9 +32,7 @@ static void quantize_rows_i8(const float* x, int64_t M, int64_t K, QuantBlocks& 
   });
 }
 
-// Activation rows -> 16-bit integers per block of 32; `permute` stores each block in the INT4 nibble order; `a8`:
-// 8-bit integers per row instead (W8A8, `quantize_rows_i8`).
-static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, bool permute, bool a8 = false) {
+QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, bool permute, bool a8) {
   QuantBlocks r;
   r.KB = (K + 31) / 32;
   r.q.resize(M * K);
@@ -55,7 +49,7 @@ static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, boo
         const int64_t k0 = b * 32, n = std::min<int64_t>(32, K - k0);
         const float* xb = x + m * K + k0;
         int16_t* q = r.q.data() + m * K + k0;
-        if (n == 32) {  // vectorized: called for every Linear of a decode step, where the scalar loop cost ~2 us
+        if (n == 32) {  // vectorized: called for every Linear of a decode step, where a scalar loop showed
           __m256 v[4];
           __m256 amax = _mm256_setzero_ps();
           const __m256 sign = _mm256_set1_ps(-0.f);
@@ -95,6 +89,10 @@ static QuantBlocks quantize_blocks_i16(const float* x, int64_t M, int64_t K, boo
 // into the block's FMA (activation scale x weight scale); scale[n] is then 1. nullptr: per-channel INT8.
 static inline float gscale_at(const uint16_t* gs, int64_t i) { return gs ? _cvtsh_ss(gs[i]) : 1.f; }
 
+// Weight rows the row kernel prefetches ahead: ~9 KB of SmolLM2's 576-wide rows (whole engine steps barely changed
+// between 8 and 64 rows).
+constexpr int64_t PF_ROWS_I8 = 16;
+
 // MB activation rows (1..4 or 8) against output rows [n0, n1): y[m, n] = scale[n] * sum_b xs[m, b] * gs[n, b] *
 // dot_b(xq[m], q[n]).
 // Defined twice by this macro: with vpmaddwd + vpaddd (AVX2), and inside a `target` region with vpdpwssd (the
@@ -133,39 +131,14 @@ static void NAME(const int16_t* xq, const float* xs, int64_t KB, int64_t K, cons
   }                                                                                                            \
 }
 
-#define ACCEL_DOT_MADD(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
-#define ACCEL_DOT_VNNI(acc, w, x) _mm256_dpwssd_epi32(acc, w, x)
 ACCEL_DEFINE_TILE_I16(tile_i16, ACCEL_DOT_MADD)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512vnni")
 ACCEL_DEFINE_TILE_I16(tile_i16_vnni, ACCEL_DOT_VNNI)
 #pragma GCC pop_options
 
-static const bool HAS_VNNI = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-                             __builtin_cpu_supports("avx512bw");  // the prefill GEMM widens bytes with AVX512-BW
-
-// One or two activation rows stream each weight once, in one linear pass per chunk. On Intel (Xeon with AVX-512 /
-// AMX, 2 cores, ~14 GB/s) a software prefetch 4 KB ahead of that pass lifted INT8 decode 1.05-1.12x (8 KB the same,
-// 1 KB 1.05x, 16 KB 1.05x); on AMD EPYC the hardware prefetcher alone ran 9-17% faster than a prefetch of the next
-// tiles, so AMD keeps it.
-static const int64_t STREAM_PREFETCH_AHEAD = __builtin_cpu_is("intel") ? 4096 : 0;
-static inline const char* stream_ahead(const void* p) {
-  return STREAM_PREFETCH_AHEAD ? static_cast<const char*>(p) + STREAM_PREFETCH_AHEAD : nullptr;
-}
-
-// the prefill GEMMs (AVX512-VNNI), defined below
-// Decode and verify steps (up to 32 rows: the runtime's one-call decode path) keep the row kernels: the INT8 one's
-// result for a row does not depend on the other rows of the call, so greedy output is the same with and without
-// speculation. Weights in the VNNI tile layouts (`int8_linear_vnni`, `int4_linear_vnni`) take the tile kernels at
-// every row count, with the prefill GEMMs' numerics.
-constexpr int64_t VNNI_MIN_ROWS = 33;
-static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
-                              const uint16_t* gs, float* y, int64_t N);
-
-// y [M, N] = (x [M, K] @ q[N, K]^T) * scale[N], with the group scales `gs` ([N, K / 32]) where given
-// a8: the activations as W8A8's 8-bit rows (`quantize_blocks_i16`)
-static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp, float* yp,
-                      int64_t N, const uint16_t* gs = nullptr, bool a8 = false) {
+void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp, float* yp, int64_t N,
+               const uint16_t* gs, bool a8) {
   const QuantBlocks xr = quantize_blocks_i16(xp, M, K, false, a8);
   if (HAS_VNNI && M >= VNNI_MIN_ROWS && K % 32 == 0) return vnni_gemm_i8_rows(xr, M, K, qp, sp, gs, yp, N);
   // Output rows in tiles of up to 64: a tile's weights (TN x K bytes, <= 32 KB so they stay in L1) are reused by
@@ -201,8 +174,7 @@ static void int8_gemm(const float* xp, int64_t M, int64_t K, const int8_t* qp, c
   });
 }
 
-// The group scales operand: fp16 [N, K / 32] values (in the weight's layout), or empty for per-channel INT8.
-static const uint16_t* group_scales(const torch::Tensor& gs, int64_t N, int64_t K) {
+const uint16_t* group_scales(const torch::Tensor& gs, int64_t N, int64_t K) {
   if (!gs.defined() || gs.numel() == 0) return nullptr;
   TORCH_CHECK(K % 32 == 0 && gs.scalar_type() == at::kHalf && gs.is_contiguous() && gs.numel() == N * (K / 32),
               "group scales: fp16 contiguous, one per output row and block of 32 inputs (K % 32 == 0)");

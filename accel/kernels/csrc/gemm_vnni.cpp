@@ -1,47 +1,26 @@
-// gemm_vnni.cpp: INT4 helpers; the VNNI prefill GEMMs and the INT8 / INT4 tile layouts.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+// gemm_vnni.cpp: the VNNI prefill GEMMs and the INT8 / INT4 tile layouts.
+#include "gemm_vnni.h"
+#include "gemm_int4.h"
+#include "gemm_int8.h"
+#include "threads.h"
 
-// ---- INT4 (group-wise, w = q * scale + min with q in [0, 15]) --------------------------------------------
-// Kernel layout (`int4_repack`): per row, every 16 consecutive inputs c0..c15 are 8 bytes, byte i holding c_i in
-// its low nibble and c_{i+8} in its high one, so one 8-byte load widens to both halves with a mask and a shift.
-// The float `min` form covers integer zero points (min = -zero * scale) and GGUF Q4_1 (scale d, min m) alike.
-// Scales and mins are interleaved per group, sm[n, g] = (scale, min), in fp32 or, where that is exact (a GGUF
-// grid's fp16 d and m), fp16 (uint16 bits): at group 32 the fp32 pair is half as many bytes again as the weights.
-// A third form, `Z16` (int16 storage of fp16 bits), holds (scale, zero point) pairs instead: min = -zero * scale,
-// formed in fp32 where it is read. With an fp16 scale and an integer zero in [0, 15] that product is exact, so an
-// integer-zero-point INT4 (vLLM's W4A16 form) streams 4 bytes per group where fp32 pairs took 8: at group 64,
-// 4.5 bits per weight instead of 5.0 (Q4_K_M's ~4.85).
-struct Z16 { uint16_t h; };
-static inline float f32_of(float v) { return v; }
-static inline float f32_of(uint16_t h) { return _cvtsh_ss(h); }
-static inline float f32_of(Z16 v) { return _cvtsh_ss(v.h); }
-// the min of the (scale, min) or (scale, zero) pair at p
-template <typename S>
-static inline float min_of(const S* p) { return f32_of(p[1]); }
-static inline float min_of(const Z16* p) { return -(_cvtsh_ss(p[1].h) * _cvtsh_ss(p[0].h)); }
+// One or two activation rows stream each weight once, in one linear pass per chunk. On Intel (Xeon with AVX-512 /
+// AMX) a software prefetch 4 KB ahead of that pass lifted INT8 decode (8 KB the same, 1 KB and 16 KB less); on AMD
+// EPYC the hardware prefetcher alone measured faster than a prefetch of the next tiles, so AMD keeps it.
+static const int64_t STREAM_PREFETCH_AHEAD = __builtin_cpu_is("intel") ? 4096 : 0;
+static inline const char* stream_ahead(const void* p) {
+  return STREAM_PREFETCH_AHEAD ? static_cast<const char*>(p) + STREAM_PREFETCH_AHEAD : nullptr;
+}
 
 // ---- prefill GEMM (AVX512-VNNI) ------------------------------------------------------------------------------
-// At prefill sizes (M >= VNNI_MIN_ROWS) a Linear is compute-bound. The row kernels above form one dot product per
-// (activation row, weight row) and pay a convert and an FMA per block of 32 for each: about fp32 GEMM speed. Here
-// the register tile is an outer product: a tile of 32 weight rows is widened to int16 once per call into
-// `vpdpwssd` order (per input pair, 16 rows' pairs in one vector), and each 4-row block of activations broadcasts
-// its int16 pairs against it, so 16 multiply-adds share one convert + FMA per block. Same numerics as the row
-// kernels (16-bit activations per block of 32, exact int32 block sums, one FMA of the block's scale per block).
-// vpdpwssd multiplies 32 int16 pairs per instruction against fp32 FMA's 16 lanes: SmolLM2's 30 layers of Linears at
-// 512 rows took 310 ms (INT8) and 340 ms (INT4 g64) against 500 ms for oneDNN's prepacked fp32 GEMM, 2 Zen4 cores;
-// 6 activation rows per register tile (4: 341 / 370 ms; 8 spills registers: 368 / 407 ms).
-// the activations' sums per INT4 group, [M, K / gs] (the min term of every INT4 kernel)
-static std::vector<float> group_sums(const float* xp, int64_t M, int64_t K, int64_t gs) {
-  const int64_t G = K / gs;
-  std::vector<float> xsum(M * G);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      float acc = 0.f;
-      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) acc += xp[m * K + k];
-      xsum[m * G + g] = acc;
-    }
-  return xsum;
-}
+// At prefill sizes (M >= VNNI_MIN_ROWS) a Linear is compute-bound. The row kernels (gemm_int8.cpp, gemm_int4.cpp)
+// form one dot product per (activation row, weight row) and pay a convert and an FMA per block of 32 for each: about
+// fp32 GEMM speed. Here the register tile is an outer product: a tile of 32 weight rows is widened to int16 once per
+// call into `vpdpwssd` order (per input pair, 16 rows' pairs in one vector), and each 4-row block of activations
+// broadcasts its int16 pairs against it, so 16 multiply-adds share one convert + FMA per block. Same numerics as the
+// row kernels (16-bit activations per block of 32, exact int32 block sums, one FMA of the block's scale per block).
+// vpdpwssd multiplies 32 int16 pairs per instruction against fp32 FMA's 16 lanes, so at prefill sizes this beats
+// oneDNN's prepacked fp32 GEMM; 6 activation rows per register tile (4 measured slower; 8 spills registers).
 
 constexpr int64_t VT = 32;  // weight rows per packed tile: two vectors of 16
 
@@ -166,8 +145,8 @@ static void vnni_gemm_i8(const QuantBlocks& xr, int64_t M, int64_t K, const floa
 }
 
 // q in the row layout [N, K], group scales (if any) [N, K / 32]
-static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
-                              const uint16_t* gs, float* y, int64_t N) {
+void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const int8_t* q, const float* scale,
+                       const uint16_t* gs, float* y, int64_t N) {
   const int64_t KB = K / 32;
   vnni_gemm_i8(xr, M, K, scale, y, N, [&](int64_t n0, int32_t* wp) {
     pack_tile(n0, N, K, wp, [&](int64_t n, int64_t b) {
@@ -190,17 +169,16 @@ static void vnni_gemm_i8_rows(const QuantBlocks& xr, int64_t M, int64_t K, const
 // FMA of the block's activation scale per block in block order, times scale[n]) at every row count, so a row's
 // result does not depend on how many rows share the call: speculation's verify steps and prefill compute exactly
 // what a one-row decode step does. Needs N % 16 == 0 and K % 32 == 0 (`cpu_kernels.vnni_int8`).
-// SmolLM2-135M's Linears and lm_head, 2 Zen4 cores, against the row kernel: 1.00-1.02x at one row, 1.06-1.10x at
-// 2, 1.39-1.49x at 16, 1.67x at 32; n-gram speculation on an INT8 target (bench_spec.py, input-grounded, k 15) went
-// from 1.56x to 1.80x, a 16-row verify step from 5.0 to 3.1 decode steps.
+// Against the row kernel it is level at one row and gains more with every row a call shares (a 16-row verify step
+// costs fewer decode steps, so n-gram speculation on an INT8 target speeds up).
 // One or two activation rows read one tile at a time (a single linear stream through the chunk, as the row kernel
-// reads): two tiles in turn measured 0.82-0.86x the row kernel at one row. In the whole engine at one row (paired
-// runs), 256-bit halves (`vnni_tile1_i8`): 1.10x the row kernel's decode rate.
+// reads): two tiles in turn measured slower than the row kernel at one row; 256-bit halves (`vnni_tile1_i8`)
+// beat the row kernel's decode rate in the whole engine.
 
 // MB activation rows against NT consecutive 16-row tiles at `tile` (a weight vector per tile serves the MB rows, a
 // broadcast activation pair the NT tiles); `ahead`: the next NT tiles, prefetched 512 bytes per tile and block into
-// L2, where the stream keeps going during the arithmetic (the model's Linears, cold, one Zen 4 thread, against into
-// L1: 0.70x the time at 3-4 rows, 0.83x at 8, 0.90x at 16; INT4's tiles, compute-bound, gained nothing)
+// L2, where the stream keeps going during the arithmetic (faster than into L1 at 3-16 rows, cold weights; INT4's
+// tiles, compute-bound, gained nothing)
 template <int MB, int NT>
 static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB, int64_t K, const int8_t* tile,
                                  const float* scale, const uint16_t* gs, float* y, int64_t N, const char* ahead) {
@@ -255,7 +233,7 @@ static inline void vnni_tiles_i8(const int16_t* xq, const float* xs, int64_t KB,
 
 // One activation row against one tile in 256-bit halves (rows 0-7 and 8-15): per input pair, two 16-byte loads widened
 // to int16 and two `vpdpwssd` of 8 rows each. The same per-row operations as `vnni_tiles_i8` (identical results);
-// at one row the 512-bit widening cost the decode step ~6% (SmolLM2 INT8, whole engine, paired runs).
+// at one row the 512-bit widening slowed the whole decode step.
 static inline void vnni_tile1_i8(const int16_t* xq, const float* xs, int64_t KB, const int8_t* tile,
                                  const float* scale, const uint16_t* gs, float* y, const char* ahead) {
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -385,8 +363,8 @@ static void vnni_gemm_i4(const QuantBlocks& xr, const float* xsum, int64_t M, in
 
 // q in the INT4 row kernel layout (`int4_repack`), sm [N, G, 2] (scale, min) pairs
 template <typename S>
-static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,
-                              const uint8_t* q, const S* sm, float* y, int64_t N) {
+void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs, const uint8_t* q,
+                       const S* sm, float* y, int64_t N) {
   const int64_t G = K / gs;
   vnni_gemm_i4(xr, xsum, M, K, gs, y, N, [&](int64_t n0, int32_t* wp) {
     const __m128i low = _mm_set1_epi8(0x0F);
@@ -405,6 +383,14 @@ static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t 
       }
   });
 }
+// the scale / min forms gemm_int4.cpp's int4_gemm takes: fp32, fp16 and (fp16 scale, zero point) pairs
+#define ACCEL_I4_ROWS(S)                                                                                         \
+  template void vnni_gemm_i4_rows<S>(const QuantBlocks& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,     \
+                                     const uint8_t* q, const S* sm, float* y, int64_t N);
+ACCEL_I4_ROWS(float)
+ACCEL_I4_ROWS(uint16_t)
+ACCEL_I4_ROWS(Z16)
+#undef ACCEL_I4_ROWS
 
 // ---- INT4 in the VNNI tile layout --------------------------------------------------------------------------
 // `int4_vnni_layout`: per tile of 16 output rows and per two input pairs (k..k + 3), 32 bytes: byte j holds value j
@@ -413,9 +399,8 @@ static void vnni_gemm_i4_rows(const QuantBlocks& xr, const float* xsum, int64_t 
 // instructions per 16 weight bytes; the row kernel spends ~17 per 32 weights). Group scales and mins are stored
 // per tile and group as 16 scales then 16 mins ([N / 16][G][2][16], fp32 or fp16). Numerics are the INT4 prefill
 // GEMM's at every row count, so a row's result does not depend on the call's row count. Needs N % 16 == 0,
-// K % 32 == 0 and whole blocks of 32 per group (`cpu_kernels.vnni_int4`). SmolLM2-135M's Linears and lm_head, 2
-// Zen4 cores, against the row kernel: int4f g32 (fp16 scales) 1.45x at one row, 2.2x at 2, 2.3x at 16, 2.8x at 32;
-// int4 g64 1.25x at one row, 1.7x at 2, 2.1x at 16.
+// K % 32 == 0 and whole blocks of 32 per group (`cpu_kernels.vnni_int4`). Faster than the row kernel from one row
+// on, the more so the more rows a call shares.
 static inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_f32(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -558,9 +543,8 @@ static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t
 }
 #pragma GCC pop_options
 
-// y [M, N] = (x [M, K] @ q^T) * scale[N], q in the VNNI tile layout (only where HAS_VNNI)
-static void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp,
-                           int64_t N, const uint16_t* gs = nullptr, bool a8 = false) {
+void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp, int64_t N,
+                    const uint16_t* gs, bool a8) {
   TORCH_CHECK(HAS_VNNI, "the INT8 VNNI tile layout needs AVX512-VNNI");
   TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "the INT8 VNNI tile layout needs N % 16 == 0 and K % 32 == 0");
   vnni_gemm_i8_tiles(quantize_blocks_i16(xp, M, K, false, a8), M, K, qv, sp, gs, yp, N);
@@ -577,8 +561,8 @@ static void int4_gemm_vnni(const float* xp, int64_t M, int64_t K, const uint8_t*
   vnni_gemm_i4_tiles(quantize_blocks_i16(xp, M, K, false), xsum.data(), M, K, gs, qv, smv, yp, N);
 }
 
-static void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv,
-                             int64_t gs, float* y, int64_t N) {
+void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv, int64_t gs,
+                      float* y, int64_t N) {
   if (smv.scalar_type() == at::kShort)
     int4_gemm_vnni(x, M, K, qv, reinterpret_cast<const Z16*>(smv.data_ptr<int16_t>()), gs, y, N);
   else if (smv.scalar_type() == at::kHalf)
@@ -611,37 +595,4 @@ torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor 
   int8_gemm_vnni(x.data_ptr<float>(), M, K, qv.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(), N,
                  group_scales(gs, N, K), a8);
   return y;
-}
-
-
-template <int MB, typename S>
-static void tile4(const float* x, const float* xsum, int64_t K, int64_t G, int64_t gs, const uint8_t* q,
-                  const S* sm, float* y, int64_t N, int64_t n0, int64_t n1) {
-  const __m256i lowmask = _mm256_set1_epi32(0xF);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = q + n * (K / 2);
-    __m256 tot[MB];
-    float mterm[MB];
-    for (int m = 0; m < MB; ++m) { tot[m] = _mm256_setzero_ps(); mterm[m] = 0.f; }
-    for (int64_t g = 0; g < G; ++g) {
-      __m256 a[MB];
-      for (int m = 0; m < MB; ++m) a[m] = _mm256_setzero_ps();
-      for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
-        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2)));
-        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, lowmask));
-        __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-        for (int m = 0; m < MB; ++m) {
-          a[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + m * K + k), a[m]);
-          a[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + k + 8), a[m]);
-        }
-      }
-      const __m256 s = _mm256_set1_ps(f32_of(sm[2 * (n * G + g)]));
-      const float mn = min_of(sm + 2 * (n * G + g));
-      for (int m = 0; m < MB; ++m) {
-        tot[m] = _mm256_fmadd_ps(s, a[m], tot[m]);
-        mterm[m] += mn * xsum[m * G + g];
-      }
-    }
-    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum256(tot[m]) + mterm[m];
-  }
 }

@@ -1,10 +1,11 @@
 // machine.cpp: the machine probe (core-to-core latency) and weights in 2 MB pages.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "machine.h"
+#include <sys/mman.h>
 
 // ---- machine probe ------------------------------------------------------------------------------------------
 // Two threads pass a counter back and forth through one cache line `rounds` times: ns per one-way pass (0 with one
-// thread). Where a VM's vCPUs share a CCD this is ~30 ns, on two CCDs ~165: then each core has its own link to
-// memory (about twice the read bandwidth) and every exchange between threads costs more (accel.bench.probes).
+// thread). Where a VM's vCPUs sit on two CCDs this is several times what it is on one: then each core has its own
+// link to memory (more read bandwidth) and every exchange between threads costs more (accel.bench.probes).
 double core_to_core_ns(int64_t rounds) {
   TORCH_CHECK(rounds >= 1, "rounds must be >= 1, got ", rounds);
   alignas(64) std::atomic<int64_t> flag{0};
@@ -29,12 +30,11 @@ double core_to_core_ns(int64_t rounds) {
 }
 
 // ---- weights in 2 MB pages ----------------------------------------------------------------------------------
-// A decode step streams every weight once; with 4 KB pages that is a TLB miss every 4 KB, and the fp32 step ran
-// at ~25 GB/s instead of ~33 (SmolLM2-135M, 2 threads: 40 -> 65 tok/s). torch's allocator asks for huge pages only
+// A decode step streams every weight once; with 4 KB pages that is a TLB miss every 4 KB, which held the fp32
+// step's weight stream well below its rate on 2 MB pages. torch's allocator asks for huge pages only
 // under THP_MEM_ALLOC_ENABLE, read once at its first allocation, so large tensors are copied into an anonymous
 // mapping advised MADV_HUGEPAGE before it is first touched (the kernel then backs it with 2 MB pages where it can;
 // where it cannot, this is an ordinary copy).
-#include <sys/mman.h>
 torch::Tensor huge_page_copy(torch::Tensor t) {
   t = t.contiguous();
   const size_t bytes = t.numel() * t.element_size();
@@ -53,8 +53,8 @@ torch::Tensor huge_page_copy(torch::Tensor t) {
 // zeros [sizes] of `like`'s dtype in memory advised for 2 MB pages (an anonymous mapping reads as zeros), faulted in
 // here, as torch.zeros' memset does and as vLLM and llama.cpp clear their KV buffers at startup. Left to fault on
 // first use, a KV cache's pages arrived inside decode steps, each a 2 MB page allocation that may compact memory
-// (up to ~2.6 s per GB on a 2-core EPYC) while the other thread of the step waited: an engine's first run of 64
-// long-tailed requests measured 246 tok/s against 288 with the cache faulted in beforehand (SmolLM2 INT8).
+// while the other thread of the step waited: an engine's first run of long-tailed requests was slower than with the
+// cache faulted in beforehand.
 torch::Tensor huge_page_zeros(std::vector<int64_t> sizes, torch::Tensor like) {
   int64_t n = 1;
   for (auto v : sizes) n *= v;

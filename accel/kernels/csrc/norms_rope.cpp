@@ -1,11 +1,10 @@
 // norms_rope.cpp: RMSNorm (with the residual add), SiLU x mul, RoPE, KV writes.
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
+#include "norms_rope.h"
 
 // RMSNorm of fp32 rows, optionally adding `residual` first (vLLM's fused_add_rms_norm): one pass over the row
 // instead of torch's add + pow + mean + rsqrt + mul + mul kernels, which at decode sizes cost more in launch
 // overhead than in arithmetic.
-static void rms_rows(const float* x, float* res, const float* w, float* out, int64_t rows, int64_t H, double eps,
-                     bool add) {
+void rms_rows(const float* x, float* res, const float* w, float* out, int64_t rows, int64_t H, double eps, bool add) {
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * H;
@@ -17,7 +16,7 @@ static void rms_rows(const float* x, float* res, const float* w, float* out, int
         src = rr;
       }
       // sum of squares in 4 vector chains: a scalar `ss += x * x` loop is one serial FMA chain (the compiler may
-      // not reorder float adds), ~0.8 us per 576-wide row
+      // not reorder float adds)
       __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
       int64_t i0 = 0;
       for (; i0 + 32 <= H; i0 += 32) {
@@ -63,7 +62,7 @@ torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tens
 // decoder layer issues ~15 of them; these two replace 6 (chunk + silu + mul; mul + roll + addcmul).
 
 // SwiGLU: gu [T, 2I] (gate | up, as the fused gate_up projection writes it) -> silu(gate) * up [T, I]
-static void silu_mul_raw(const float* gp, int64_t T, int64_t I, float* op) {
+void silu_mul_raw(const float* gp, int64_t T, int64_t I, float* op) {
   at::parallel_for(0, T, std::max<int64_t>(1, 16384 / std::max<int64_t>(I, 1)), [&](int64_t t0, int64_t t1) {
     const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
     for (int64_t t = t0; t < t1; ++t) {
@@ -83,7 +82,7 @@ static void silu_mul_raw(const float* gp, int64_t T, int64_t I, float* op) {
 
 // out[t, i] = gelu_tanh(g[t, i]) * u[t, i] for gu [T, 2I] = [g | u]: GeGLU with torch's tanh GELU
 // (0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))), tanh(z) as 1 - 2 / (exp(2z) + 1) on exp256.
-static void gelu_tanh_mul_raw(const float* gp, int64_t T, int64_t I, float* op) {
+void gelu_tanh_mul_raw(const float* gp, int64_t T, int64_t I, float* op) {
   at::parallel_for(0, T, std::max<int64_t>(1, 16384 / std::max<int64_t>(I, 1)), [&](int64_t t0, int64_t t1) {
     const __m256 one = _mm256_set1_ps(1.f), two = _mm256_set1_ps(2.f), half = _mm256_set1_ps(0.5f);
     const __m256 c0 = _mm256_set1_ps(0.7978845608028654f), c1 = _mm256_set1_ps(0.044715f);
@@ -128,7 +127,7 @@ torch::Tensor silu_mul(torch::Tensor gu) {
 // RoPE in place on the first `nheads` heads of each row of x [T, >= nheads * D] (row stride x.stride(0)), HF's
 // rotate_half convention with the sign folded into sin: x = x * cos + roll(x, D / 2) * sin_signed, where cos and
 // sin_signed are this step's rows [T, D] (index_select of the tables by position).
-static void rope_raw(float* xp, int64_t T, int64_t rs, const float* cp, const float* sp, int64_t nheads, int64_t D) {
+void rope_raw(float* xp, int64_t T, int64_t rs, const float* cp, const float* sp, int64_t nheads, int64_t D) {
   const int64_t half = D / 2;
   at::parallel_for(0, T, std::max<int64_t>(1, 4096 / std::max<int64_t>(nheads * D, 1)), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -167,7 +166,7 @@ void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, int64_t
 
 // KV cache write: token t's k/v rows [KVH * D] (any row stride, e.g. views into the fused qkv output) into flat
 // slot slots[t] of the [blocks * block_size, KVH * D] caches. One call for K and V instead of two index_copy_
-// ops (each ~35 us of dispatch at decode sizes, twice per layer per step).
+// ops (each a torch dispatch at decode sizes, twice per layer per step).
 void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slots) {
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
               k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "fp32 only");

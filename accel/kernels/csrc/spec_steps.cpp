@@ -1,35 +1,5 @@
 // spec_steps.cpp: n-gram speculation at batch 1: several verify steps per call (SpecPolicy).
-// One translation unit with the files before it (accel/kernels/cpu.py SOURCES lists the order).
-
-// ---- n-gram speculation at batch 1, several verify steps per call -------------------------------------------
-// The draft length of each step: `AdaptiveSpeculation._length` for one request with the free verify row, and
-// `AcceptanceEstimate.update` after it (accel/speculative/adaptive.py). A named struct, bound to Python as
-// `SpecPolicy` (fields by name); tests/speculative/test_spec_policy.py holds it to the Python rule step for step.
-// fixed_k >= 0 where the length is not adaptive (0: speculation is off at this batch size, a guess every step).
-struct SpecPolicy {
-  double successes = 0.0, failures = 0.0, decay = 1.0, cost_ratio = 0.0;
-  int64_t k_max = 1, last_full = 0, fixed_k = -1;
-  int64_t length() const {
-    if (fixed_k >= 0) return std::max<int64_t>(fixed_k, 1);
-    const double total = successes + failures, alpha = total > 0 ? successes / total : 0.0;
-    int64_t k = 0;
-    double best = 1.0;  // adaptive.best_speculation_length: only a k that beats no speculation
-    for (int64_t g = 1; g <= k_max; ++g) {  // stats.leviathan_speedup
-      const double e = alpha == 1.0 ? static_cast<double>(g + 1)
-                                    : (1.0 - std::pow(alpha, static_cast<double>(g + 1))) / (1.0 - alpha);
-      const double s = e / (static_cast<double>(g) * cost_ratio + 1.0);
-      if (s > best + 1e-12) k = g, best = s;
-    }
-    if (last_full && k > 0) k = std::max(k, std::min(k_max, 2 * last_full));
-    return std::max<int64_t>(k, 1);  // the free row: a draft, or a guess, every step
-  }
-  void observe(int64_t drafted, int64_t accepted) {  // AcceptanceEstimate.update; guesses count as no draft
-    if (drafted == 0) return;
-    last_full = accepted == drafted ? drafted : 0;
-    successes = decay * successes + static_cast<double>(accepted);
-    failures = decay * failures + (accepted < drafted ? 1.0 : 0.0);
-  }
-};
+#include "spec_steps.h"
 
 // ngram.propose_ngram: the tokens after the most recent earlier occurrence of the longest suffix of max_n..min_n
 // tokens, at most k of them. A scan per step, not an index: a few microseconds at a few thousand tokens.
@@ -71,7 +41,7 @@ static int64_t ngram_guess(const std::vector<int64_t>& t) {
 // `max_steps` steps, at `max_new` tokens, after a step that drew one of `stop_ids`, where the block table cannot
 // hold the next step's rows, or when another step would end past `budget_s` seconds at the last step's cost.
 // Returns (tokens, per step {length asked, drafted, accepted, guess, propose seconds, step seconds}). Why: at batch 1
-// the engine's Python around each verify step cost ~0.45 ms, cold after the weight stream, of a 10-27 ms fp32 step.
+// the engine's Python around each verify step, cold after the weight stream, cost a visible share of the step.
 std::tuple<std::vector<int64_t>, std::vector<std::vector<double>>> spec_steps(
     std::vector<int64_t> history, const DecodeTensors& dw, std::vector<int64_t> block_table, int64_t max_steps,
     int64_t max_new, double budget_s, std::vector<int64_t> stop_ids, int64_t min_n, int64_t max_n, bool guess,
