@@ -79,6 +79,9 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
                 out["vllm-cpu"].refuse(target, f"config group {gname!r}: {why}")
             if why or not group.get("input_activations"):
                 out["vllm-cpu-avx2"].refuse(target, f"config group {gname!r}: {why or AVX2_WEIGHT_ONLY}")
+            if (group.get("input_activations") or {}).get("strategy") == "group":
+                out["transformers"].refuse(target, f"config group {gname!r}: activations rounded per group (w4a8) "
+                                                   "run in accel's kernels only")
             if target == TABLE and fmt == "pack-quantized":
                 out["transformers"].refuse(target, f"config group {gname!r}: a 4-bit embedding table: transformers "
                                                    "initializes the Embedding's missing float weight and fails")
@@ -102,6 +105,9 @@ def loader_support(config: dict) -> dict[str, LoaderSupport]:
 def _vllm_refuses(w: dict, activations, fmt: str | None) -> str | None:
     if w.get("type", "int") != "int" or w.get("num_bits") not in (4, 8):
         return f"{w.get('num_bits')}-bit {w.get('type')} weights are not a weight-only INT scheme vLLM has"
+    if activations and activations.get("strategy") == "group":
+        return (f"activations rounded per group of {activations.get('group_size')} (w4a8): vLLM's integer "
+                "activation schemes round per token or tensor")
     if activations:
         return None  # W8A8 and friends: vLLM's own schemes, not written by accel
     zp = str(w.get("zp_dtype") or "")

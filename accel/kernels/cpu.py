@@ -165,6 +165,33 @@ def int4_linear_vnni(x: Tensor, qv: Tensor, smv: Tensor, group_size: int) -> Ten
     return _module().int4_linear_vnni(x, qv, smv, group_size)
 
 
+def int4a8_vnni_layout(q: Tensor, scale_min: Tensor) -> tuple[Tensor, Tensor]:
+    """Unpacked int4 values q [N, K] in [0, 15] and scale_min [N, G, 2] -> w4a8's tile layout: uint8 [N, K / 2] where,
+    per tile of 16 rows and per chunk of 8 inputs, row i's 4 bytes hold inputs 0..3 of the chunk in their low
+    nibbles and 4..7 in their high ones (a `vpdpbusd` operand per nibble half); scale_min as `int4_vnni_layout`."""
+    n, k = q.shape
+    c = q.to(torch.uint8).reshape(n // 16, 16, k // 8, 2, 4).permute(0, 2, 1, 3, 4)  # [T, K / 8, 16, half, 4]
+    packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    g = scale_min.shape[1]
+    return packed, scale_min.reshape(n // 16, 16, g, 2).permute(0, 2, 3, 1).contiguous()
+
+
+def int4a8_vnni_unlayout(qv: Tensor, smv: Tensor) -> tuple[Tensor, Tensor]:
+    """The inverse of `int4a8_vnni_layout`: (q [N, K] uint8 in [0, 15], scale_min [N, G, 2])."""
+    n, half = qv.shape
+    p = qv.reshape(n // 16, half // 4, 16, 4)  # [T, K / 8, 16, 4]
+    c = torch.stack([p & 0x0F, p >> 4], dim=3)  # [T, K / 8, 16, half, 4]
+    q = c.permute(0, 2, 1, 3, 4).reshape(n, 2 * half)
+    g = smv.shape[1]
+    return q.contiguous(), smv.permute(0, 3, 1, 2).reshape(n, g, 2).contiguous()
+
+
+def int4a8_linear_vnni(x: Tensor, qv: Tensor, smv: Tensor, group_size: int) -> Tensor:
+    """w4a8: `int4_linear_vnni` on 8-bit activation blocks (`quantize_activation_blocks_int8`), q in
+    `int4a8_vnni_layout`; a row's result is the same at any row count."""
+    return _module().int4a8_linear_vnni(x, qv, smv, group_size)
+
+
 def int8_linear_vnni(x: Tensor, qv: Tensor, scale: Tensor, gs: Tensor | None = None, a8: bool = False) -> Tensor:
     """`int8_linear` with the weight (and `gs`, `int8_group_scales_vnni_layout`) in the VNNI tile layout; a row's
     result is the same at any row count."""

@@ -111,6 +111,21 @@ def quantize_int8_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(x * (1.0 / scales.double()).float()).clamp_(-128, 127), scales
 
 
+ACTIVATION_BLOCK = 32
+"""Inputs per activation scale of the integer kernels (16-bit blocks, and w4a8's 8-bit ones)."""
+
+
+def quantize_activation_blocks_int8(x: Tensor) -> Tensor:
+    """w4a8's activations as the kernels round them (llama.cpp's Q8 blocks): x [M, K] -> the rounded activations as
+    float, per block of 32 inputs scale = max |x| / 127 (1 for a zero block), q = x * (1 / scale) rounded half to
+    even. The kernels' 8-bit blocks (csrc quantize_blocks_i8) are this."""
+    x = x.float()
+    b = x.reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK)
+    scales = b.abs().amax(dim=-1, keepdim=True) / 127
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    return (torch.round(b * (1.0 / scales)) * scales).reshape(x.shape)
+
+
 def dequantize_int8_per_channel(q: Tensor, scales: Tensor) -> Tensor:
     """q int8 [out, in], scales [out] -> fp32 [out, in]; scales [out, in / 32]: group-wise (int8g)."""
     if scales.dim() == 2 and scales.shape[1] > 1:
@@ -696,9 +711,12 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
     """
 
     def __init__(self, in_features: int, out_features: int, group_size: int = 64, bias: bool = False,
-                 dequant_min_rows: int | None = None, float_zero: bool = False) -> None:
+                 dequant_min_rows: int | None = None, float_zero: bool = False, a8: bool = False) -> None:
         super().__init__()
         check_group_size(in_features, group_size)
+        if a8 and float_zero:  # (check_group_size keeps groups whole 32-input activation blocks)
+            raise ValueError("8-bit activations (w4a8) go with integer zero points; got float_zero=True")
+        self.a8 = a8
         if in_features % 2:
             raise ValueError(f"int4 needs an even in_features; got {in_features}")
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
@@ -798,10 +816,21 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         self.compact = True
         return freed
 
+    def _a8_reference(self, x2: Tensor) -> Tensor:
+        """w4a8 in torch, as its kernel computes it: w = q * scale + min per group, the activations rounded to 8-bit
+        blocks (`quantize_activation_blocks_int8`) meet q * scale, the float ones the mins."""
+        n, k, g = self.out_features, self.in_features, self.group_size
+        scales = self.scales.float()
+        qs = (unpack_int4(self.qweight).float().reshape(n, -1, g) * scales[..., None]).reshape(n, k)
+        mins = (-self.zeros.float() * scales)[..., None].expand(n, k // g, g).reshape(n, k)
+        x2 = x2.float()
+        return quantize_activation_blocks_int8(x2) @ qs.T + x2 @ mins.T
+
     def _kernel_weight(self) -> Tensor:
         """The weight the kernel multiplies by, fp32 [out, in], from its operands: q * scale + min per group."""
         kind, packed, sm = self.avx2_operands()
-        q, sm = cpu.int4_vnni_unlayout(packed, sm) if kind == 4 else (cpu.int4_unrepack(packed), sm)
+        unlayout = {4: cpu.int4_vnni_unlayout, 7: cpu.int4a8_vnni_unlayout}.get(kind)
+        q, sm = unlayout(packed, sm) if unlayout else (cpu.int4_unrepack(packed), sm)
         if sm.dtype == torch.int16:  # (fp16 scale, fp16 zero point): min = -zero * scale, formed in fp32
             h = sm.view(torch.float16).float()
             scale, low = h[..., 0], -(h[..., 1] * h[..., 0])
@@ -827,7 +856,11 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         self._cpu_scales_zeros = torch.stack([scales, zero_f], dim=-1).transpose(0, 1).contiguous().bfloat16()
 
     def kernel_for(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
-        """Which path forward takes for `rows` activation rows: "avx2", "int4pack", "gemm" or "generic"."""
+        """Which path forward takes for `rows` activation rows: "avx2", "int4pack", "gemm" or "generic" ("a8": w4a8's
+        reference where its VNNI kernel does not run; the same numerics in torch, at every row count)."""
+        if self.a8:
+            return "avx2" if device.type == "cpu" and cpu.vnni_int4(self.in_features, self.out_features,
+                                                                    self.group_size) else "a8"
         if self.compact:
             return "avx2" if dtype == torch.float32 and rows < _dequant_min_rows(
                 self.dequant_min_rows, INT4_DEQUANT_MIN_ROWS, self.in_features if self.group_size % 32 == 0 else 1,
@@ -863,7 +896,13 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
                 sm = torch.stack([scales.half(), self.zeros.half()], dim=-1).contiguous().view(torch.int16)
             elif bool(((half.float() - sm).abs() <= span * FP16_GRID_TOLERANCE).all()):
                 sm = half
-            if self.qweight.device.type == "cpu" and cpu.vnni_int4(self.in_features, self.out_features,
+            if self.a8:
+                if not cpu.vnni_int4(self.in_features, self.out_features, self.group_size):
+                    raise ValueError("w4a8's kernel layout needs AVX512-VNNI and whole 16-row tiles")
+                self._avx2_kind = 7
+                self._avx2_packed, self._avx2_scale_min = _by_tiles(
+                    self.qweight, lambda p, r: cpu.int4a8_vnni_layout(unpack_int4(p), sm[r:r + len(p)]), rows=True)
+            elif self.qweight.device.type == "cpu" and cpu.vnni_int4(self.in_features, self.out_features,
                                                                              self.group_size):
                 self._avx2_kind = 4
                 self._avx2_packed, self._avx2_scale_min = _by_tiles(
@@ -877,8 +916,10 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
     def _matmul(self, x2: Tensor, kernel: str) -> Tensor:
         if kernel == "avx2":
             kind, packed, scale_min = self.avx2_operands()
-            linear = cpu.int4_linear_vnni if kind == 4 else cpu.int4_linear
-            return linear(x2, packed, scale_min, self.group_size)
+            linear = {4: cpu.int4_linear_vnni, 7: cpu.int4a8_linear_vnni}.get(kind, cpu.int4_linear)
+            return linear(x2.float(), packed, scale_min, self.group_size).to(x2.dtype)
+        if kernel == "a8":
+            return self._a8_reference(x2).to(x2.dtype)
         if kernel == "int4pack":
             if self._cpu_packed is None:
                 self._prepare_cpu()
@@ -915,8 +956,8 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         super()._save_to_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"group_size={self.group_size}, float_zero={self.float_zero}, bias={self.bias is not None}")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
+                f"float_zero={self.float_zero}, bias={self.bias is not None}" + (", a8=True" if self.a8 else ""))
 
 
 class PackedLinear(nn.Module):

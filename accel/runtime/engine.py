@@ -317,6 +317,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns an output for every request that got tokens or finished."""
         draft_probs, burst = None, None
+        t_call = self.clock()  # proposing included: what the speculation gate weighs
         if self.spec is not None:
             burst = self._spec_burst()
             if burst is None:
@@ -336,6 +337,11 @@ class Engine:
             self._decode_step_s = (self.clock() - t0) / max(1, max(len(t) for t in out.sampled_token_ids))
         results = [self._fail(self._states[rid], error) for rid, error in out.failed.items()]
         touched = self.scheduler.update_from_output(sched, out)
+        if self.spec is not None and all(r.num_tokens == 1 + len(r.spec_token_ids) for r in sched.scheduled) or \
+                out.spec_steps is not None:
+            steps = len(out.spec_steps) if out.spec_steps is not None else sched.num_steps
+            self.spec.record_rate(len(sched.scheduled), sum(len(t) for t in out.sampled_token_ids),
+                                  self.clock() - t_call, steps)
         if out.spec_steps is not None:
             self.spec.observe_burst(sched.scheduled[0].seq, out.spec_steps)
         elif self.spec is not None and sched.num_steps == 1:  # a burst of plain decode steps verified nothing

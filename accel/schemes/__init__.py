@@ -78,10 +78,9 @@ def identify(weights: dict, fmt: str | None, activations: dict | None) -> QuantS
 def describe_unread(weights: dict, activations: dict | None) -> str:
     """Why no scheme reads a config group, in one phrase with what accel does read."""
     if activations:
-        from accel.schemes.w8a8 import W8A8_ACTIVATIONS
-
-        return (f"accel runs W8A8 only: per-channel INT8 weights with dynamic per-token INT8 activations "
-                f"{W8A8_ACTIVATIONS}")
+        runs = "; ".join(f"{s} ({get(s).summary}): {get(s).input_activations}" for s in names()
+                         if get(s).input_activations)
+        return f"accel runs quantized activations only as {runs}"
     return (f"{weights.get('num_bits')}-bit {weights.get('type', 'int')} {weights.get('strategy')} weights; "
             f"accel reads the schemes {', '.join(s for s in names() if get(s).quantized)}")
 
@@ -181,9 +180,10 @@ def _register_builtins() -> None:
     from accel.schemes.int5 import Int5
     from accel.schemes.int8 import Int8
     from accel.schemes.int8g import Int8g
+    from accel.schemes.w4a8 import W4A8
     from accel.schemes.w8a8 import W8A8
 
-    for cls in (Int4, Int4f, Int5, Int8, W8A8, Int8g, Fp16):
+    for cls in (Int4, Int4f, Int5, Int8, W8A8, W4A8, Int8g, Fp16):
         register(cls())
 
 

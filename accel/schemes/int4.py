@@ -26,6 +26,7 @@ class Int4(QuantScheme):
     group_sized = True
     searched = True
     zero_bits = 4  # bits a group's zero point is stored in (packed eight to an int32)
+    a8 = False  # the kernels round the activations to 8-bit blocks (w4a8)
 
     def bits_per_weight(self, in_features: int, group_size: int) -> float:
         return 4.0 + (16.0 + self.zero_bits) / group_size
@@ -41,7 +42,7 @@ class Int4(QuantScheme):
     def kernel(self, rows, out_features: int, in_features: int, group_size: int, bias: Tensor | None = None
                ) -> nn.Module:
         return kernels().Int4WeightOnlyLinear.from_rows(rows, out_features, in_features, group_size, self.float_zero,
-                                                        bias)
+                                                        bias, a8=self.a8)
 
     def held_bytes(self, out_features: int, in_features: int, group_size: int, dtype: torch.dtype) -> int:
         n = out_features * in_features
@@ -79,7 +80,8 @@ class Int4(QuantScheme):
         q, scales, zeros = k.int4_packed_from_compressed_tensors(
             state[f"{prefix}.weight_packed"], state[f"{prefix}.weight_scale"], state[f"{prefix}.weight_shape"],
             state.get(f"{prefix}.weight_zero_point"))
-        return k.Int4WeightOnlyLinear.from_packed(q, scales, zeros, 2 * q.shape[1] // scales.shape[1], bias=bias)
+        return k.Int4WeightOnlyLinear.from_packed(q, scales, zeros, 2 * q.shape[1] // scales.shape[1], bias=bias,
+                                                  a8=self.a8)
 
     def _read_container(self, state: dict[str, Tensor], prefix: str, bias: Tensor | None) -> nn.Module:
         import torch
@@ -92,7 +94,8 @@ class Int4(QuantScheme):
         zeros = zp.float().reshape(scale.shape) + 8.0
         zeros = zeros if zp.is_floating_point() else zeros.to(torch.uint8)
         return kernels().Int4WeightOnlyLinear.from_quantized(q, scale.float(), zeros, w.shape[1] // scale.shape[1],
-                                                             bias=bias)
+                                                             bias=bias, a8=self.a8)
 
     def owns(self, module: nn.Module) -> bool:
-        return isinstance(module, kernels().Int4WeightOnlyLinear) and bool(module.float_zero) == self.float_zero
+        return (isinstance(module, kernels().Int4WeightOnlyLinear) and bool(module.float_zero) == self.float_zero
+                and bool(module.a8) == self.a8)

@@ -344,3 +344,87 @@ class CostMeter:
         """c for a batch of `decode_rows` requests (fallback_propose until a draft forward was timed)."""
         p = fallback_propose if self.propose_ratio is None else self.propose_ratio
         return p + self.verify_ratio(decode_rows)
+
+
+GATE_PHASE_STEPS = 16
+"""`RateGate`: decode steps per measured phase (a burst of plain steps counts each of its steps)."""
+GATE_MAX_BACKOFF = 16
+"""`RateGate`: a phase of the side that keeps winning grows to this many times GATE_PHASE_STEPS."""
+
+
+def _bucket(batch: int) -> int:
+    """The batch sizes a phase's rate is compared at: exact up to 4 requests, then powers of two."""
+    return batch if batch <= 4 else 1 << (batch - 1).bit_length()
+
+
+@dataclass
+class RateGate:
+    """Whether the engine drafts at all, decided on measured throughput: an online A/B of speculation against plain
+    decoding on this engine, this model and this traffic.
+
+    Why: the adaptive lengths maximise Leviathan's predicted speedup from the measured acceptance and cost ratio, but
+    that model misses costs (a draft model catching up on accepted tokens, speculative steps leaving the multi-step
+    decode bursts, proposing in Python), and predicted a win for the 1.5B's 0.5B draft where it measured a loss
+    (ledger `spec-qwen2.5-coder-1.5b-input-grounded-b1-int4`).
+    So phases alternate: drafting (the adaptive lengths decide k) and plain (no drafts; decode bursts as without
+    speculation), each GATE_PHASE_STEPS decode steps; a phase's rate is output tokens per second of its decode-only
+    steps (proposing included) per batch-size bucket, and the two last phases are compared at the buckets both saw.
+    The winner then runs GATE_PHASE_STEPS x backoff steps before the loser is measured again for GATE_PHASE_STEPS;
+    backoff doubles while the same side wins (to GATE_MAX_BACKOFF) and restarts at 1 when the other does. A losing
+    draft so runs about 1 step in 17 once the backoff is full; a winning one gives up the same share to plain steps.
+    """
+
+    phase_steps: int = GATE_PHASE_STEPS
+    max_backoff: int = GATE_MAX_BACKOFF
+    drafting: bool = True  # the current phase
+    steps_left: int = GATE_PHASE_STEPS
+    backoff: int = 1
+    winner: bool | None = None  # the side that won the last comparison (None: not compared yet)
+    # this phase's and each side's last phase's {bucket: [tokens, seconds, steps]}
+    current: dict[int, list[float]] = field(default_factory=dict)
+    last: dict[bool, dict[int, list[float]]] = field(default_factory=dict)
+
+    def observe(self, batch: int, tokens: int, seconds: float, steps: int) -> None:
+        """A decode-only engine call of `batch` requests that emitted `tokens` in `seconds` over `steps` steps (a
+        burst of plain steps is one call)."""
+        if batch <= 0 or steps <= 0 or seconds <= 0:
+            return
+        acc = self.current.setdefault(_bucket(batch), [0.0, 0.0, 0.0])
+        acc[0] += tokens
+        acc[1] += seconds
+        acc[2] += steps
+        self.steps_left -= steps
+        if self.steps_left <= 0:
+            self._end_phase()
+
+    def speedup(self) -> float | None:
+        """Drafting's measured rate over plain decoding's, step-weighted over the buckets both last phases saw
+        (None until both have)."""
+        spec, plain = self.last.get(True), self.last.get(False)
+        if not spec or not plain:
+            return None
+        num = den = 0.0
+        for b, (t, s, n) in spec.items():
+            if b in plain and t > 0 and plain[b][0] > 0:
+                w = min(n, plain[b][2])
+                num += w * (t / s) / (plain[b][0] / plain[b][1])
+                den += w
+        return num / den if den else None
+
+    def _end_phase(self) -> None:
+        ended = self.drafting
+        self.last[ended] = self.current
+        self.current = {}
+        ratio = self.speedup()
+        if ratio is None:  # not both measured at a shared batch size yet: the other side's turn
+            nxt, length = not ended, 1
+        else:
+            won = ratio >= 1.0
+            if won == ended and self.winner == won:  # the winner's long phase ended: measure the loser again
+                nxt, length = not won, 1
+            else:  # the loser's phase ended, or a first or changed verdict: the winner runs, longer while it keeps winning
+                self.backoff = min(self.backoff * 2, self.max_backoff) if self.winner == won else 1
+                nxt, length = won, self.backoff
+            self.winner = won
+        self.drafting = nxt
+        self.steps_left = self.phase_steps * length

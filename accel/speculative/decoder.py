@@ -30,7 +30,8 @@ from torch import Tensor
 
 from accel.runtime.outputs import ModelRunnerOutput, SchedulerOutput, SpecBurst, SpecPolicyState
 from accel.runtime.sequence import Sequence
-from accel.speculative.adaptive import DECAY, AdaptiveSpeculation, CostMeter, fit_draft_budget, speculation_enabled
+from accel.speculative.adaptive import (DECAY, AdaptiveSpeculation, CostMeter, RateGate, fit_draft_budget,
+                                       speculation_enabled)
 from accel.speculative.config import SpeculativeConfig
 from accel.speculative.proposer import (NgramFirstProposer, NgramProposer, ProposalRequest, Proposals, Proposer,
                                         propose_contained)
@@ -91,6 +92,8 @@ class SpecDecoder:
         self.last: Proposals | None = None  # the last step's proposals (benchmarks and tests read their stats)
         self.adaptive = AdaptiveSpeculation(config.adaptive_config())
         self.cost = CostMeter()  # the draft's cost, measured on this engine
+        # drafting at all, against plain decoding, on measured throughput (None: not adaptive, always drafting)
+        self.gate = RateGate() if config.adaptive else None
         self._propose_s, self._draft_forwards = 0.0, 0
         self.tally = SpecTally()  # acceptance: all, guesses alone, per domain, per proposer (NgramFirstProposer)
         self._source: dict[str, str] = {}  # request id -> which proposer drafted it this step
@@ -119,6 +122,8 @@ class SpecDecoder:
         self._guessed = set()
         self._propose_s, self._draft_forwards = 0.0, 0
         batch = len(running)
+        if self.gate is not None and not self.gate.drafting:
+            return {}, {}
         reqs, seqs = [], []
         max_len = self.max_model_len
         # still prefilling: not drafted
@@ -175,7 +180,8 @@ class SpecDecoder:
         """Whether any request of a batch of `batch` running requests may draft (or guess, or probe) this step: not
         above `disable_above_batch_size`, where the engine then bursts plain decode steps as without speculation."""
         cfg = self.adaptive.config
-        return cfg.k_max > 0 and (batch == 1 or speculation_enabled(batch, cfg.disable_above_batch_size))
+        return cfg.k_max > 0 and (self.gate is None or self.gate.drafting) and (
+            batch == 1 or speculation_enabled(batch, cfg.disable_above_batch_size))
 
     def burst(self, running: list[Sequence], max_steps: int, budget_s: float, budget: int | None) -> SpecBurst | None:
         """Several verify steps of the one running request in one native call (the runner's `_spec_steps`), where
@@ -183,7 +189,7 @@ class SpecDecoder:
         caller checks it: `ModelRunner.max_decode_steps`) already drafted for, and the free row, which makes every
         step draft or guess. The draft lengths follow the request's acceptance estimate within the burst at the
         cost ratio measured before it; `observe_burst` then replays the steps. None: propose as usual."""
-        if max_steps < 2 or len(running) != 1 or type(self.proposer) is not NgramProposer:
+        if max_steps < 2 or len(running) != 1 or type(self.proposer) is not NgramProposer or not self.may_draft(1):
             return None
         seq = running[0]
         rid = seq.request_id
@@ -237,6 +243,11 @@ class SpecDecoder:
         g = self.tally.guesses
         return GUESS_PAYBACK * extra < (g.num_accepted_tokens + GUESS_PRIOR_ACCEPTANCE * GUESS_PRIOR_WEIGHT) / (
             g.num_draft_tokens + GUESS_PRIOR_WEIGHT)
+
+    def record_rate(self, batch: int, tokens: int, seconds: float, steps: int) -> None:
+        """A decode-only engine call (proposing included in `seconds`) for the drafting-or-not gate (`RateGate`)."""
+        if self.gate is not None:
+            self.gate.observe(batch, tokens, seconds, steps)
 
     def observe(self, sched: SchedulerOutput, out: ModelRunnerOutput, step_seconds: float) -> None:
         """Count every verification of this step and feed the adaptive lengths and the cost meter

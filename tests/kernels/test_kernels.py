@@ -263,7 +263,7 @@ def test_apply_plan_tied_lm_head_leaves_embedding_untouched():
 
 
 @pytest.mark.parametrize("plan, match", [
-    ({"lm_head": "int3"}, r"'int3' is not a scheme; allowed: int4, int4f, int8, w8a8, int8g, fp16"),
+    ({"lm_head": "int3"}, r"'int3' is not a scheme; allowed: int4, w4a8, int4f, int8, w8a8, int8g, fp16"),
     ({"model.layers.9.mlp.up_proj": "int8"}, r"does not have; Linear modules are"),
     ({"model.layers.0.input_layernorm": "int8"}, r"LlamaRMSNorm; only nn.Linear"),
     ({"model.layers.0.mlp.up_proj": "int4"}, r"up_proj.*group_size=128.*allowed: \[32, 64\]"),

@@ -28,7 +28,7 @@ def _weights(scheme: str | None) -> dict:
     return {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
 
 
-@pytest.mark.parametrize("scheme", [None, "fp16-panels", "int8", "int8g", "w8a8", "int4", "int4f"])
+@pytest.mark.parametrize("scheme", [None, "fp16-panels", "int8", "int8g", "w8a8", "int4", "w4a8", "int4f"])
 def test_native_decode_is_identical_to_the_modules(tiny_llama_dir, scheme):
     path, _ = tiny_llama_dir
     kw = _weights(scheme)
@@ -47,7 +47,7 @@ def test_native_decode_is_identical_to_the_modules(tiny_llama_dir, scheme):
     assert outs["native"] == outs["modules"]
 
 
-@pytest.mark.parametrize("scheme", [None, "fp16-panels", "int8", "int8g", "w8a8", "int4", "int4f"])
+@pytest.mark.parametrize("scheme", [None, "fp16-panels", "int8", "int8g", "w8a8", "int4", "w4a8", "int4f"])
 @pytest.mark.parametrize("inputs", ["lists", "tensors"])
 def test_the_native_step_computes_the_lm_heads_logits_as_the_module_does(tiny_llama_dir, scheme, inputs):
     """The lm_head inside the native step: the same logits, to the bit, as the lm_head module on the step's

@@ -450,3 +450,44 @@ def test_structured_requests_are_drafted_and_never_emit_a_draft_the_grammar_refu
         assert o.finish_reason == "stop" and set(value) == {"a", "b", "c"}
     if temperature == 0.0:
         assert [o.token_ids for o in outs["oracle"]] == [o.token_ids for o in outs["plain"]]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1])
+def test_the_rate_gate_switches_off_a_draft_the_cost_model_keeps(tiny_llama_dir, delay, monkeypatch):
+    """A draft whose real cost the adaptive lengths do not see (a fixed cost ratio of 0.2 while each draft call takes
+    10 target steps on the injected clock) is switched off on measured tokens per second; the same draft at no cost
+    keeps drafting. Output is the target's greedy text either way."""
+    path, hf = tiny_llama_dir
+    prompt = [5, 6, 7]
+    ref = hf_greedy(hf, prompt, 160)
+    clock = FakeClock()
+
+    class Exact(SlowProposer):  # every draft token right: acceptance alone says draft
+        def propose(self, requests):
+            self.clock.now += self.delay
+            self.calls.append(len(requests))
+            return Proposals([list(ref[len(r.token_ids) - len(prompt):][:r.k]) for r in requests])
+
+    proposer = Exact([prompt], [ref], delay, clock)
+    engine = Engine(load_model(path, torch.float32, torch.device("cpu")),
+                    EngineConfig(model=str(path), block_size=4, num_kv_blocks=128,
+                                 speculative=_spec("ngram", adaptive=True, num_speculative_tokens=2)),
+                    proposer=proposer, clock=clock)
+    engine.spec.cost = None
+    engine.spec.adaptive = AdaptiveSpeculation(dataclasses.replace(engine.spec.adaptive.config, cost_ratio=0.2))
+    execute = engine.runner.execute
+
+    def timed_execute(sched, *args, **kwargs):
+        clock.now += TARGET_STEP_S * sched.num_steps
+        return execute(sched, *args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "execute", timed_execute)
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=160, temperature=0, ignore_eos=True))
+    assert out.token_ids == ref
+    gate = engine.spec.gate
+    if delay:
+        # 3 tokens per 0.11 s drafting against 100 tok/s plain: drafting measured for a phase, re-measured for one
+        assert gate.winner is False and len(proposer.calls) <= 2 * 16
+        assert clock.now < 1.3 * 160 * TARGET_STEP_S + 2 * 16 * delay
+    else:
+        assert gate.winner is True and len(proposer.calls) >= 40  # 3 tokens a step: most of the 160 drafted

@@ -228,3 +228,57 @@ def test_cost_meter_fits_the_per_row_verification_cost_and_averages_the_draft_co
     # draft cost: propose seconds per draft forward over the step's seconds, exponentially averaged
     assert 0.0 < m.propose_ratio < 0.05
     assert m.cost_ratio(1, fallback_propose=0.9) == pytest.approx(m.propose_ratio + 0.05, rel=1e-6)
+
+
+# ---- RateGate: drafting at all, on measured throughput ------------------------------------------------------------
+def _run_gate(gate, spec_rate: float, plain_rate: float, steps: int, batch: int = 1) -> list[bool]:
+    """Feed `steps` decode steps, one at a time, at the given tokens per second of each side; the phases it ran."""
+    phases = []
+    for _ in range(steps):
+        phases.append(gate.drafting)
+        rate = spec_rate if gate.drafting else plain_rate
+        gate.observe(batch, 2, 2 / rate, 1)
+    return phases
+
+
+def test_rate_gate_switches_off_a_draft_measured_slower_within_a_few_phases():
+    from accel.speculative.adaptive import GATE_MAX_BACKOFF, GATE_PHASE_STEPS, RateGate
+
+    gate = RateGate()
+    phases = _run_gate(gate, spec_rate=0.89, plain_rate=1.0, steps=3000)
+    assert all(phases[:GATE_PHASE_STEPS]) and not any(phases[GATE_PHASE_STEPS:3 * GATE_PHASE_STEPS])
+    assert gate.winner is False and gate.backoff == GATE_MAX_BACKOFF
+    share = sum(phases[1000:]) / 2000  # drafting re-measured one phase in 1 + max backoff
+    assert share == pytest.approx(1 / (1 + GATE_MAX_BACKOFF), abs=0.02)
+    # the loss over the whole run, start-up included, against plain decoding throughout
+    time = sum(2 / (0.89 if p else 1.0) for p in phases)
+    assert 2 * len(phases) / time > 0.985
+
+
+def test_rate_gate_keeps_a_winning_draft_and_re_measures_plain_rarely():
+    from accel.speculative.adaptive import GATE_MAX_BACKOFF, RateGate
+
+    gate = RateGate()
+    phases = _run_gate(gate, spec_rate=1.5, plain_rate=1.0, steps=3000)
+    assert gate.winner is True and gate.backoff == GATE_MAX_BACKOFF
+    assert sum(phases[1000:]) / 2000 == pytest.approx(GATE_MAX_BACKOFF / (1 + GATE_MAX_BACKOFF), abs=0.02)
+
+
+def test_rate_gate_follows_a_change_and_compares_only_batch_sizes_both_sides_saw():
+    from accel.speculative.adaptive import RateGate
+
+    gate = RateGate()
+    _run_gate(gate, 1.5, 1.0, 600)
+    assert gate.winner is True
+    _run_gate(gate, 0.5, 1.0, 600)  # the text changed: drafts stop paying
+    assert gate.winner is False
+    fresh = RateGate()
+    _run_gate(fresh, 0.5, 1.0, 16, batch=1)  # drafting measured at one request, plain only at eight
+    _run_gate(fresh, 0.5, 1.0, 200, batch=8)
+    assert fresh.winner is False and set(fresh.last[True]) == {8}  # drafting measured again at eight
+    lone = RateGate()
+    lone.observe(1, 5, 1.0, 16)
+    lone.observe(3, 5, 1.0, 16)  # plain at another bucket: nothing to compare, drafting's turn again
+    assert lone.winner is None and lone.drafting
+    lone.observe(1, 5, 1.0, 0)  # an empty call changes nothing
+    assert lone.steps_left == 16

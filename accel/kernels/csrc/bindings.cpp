@@ -16,6 +16,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("huge_page_zeros", &huge_page_zeros, "zeros in memory advised for 2 MB pages, faulted in");
   m.def("kv_write_", &kv_write_, "k/v rows into flat cache slots");
   m.def("int4_linear_vnni", &int4_linear_vnni, "int4_linear with q and scale_min in the VNNI tile layout", py::call_guard<py::gil_scoped_release>());
+  m.def("int4a8_linear_vnni", &int4a8_linear_vnni, "int4_linear_vnni with 8-bit activation blocks, q in the a8 tile layout", py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear_vnni", &int8_linear_vnni, "int8_linear with q (and gs) in the VNNI tile layout", py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear", &int8_linear, "y = (x @ q^T) * scale; x fp32 [M, K], q int8 [N, K], scale fp32 [N], gs fp16 [N, K / 32] group scales or empty, a8: x as W8A8's 8-bit rows", py::call_guard<py::gil_scoped_release>());
   m.def("int4_linear", &int4_linear, "y[m, n] = sum_k x[m, k] * (q[n, k] * sm[n, g, 0] + sm[n, g, 1])", py::call_guard<py::gil_scoped_release>());

@@ -23,6 +23,7 @@ static void run_linear(const DecodeLinear& L, const float* x, int64_t M, int64_t
   else if (L.kind == 1) int8_gemm(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp(), L.a8);
   else if (L.kind == 3) int8_gemm_vnni(x, M, K, L.q.data_ptr<int8_t>(), L.scale.data_ptr<float>(), y, N, L.gsp(), L.a8);
   else if (L.kind == 4) int4_gemm_vnni_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
+  else if (L.kind == 7) int4a8_gemm_vnni_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
   else int4_gemm_t(x, M, K, L.q.data_ptr<uint8_t>(), L.scale, L.gs, y, N);
   if (L.bias.defined()) {
     if (tl_team.rank == 0) {
@@ -112,13 +113,13 @@ torch::Tensor DecodeTensors::weight(const std::vector<torch::Tensor>& w, int64_t
 DecodeLinear DecodeTensors::linear(const std::vector<torch::Tensor>& w, const int64_t* f) {
   DecodeLinear d;
   d.kind = f[0]; d.gs = f[4]; d.N = f[6];
-  TORCH_CHECK(d.kind >= 0 && d.kind <= 6, "unknown linear kind ", d.kind);
+  TORCH_CHECK(d.kind >= 0 && d.kind <= 7, "unknown linear kind ", d.kind);
   if (d.kind == 1 || d.kind == 3) {
     TORCH_CHECK(d.gs == 0 || d.gs == 8, "INT8 activation bits: 0 (16-bit blocks) or 8 (W8A8), got ", d.gs);
     d.a8 = d.gs == 8;
     d.gs = 0;
   }
-  TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4), "the VNNI tile layouts need AVX512-VNNI");
+  TORCH_CHECK(HAS_VNNI || (d.kind != 3 && d.kind != 4 && d.kind != 7), "the VNNI tile layouts need AVX512-VNNI");
   TORCH_CHECK(HAS_AVX512 || (d.kind != 5 && d.kind != 6), "weight panels need AVX-512");
   const bool f32 = d.kind == 0 || d.kind == 5, plain = f32 || d.kind == 6;
   d.q = weight(w, f[1], f32 ? at::kFloat : d.kind == 6 ? at::kHalf : d.kind == 1 || d.kind == 3 ? at::kChar
@@ -126,7 +127,7 @@ DecodeLinear DecodeTensors::linear(const std::vector<torch::Tensor>& w, const in
   if (!plain) {
     TORCH_CHECK(f[2] >= 0 && f[2] < static_cast<int64_t>(w.size()) && w[f[2]].is_contiguous(), "scale index");
     d.scale = w[f[2]];
-    TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4) &&
+    TORCH_CHECK(d.scale.scalar_type() == at::kFloat || ((d.kind == 2 || d.kind == 4 || d.kind == 7) &&
                 (d.scale.scalar_type() == at::kHalf || d.scale.scalar_type() == at::kShort)),
                 "scales: fp32 (INT4 scale_min: fp32 or fp16, or int16 (fp16 scale, zero point) pairs)");
   }
@@ -171,7 +172,7 @@ void DecodeTensors::check(int64_t Xd, int64_t Hd, int64_t QKV, int64_t HD, int64
 
 void DecodeTensors::check_linear(const DecodeLinear& d, int64_t k, int j) {
   const int64_t n = d.N;
-  const bool int4 = d.kind == 2 || d.kind == 4;
+  const bool int4 = d.kind == 2 || d.kind == 4 || d.kind == 7;
   const int64_t panels = (n + PANEL - 1) / PANEL * PANEL;  // kinds 5, 6: N padded to whole panels
   TORCH_CHECK(d.q.numel() == (int4 ? n * k / 2 : d.kind == 5 || d.kind == 6 ? panels * k : n * k), "projection ", j,
               ": weight of ", d.q.numel(), " elements for [", n, ", ", k, "]");
@@ -179,7 +180,7 @@ void DecodeTensors::check_linear(const DecodeLinear& d, int64_t k, int j) {
   if (d.gscale.defined()) TORCH_CHECK(k % 32 == 0 && d.gscale.numel() == n * (k / 32), "INT8 group scales: [N, K / 32]");
   if (int4) TORCH_CHECK(d.gs > 0 && k % d.gs == 0 && d.scale.numel() == n * (k / d.gs) * 2, "INT4 scale_min shape");
   if (d.kind == 3) TORCH_CHECK(n % 16 == 0 && k % 32 == 0, "INT8 VNNI layout: N % 16, K % 32");
-  if (d.kind == 4) TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && d.gs % 32 == 0, "INT4 VNNI layout shape");
+  if (d.kind == 4 || d.kind == 7) TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && d.gs % 32 == 0, "INT4 VNNI layout shape");
   if (d.bias.defined()) TORCH_CHECK(d.bias.numel() == n, "bias must be [N]");
 }
 

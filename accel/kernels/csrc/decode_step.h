@@ -7,7 +7,7 @@
 #pragma GCC visibility push(hidden)
 
 // Linear specs (LIN_FIELDS ints each): kind (0 fp32 w [N, K]; 1 int8 q [N, K] + scale [N]; 3 the same in the
-// VNNI tile layout; 4 int4 in its VNNI tile layout; 2 int4 packed
+// VNNI tile layout; 4 int4 in its VNNI tile layout; 7 int4 with 8-bit activation blocks in its a8 tile layout (w4a8); 2 int4 packed
 // [N, K / 2] + scale_min [N, G, 2] fp32 / fp16; 5 fp32 panels [ceil(N / 48), K, 48]; 6 the same in fp16), three tensor indices into
 // `weights` (-1 unused: weight, scale, and INT8's fp16 group scales, int8g, in the weight's layout), the INT4 group size
 // (INT8 kinds: the activation bits, 0 for 16-bit blocks or 8 for W8A8's 8-bit rows),

@@ -541,6 +541,212 @@ static void vnni_gemm_i4_tiles(const QuantBlocks& xr, const float* xsum, int64_t
     }
   });
 }
+// ---- INT4 weights x 8-bit activations (w4a8) ------------------------------------------------------------------
+// At 16-bit activations every INT4 kernel is bound by the VNNI multiply rate, not by its bytes (`vpdpwssd`: 32
+// multiply-adds per instruction). With activations rounded to 8 bits per block of 32 (llama.cpp's Q8 blocks; scale
+// = max |x| / 127, round half to even), `vpdpbusd` multiplies the unwidened nibbles (unsigned) by the activation
+// bytes (signed), 64 multiply-adds per instruction: half the VNNI instructions per weight, at every row count.
+// Layout (`int4a8_vnni_layout`): per tile of 16 output rows and per chunk of 8 inputs (k..k + 7), 64 bytes: row i's
+// 4 bytes hold inputs k..k + 3 in their low nibbles and k + 4..k + 7 in their high ones, so a mask (and a shift)
+// gives a `vpdpbusd` operand of 16 rows x 4 inputs against the 4 activation bytes broadcast. Scales and mins are
+// the INT4 VNNI tile layout's. Numerics: each block's exact int32 sum, one FMA of (activation scale x group scale)
+// per block in block order, then the min term from the float activations' group sums, as the 16-bit kernels; the
+// prefill GEMM computes the same per row, so a row's result does not depend on the call's row count.
+constexpr int XQ8_BLOCK_MAX = 127;
+
+struct QuantBlocks8 {
+  std::vector<int8_t> q;  // [M, K]
+  std::vector<float> scale;  // [M, K / 32]
+  int64_t KB = 0;
+};
+
+static QuantBlocks8 quantize_blocks_i8(const float* x, int64_t M, int64_t K) {
+  QuantBlocks8 r;
+  r.KB = K / 32;
+  r.q.resize(M * K);
+  r.scale.resize(M * r.KB);
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t b = 0; b < r.KB; ++b) {
+        const float* xb = x + m * K + b * 32;
+        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float sc = mx > 0.f ? mx / XQ8_BLOCK_MAX : 1.f;
+        r.scale[m * r.KB + b] = sc;
+        const __m512 inv = _mm512_set1_ps(1.f / sc);  // cvtps rounds to nearest even
+        int8_t* q = r.q.data() + m * K + b * 32;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
+                         _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+      }
+  });
+  return r;
+}
+
+static inline __m512i bcast4(const int8_t* p) {  // 4 activation bytes as one int32 lane value, in every lane
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+template <int MB, int NT, typename S>
+static inline void vnni_tiles_i4a8(const int8_t* xq, const float* xs, const float* xsum, int64_t KB, int64_t K,
+                                   int64_t G, int64_t bpg, const uint8_t* tile, const S* tsm, float* y, int64_t N) {
+  const int64_t TB = 8 * K, SMS = G * 32;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[MB][NT];
+  for (int m = 0; m < MB; ++m)
+    for (int u = 0; u < NT; ++u) acc[m][u] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    __m512i s[MB][NT][2];
+    for (int m = 0; m < MB; ++m)
+      for (int u = 0; u < NT; ++u) s[m][u][0] = s[m][u][1] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < 4; ++j) {  // chunk j: inputs 8j..8j + 7 of the block
+      __m512i wa[NT], wb[NT];
+#pragma GCC unroll 2
+      for (int u = 0; u < NT; ++u) {
+        const __m512i v = _mm512_loadu_si512(tile + u * TB + (b * 4 + j) * 64);
+        wa[u] = _mm512_and_si512(v, low);
+        wb[u] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        const int8_t* xk = xq + m * K + b * 32 + 8 * j;
+        const __m512i xa = bcast4(xk), xb = bcast4(xk + 4);
+#pragma GCC unroll 2
+        for (int u = 0; u < NT; ++u) {
+          s[m][u][0] = _mm512_dpbusd_epi32(s[m][u][0], wa[u], xa);
+          s[m][u][1] = _mm512_dpbusd_epi32(s[m][u][1], wb[u], xb);
+        }
+      }
+    }
+    const int64_t g = b / bpg;
+    for (int u = 0; u < NT; ++u) {
+      const __m512 sc = load16_f32(tsm + u * SMS + g * 32);
+      for (int m = 0; m < MB; ++m)
+        acc[m][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[m][u][0], s[m][u][1])),
+                                    _mm512_mul_ps(_mm512_set1_ps(xs[m * KB + b]), sc), acc[m][u]);
+    }
+  }
+  for (int64_t g = 0; g < G; ++g)
+    for (int u = 0; u < NT; ++u) {
+      const __m512 mv = load16_mins(tsm + u * SMS + g * 32);
+      for (int m = 0; m < MB; ++m) acc[m][u] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[m * G + g]), acc[m][u]);
+    }
+  for (int u = 0; u < NT; ++u)
+    for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + m * N + u * 16, acc[m][u]);
+}
+
+template <int NT, typename S>
+static void vnni_pass_i4a8(const QuantBlocks8& xr, const float* xsum, int64_t M, int64_t K, int64_t G, int64_t bpg,
+                           const uint8_t* tile, const S* tsm, float* y, int64_t N) {
+  const int64_t KB = K / 32;
+  for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
+    mb = std::min<int64_t>(6, M - m0);
+    const int8_t* xq = xr.q.data() + m0 * K;
+    const float* xs = xr.scale.data() + m0 * KB;
+    const float* xsm = xsum + m0 * G;
+    float* ym = y + m0 * N;
+    switch (mb) {
+#define ACCEL_PASS_CASE(R) case R: vnni_tiles_i4a8<R, NT, S>(xq, xs, xsm, KB, K, G, bpg, tile, tsm, ym, N); break;
+      ACCEL_PASS_CASE(6) ACCEL_PASS_CASE(5) ACCEL_PASS_CASE(4) ACCEL_PASS_CASE(3) ACCEL_PASS_CASE(2)
+      default: vnni_tiles_i4a8<1, NT, S>(xq, xs, xsm, KB, K, G, bpg, tile, tsm, ym, N);
+#undef ACCEL_PASS_CASE
+    }
+  }
+}
+
+// acc[m][v] += sum over blocks of dot_b(xq[m], tile) * bscale(m, b, v): `vnni_rows` on 8-bit activations, the tile
+// wp [K / 4][VT] int32 lanes of 4 unsigned weight bytes each
+template <int MB, typename F>
+static inline void vnni_rows_a8(const int8_t* xq, int64_t K, const int32_t* wp, __m512 acc[][VT / 16],
+                                const F& bscale) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m512i s[MB][2];
+    for (int m = 0; m < MB; ++m) s[m][0] = s[m][1] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < 8; ++j) {
+      const int64_t kq = b * 8 + j;
+      const __m512i w0 = _mm512_loadu_si512(wp + kq * VT), w1 = _mm512_loadu_si512(wp + kq * VT + 16);
+      for (int m = 0; m < MB; ++m) {
+        const __m512i x = bcast4(xq + m * K + 4 * kq);
+        s[m][0] = _mm512_dpbusd_epi32(s[m][0], w0, x);
+        s[m][1] = _mm512_dpbusd_epi32(s[m][1], w1, x);
+      }
+    }
+    for (int m = 0; m < MB; ++m)
+      for (int v = 0; v < 2; ++v) acc[m][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][v]), bscale(m, b, v), acc[m][v]);
+  }
+}
+
+template <typename S>
+static void vnni_gemm_i4a8_tiles(const QuantBlocks8& xr, const float* xsum, int64_t M, int64_t K, int64_t gs,
+                                 const uint8_t* qv, const S* smv, float* y, int64_t N) {
+  const int64_t G = K / gs, bpg = gs / 32, tiles = N / 16;
+  if (M >= VNNI_MIN_ROWS) {  // prefill: a 32-row x 6-row register tile, the tiles' nibbles unpacked once per call
+    parallel_chunks((N + VT - 1) / VT, [&](int64_t c) {
+      thread_local std::vector<int32_t> buf;
+      thread_local std::vector<float> sc, mn;  // [G][VT] group scales and mins of the tile's rows
+      buf.resize(K / 4 * VT);
+      sc.assign(G * VT, 0.f);
+      mn.assign(G * VT, 0.f);
+      const int64_t n0 = c * VT;
+      const __m512i low = _mm512_set1_epi8(0x0F);
+      for (int64_t v = 0; v < VT / 16; ++v) {
+        const int64_t t = n0 / 16 + v;
+        for (int64_t ch = 0; ch < K / 8; ++ch) {
+          __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+          if (t < tiles) {
+            const __m512i w = _mm512_loadu_si512(qv + t * 8 * K + ch * 64);
+            a = _mm512_and_si512(w, low);
+            b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+          }
+          _mm512_storeu_si512(buf.data() + (2 * ch) * VT + v * 16, a);
+          _mm512_storeu_si512(buf.data() + (2 * ch + 1) * VT + v * 16, b);
+        }
+        if (t >= tiles) continue;
+        for (int64_t g = 0; g < G; ++g) {
+          _mm512_storeu_ps(sc.data() + g * VT + v * 16, load16_f32(smv + (t * G + g) * 32));
+          _mm512_storeu_ps(mn.data() + g * VT + v * 16, load16_mins(smv + (t * G + g) * 32));
+        }
+      }
+      auto run = [&](auto mb_tag, int64_t m0) {
+        constexpr int MB = decltype(mb_tag)::value;
+        __m512 acc[MB][2];
+        for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+        const float* xs = xr.scale.data() + m0 * xr.KB;
+        vnni_rows_a8<MB>(xr.q.data() + m0 * K, K, buf.data(), acc, [&](int m, int64_t b, int v) {
+          return _mm512_mul_ps(_mm512_set1_ps(xs[m * xr.KB + b]), _mm512_loadu_ps(sc.data() + b / bpg * VT + v * 16));
+        });
+        for (int64_t g = 0; g < G; ++g)
+          for (int v = 0; v < 2; ++v) {
+            const __m512 mv = _mm512_loadu_ps(mn.data() + g * VT + v * 16);
+            for (int m = 0; m < MB; ++m)
+              acc[m][v] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[(m0 + m) * G + g]), acc[m][v]);
+          }
+        for (int m = 0; m < MB; ++m)
+          for (int v = 0; v < 2; ++v) store_tile(y + m0 * N, N, n0, m, v, acc[m][v]);
+      };
+      vnni_row_blocks(M, run);
+    });
+    return;
+  }
+  const TileChunks ch = tile_chunks(M, tiles, 8 * K);
+  parallel_chunks(ch.n, [&](int64_t c) {
+    const int64_t t1 = ch.end(c);
+    for (int64_t t = ch.begin(c); t < t1;) {
+      const uint8_t* tile = qv + t * 8 * K;
+      const S* tsm = smv + t * G * 32;
+      if (M > 2 && t + 2 <= t1) {
+        vnni_pass_i4a8<2, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N);
+        t += 2;
+      } else {
+        vnni_pass_i4a8<1, S>(xr, xsum, M, K, G, bpg, tile, tsm, y + t * 16, N);
+        t += 1;
+      }
+    }
+  });
+}
 #pragma GCC pop_options
 
 void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, const float* sp, float* yp, int64_t N,
@@ -571,7 +777,30 @@ void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, c
     int4_gemm_vnni(x, M, K, qv, smv.data_ptr<float>(), gs, y, N);
 }
 
-torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size) {
+template <typename S>
+static void int4a8_gemm_vnni(const float* xp, int64_t M, int64_t K, const uint8_t* qv, const S* smv, int64_t gs,
+                             float* yp, int64_t N) {
+  TORCH_CHECK(HAS_VNNI, "the INT4 a8 tile layout needs AVX512-VNNI");
+  TORCH_CHECK(N % 16 == 0 && K % 32 == 0 && gs % 32 == 0 && K % gs == 0,
+              "the INT4 a8 tile layout needs N % 16 == 0, K % 32 == 0 and groups of whole 32-blocks");
+  const std::vector<float> xsum = group_sums(xp, M, K, gs);
+  vnni_gemm_i4a8_tiles(quantize_blocks_i8(xp, M, K), xsum.data(), M, K, gs, qv, smv, yp, N);
+}
+
+void int4a8_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv, int64_t gs,
+                        float* y, int64_t N) {
+  if (smv.scalar_type() == at::kShort)
+    int4a8_gemm_vnni(x, M, K, qv, reinterpret_cast<const Z16*>(smv.data_ptr<int16_t>()), gs, y, N);
+  else if (smv.scalar_type() == at::kHalf)
+    int4a8_gemm_vnni(x, M, K, qv, reinterpret_cast<const uint16_t*>(smv.data_ptr<at::Half>()), gs, y, N);
+  else
+    int4a8_gemm_vnni(x, M, K, qv, smv.data_ptr<float>(), gs, y, N);
+}
+
+// x [M, K] fp32 against the INT4 VNNI or a8 tile layout (`gemm`: int4_gemm_vnni_t or int4a8_gemm_vnni_t)
+template <typename F>
+static torch::Tensor int4_tiles_linear(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size,
+                                       const F& gemm) {
   TORCH_CHECK(x.dim() == 2 && qv.dim() == 2 && qv.size(1) * 2 == x.size(1), "shapes: x [M, K], q [N, K / 2]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && qv.scalar_type() == at::kByte &&
               (smv.scalar_type() == at::kFloat || smv.scalar_type() == at::kHalf || smv.scalar_type() == at::kShort),
@@ -581,8 +810,16 @@ torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor 
               "scale_min must be [N / 16, K / group_size, 2, 16]");
   x = x.contiguous(); qv = qv.contiguous(); smv = smv.contiguous();
   auto y = torch::empty({M, N}, x.options());
-  int4_gemm_vnni_t(x.data_ptr<float>(), M, K, qv.data_ptr<uint8_t>(), smv, group_size, y.data_ptr<float>(), N);
+  gemm(x.data_ptr<float>(), M, K, qv.data_ptr<uint8_t>(), smv, group_size, y.data_ptr<float>(), N);
   return y;
+}
+
+torch::Tensor int4a8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size) {
+  return int4_tiles_linear(x, qv, smv, group_size, int4a8_gemm_vnni_t);
+}
+
+torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size) {
+  return int4_tiles_linear(x, qv, smv, group_size, int4_gemm_vnni_t);
 }
 
 torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale, torch::Tensor gs, bool a8) {

@@ -33,7 +33,13 @@ void int8_gemm_vnni(const float* xp, int64_t M, int64_t K, const int8_t* qv, con
 void int4_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv, int64_t gs,
                       float* y, int64_t N);
 
+// the same with 8-bit activations per block of 32 (w4a8), q in the INT4 a8 tile layout, scale_min as for
+// int4_gemm_vnni_t
+void int4a8_gemm_vnni_t(const float* x, int64_t M, int64_t K, const uint8_t* qv, const torch::Tensor& smv, int64_t gs,
+                        float* y, int64_t N);
+
 torch::Tensor int4_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size);
+torch::Tensor int4a8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor smv, int64_t group_size);
 torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor qv, torch::Tensor scale, torch::Tensor gs, bool a8);
 
 #pragma GCC visibility pop

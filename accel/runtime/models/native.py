@@ -206,7 +206,8 @@ def _native_linear(m: nn.Module | None, add) -> list[int] | None:
         kind, q, scales = m.avx2_operands()
         gs = m.group_scales_operand()
         return [kind, add(q), add(scales.float()), -1 if gs is None else add(gs), 8 if m.a8 else 0, b, m.out_features]
-    if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0:
+    if isinstance(m, Int4WeightOnlyLinear) and m.group_size % 16 == 0 and (
+            not m.a8 or m.kernel_for(1, torch.device("cpu")) == "avx2"):  # w4a8 natively only in its VNNI layout
         kind, packed, scale_min = m.avx2_operands()
         return [kind, add(packed), add(scale_min), -1, m.group_size, b, m.out_features]
     return None
