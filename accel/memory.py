@@ -67,7 +67,9 @@ def current_rss() -> int:
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _LOAD_MMAP_THRESHOLD = 256 << 10
-_STEADY_MMAP_THRESHOLD = 32 << 20  # where glibc's own dynamic threshold ends up once large blocks were freed
+STEADY_MMAP_THRESHOLD = 32 << 20
+"""Where glibc's own dynamic mmap threshold ends up once large blocks were freed: an allocation above it is mapped
+fresh, and its pages faulted in, on every call."""
 
 
 def _libc():
@@ -118,7 +120,7 @@ def large_blocks_mapped() -> Iterator[None]:
     finally:
         _mapped_depth[0] -= 1
         if libc is not None:
-            libc.mallopt(_M_MMAP_THRESHOLD, _LOAD_MMAP_THRESHOLD if _mapped_depth[0] else _STEADY_MMAP_THRESHOLD)
+            libc.mallopt(_M_MMAP_THRESHOLD, _LOAD_MMAP_THRESHOLD if _mapped_depth[0] else STEADY_MMAP_THRESHOLD)
             libc.malloc_trim(0)
 
 

@@ -126,7 +126,7 @@ def test_large_blocks_stay_mapped_until_the_outermost_block_ends(monkeypatch):
             calls.append("trim")
 
     monkeypatch.setattr(memory, "_libc", lambda: FakeLibc())
-    mapped, steady = memory._LOAD_MMAP_THRESHOLD, memory._STEADY_MMAP_THRESHOLD
+    mapped, steady = memory._LOAD_MMAP_THRESHOLD, memory.STEADY_MMAP_THRESHOLD
     with memory.large_blocks_mapped():
         with memory.large_blocks_mapped():
             pass

@@ -164,7 +164,7 @@ def test_ngram_verify_steps_in_a_row_make_the_choices_of_single_steps(looping_ll
     """n-gram speculation at batch 1 in bursts of verify steps (`spec_steps`) against one step at a time: the same
     tokens and finish reasons, and step for step the same drafts, acceptances and guesses (the native loop's draft
     length mirrors `AdaptiveSpeculation`), with a stop token and max_tokens that end a burst. The cost meter is
-    off, so both paths weigh drafts at the same cost."""
+    off, so both paths weigh drafts at the same cost, and so is the drafting gate."""
     kw = {"quant_plan": uniform_plan(2, scheme), "quant_group_size": 32} if scheme else {}
     prompts = [p * 3 for p in mixed_prompts(4, seed=5, lo=2, hi=10)]  # repeats: wrong drafts before the cycle
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=6)
@@ -174,7 +174,7 @@ def test_ngram_verify_steps_in_a_row_make_the_choices_of_single_steps(looping_ll
     steps: dict[int, list] = {}
     for k, engine in engines.items():
         sd = engine.spec
-        sd.cost = None
+        sd.cost = sd.gate = None  # measured on the clock: neither may tell the two paths apart
         log = steps[k] = []
 
         def observe(sched, out, seconds, sd=sd, log=log, observe=sd.observe):

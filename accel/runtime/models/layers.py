@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from accel.kernels import cpu
+from accel.memory import STEADY_MMAP_THRESHOLD
 from accel.runtime.attention import AttentionMetadata, PagedKVCache, paged_attention
 
 
@@ -193,6 +194,18 @@ class MLP(nn.Module):
             raise NotImplementedError(f"hidden activation {self.act!r}; supported: {', '.join(ACTIVATIONS)}")
 
     def forward(self, x: Tensor) -> Tensor:
+        # A long prompt runs in row blocks whose [gate | up] output stays under glibc's mmap threshold: above it each
+        # call maps fresh pages and faults every one in (the 1.5B's 512-token prompt: 37 MB per layer). Rows are
+        # batch-independent in every kernel, so the blocks compute what one call would.
+        rows = x.numel() // x.shape[-1]
+        block = max(32, STEADY_MMAP_THRESHOLD // (2 * self.down_proj.in_features * 4))
+        if rows > block:
+            x2 = x.reshape(rows, x.shape[-1])
+            n = -(-rows // block)
+            return torch.cat([self._forward(c) for c in x2.chunk(n)]).reshape(*x.shape[:-1], -1)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
         if hasattr(self, "gate_up_proj"):  # fused at load time (see fuse_projections)
             gu = self.gate_up_proj(x)
             if _fused_cpu_ops(gu):  # the native decode step runs the same kernel
