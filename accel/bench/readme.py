@@ -92,7 +92,22 @@ def peer_speed(entries: list[dict]) -> str:
     return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands(entries), "```"])
 
 
-RENDERERS: dict[str, Callable[[list[dict]], str]] = {"optimize_costs": optimize_costs, "peer_speed": peer_speed}
+def quality(entries: list[dict]) -> str:
+    """`scripts/bench_quality.py` entries: per model file its size, mean KLD against the unquantized model and the
+    share of positions whose top-1 token is the same, on the chunks the entry names."""
+    rows = ["| model file | MiB | mean KLD | same top-1 |", "|---|---|---|---|"]
+    for e in entries:
+        for name in e["info"]["rows"]:
+            top1 = e["figures"].get(f"{name}.same_top1")
+            rows.append(f"| {name} | {_cell(e, f'{name}.size_mib', 1, 0)} | {_cell(e, f'{name}.kld_mean', 1, 4)} | "
+                        + (f"{top1['median'] * 100:.1f}% |" if top1 else "- |"))
+    scored = sorted({f"{e['info']['chunks']} chunks of {e['info']['n_ctx']} tokens" for e in entries})
+    return "\n".join([f"{machine_line(entries)}; {', '.join(scored)}:", "", *rows, "", "```bash", *commands(entries),
+                      "```"])
+
+
+RENDERERS: dict[str, Callable[[list[dict]], str]] = {"optimize_costs": optimize_costs, "peer_speed": peer_speed,
+                                                     "quality": quality}
 
 
 def render(text: str, directory: Path = LEDGER_DIR) -> str:

@@ -350,6 +350,10 @@ GATE_PHASE_STEPS = 16
 """`RateGate`: decode steps per measured phase (a burst of plain steps counts each of its steps)."""
 GATE_MAX_BACKOFF = 16
 """`RateGate`: a phase of the side that keeps winning grows to this many times GATE_PHASE_STEPS."""
+GATE_MARGIN = 1.05
+"""`RateGate`: drafting wins only this much faster than plain decoding. A tie goes to plain decoding: drafting has
+costs a phase may not show (a request's first draft prefills its whole context into a draft model, and a draft
+model catches up on the tokens of every plain phase), and a draft at k = 0 still gives up the decode bursts."""
 
 
 def _bucket(batch: int) -> int:
@@ -419,7 +423,7 @@ class RateGate:
         if ratio is None:  # not both measured at a shared batch size yet: the other side's turn
             nxt, length = not ended, 1
         else:
-            won = ratio >= 1.0
+            won = ratio >= GATE_MARGIN
             if won == ended and self.winner == won:  # the winner's long phase ended: measure the loser again
                 nxt, length = not won, 1
             else:  # the loser's phase ended, or a first or changed verdict: the winner runs, longer while it keeps winning

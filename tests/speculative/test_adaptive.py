@@ -282,3 +282,11 @@ def test_rate_gate_follows_a_change_and_compares_only_batch_sizes_both_sides_saw
     assert lone.winner is None and lone.drafting
     lone.observe(1, 5, 1.0, 0)  # an empty call changes nothing
     assert lone.steps_left == 16
+
+
+def test_rate_gate_gives_a_tie_to_plain_decoding():
+    from accel.speculative.adaptive import GATE_MARGIN, RateGate
+
+    gate = RateGate()
+    _run_gate(gate, (1 + GATE_MARGIN) / 2, 1.0, 1000)  # faster, but within the margin drafting's unseen costs take
+    assert gate.winner is False
