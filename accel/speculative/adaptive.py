@@ -350,6 +350,10 @@ GATE_PHASE_STEPS = 16
 """`RateGate`: decode steps per measured phase (a burst of plain steps counts each of its steps)."""
 GATE_MAX_BACKOFF = 16
 """`RateGate`: a phase of the side that keeps winning grows to this many times GATE_PHASE_STEPS."""
+GATE_LOSS_BUDGET = 0.03
+"""`RateGate`: the share of time re-measuring the losing side may cost: its winner's phase is made long enough (up
+to GATE_MAX_STEPS), however much it lost by (a draft model's first drafts prefill every new request's prompt)."""
+GATE_MAX_STEPS = 4096
 GATE_MARGIN = 1.05
 """`RateGate`: drafting wins only this much faster than plain decoding. A tie goes to plain decoding: drafting has
 costs a phase may not show (a request's first draft prefills its whole context into a draft model, and a draft
@@ -373,9 +377,10 @@ class RateGate:
     So phases alternate: drafting (the adaptive lengths decide k) and plain (no drafts; decode bursts as without
     speculation), each GATE_PHASE_STEPS decode steps; a phase's rate is output tokens per second of its decode-only
     steps (proposing included) per batch-size bucket, and the two last phases are compared at the buckets both saw.
-    The winner then runs GATE_PHASE_STEPS x backoff steps before the loser is measured again for GATE_PHASE_STEPS;
-    backoff doubles while the same side wins (to GATE_MAX_BACKOFF) and restarts at 1 when the other does. A losing
-    draft so runs about 1 step in 17 once the backoff is full; a winning one gives up the same share to plain steps.
+    The winner then runs GATE_PHASE_STEPS x backoff steps, or more where the loser lost by so much that measuring it
+    again would cost over GATE_LOSS_BUDGET, before the loser is measured again for GATE_PHASE_STEPS; backoff doubles
+    while the same side wins (to GATE_MAX_BACKOFF) and restarts at 1 when the other does. A draft losing by a little
+    so runs about 1 step in 17 once the backoff is full; a winning one gives up the same share to plain steps.
     """
 
     phase_steps: int = GATE_PHASE_STEPS
@@ -428,7 +433,13 @@ class RateGate:
                 nxt, length = not won, 1
             else:  # the loser's phase ended, or a first or changed verdict: the winner runs, longer while it keeps winning
                 self.backoff = min(self.backoff * 2, self.max_backoff) if self.winner == won else 1
+                # the loser's phase cost (its steps) x (how much slower it ran), within the budget of the whole
+                slower = 1 / ratio - 1 if not won else ratio - 1
                 nxt, length = won, self.backoff
+                need = self.phase_steps * (slower / GATE_LOSS_BUDGET - 1)
+                self.steps_left = int(min(GATE_MAX_STEPS, max(self.phase_steps * length, need)))
+                self.winner, self.drafting = won, nxt
+                return
             self.winner = won
         self.drafting = nxt
         self.steps_left = self.phase_steps * length

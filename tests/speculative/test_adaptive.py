@@ -290,3 +290,18 @@ def test_rate_gate_gives_a_tie_to_plain_decoding():
     gate = RateGate()
     _run_gate(gate, (1 + GATE_MARGIN) / 2, 1.0, 1000)  # faster, but within the margin drafting's unseen costs take
     assert gate.winner is False
+
+
+def test_rate_gate_measures_a_far_slower_draft_again_only_within_its_loss_budget():
+    from accel.speculative.adaptive import GATE_LOSS_BUDGET, GATE_MAX_STEPS, RateGate
+
+    gate = RateGate()
+    phases = _run_gate(gate, 0.25, 1.0, 20000)  # e.g. every re-measure prefills new prompts into a draft model
+    assert gate.winner is False
+    time = sum(2 / (0.25 if p else 1.0) for p in phases[2000:])
+    assert 2 * len(phases[2000:]) / time > 1 - GATE_LOSS_BUDGET - 0.01
+    runs, n = [], 0  # lengths of the plain phases
+    for p in phases:
+        n = 0 if p else n + 1
+        runs.append(n)
+    assert 1000 < max(runs) <= GATE_MAX_STEPS
