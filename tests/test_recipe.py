@@ -49,7 +49,7 @@ BROKEN = [
     ({"eval": {"peers": [{"name": "v", "vllm": "export"}]}}, ["eval.peers.0.vllm", "'base' or 'quantized'"]),
     ({"eval": {"peers": [{"name": "v", "vllm": "base", "url": "http://x"}]}}, ["both a url and vllm"]),
     ({"quantization": {"int4_group_size": 100}}, ["quantization.int4_group_size", "100", "32, 64 or 128"]),
-    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "allowed: int4, int4f, int5, int8, w8a8, int8g, fp16"]),
+    ({"quantization": {"candidates": ["int3"]}}, ["quantization.candidates.0", "int3", "allowed: int4, w4a8, int4f, int5, int8, w8a8, int8g, fp16"]),
     ({"quantization": {"budget": {"max_mean_kl": 0.1, "target_avg_bits": 5}}},
      ["quantization.budget", "exactly one budget"]),
     ({"quantization": {"budget": {"max_mean_kl": -1}}}, ["quantization.budget.max_mean_kl", "-1", "greater than 0"]),

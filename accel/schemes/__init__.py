@@ -78,8 +78,7 @@ def identify(weights: dict, fmt: str | None, activations: dict | None) -> QuantS
 def describe_unread(weights: dict, activations: dict | None) -> str:
     """Why no scheme reads a config group, in one phrase with what accel does read."""
     if activations:
-        runs = "; ".join(f"{s} ({get(s).summary}): {get(s).input_activations}" for s in names()
-                         if get(s).input_activations)
+        runs = "; ".join(f"{s} {get(s).input_activations}" for s in names() if get(s).input_activations)
         return f"accel runs quantized activations only as {runs}"
     return (f"{weights.get('num_bits')}-bit {weights.get('type', 'int')} {weights.get('strategy')} weights; "
             f"accel reads the schemes {', '.join(s for s in names() if get(s).quantized)}")
