@@ -280,6 +280,8 @@ def main() -> None:
                                decode_speedup=statistics.median(decode), decode_speedup_min=decode[0],
                                decode_speedup_max=decode[-1])
                 row["tokens_per_s_all"] = [r["tokens_per_s"] for r in reps[method]]
+                for key in ("acceptance_rate", "mean_acceptance_length"):
+                    row[key + "_all"] = [r[key] for r in reps[method] if isinstance(r.get(key), float)]
                 for key in ("read_gbs", "gflops", "core_ns"):
                     known = [r[key] for r in reps[method] if r[key] is not None]
                     row[key] = statistics.median(known) if known else None
@@ -290,7 +292,10 @@ def main() -> None:
                 results.append(row)
                 _print(row)
             engines = proposers = None
-    entry.info = {"target": str(args.target), "methods": methods, "prompts": args.prompts, "repeats": args.repeats}
+    entry.info = {"target": Path(str(args.target)).name, "quant": args.quant or "fp32", "methods": methods,
+                  "prompts": args.prompts, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+                  "draft_model": args.draft_model and Path(args.draft_model).name,
+                  "draft_quantization": args.draft_quantization}
     entry.figures = spec_figures(results)
     entry.__exit__(None, None, None)
     if args.json:
@@ -300,8 +305,8 @@ def main() -> None:
 
 
 def spec_figures(results: list[dict]) -> dict[str, dict]:
-    """Per (batch, prompt set, method): tokens/s, the speedup over no speculation and the acceptance, keyed
-    'b<batch>|<set>|<method>.<figure>'."""
+    """Per (batch, prompt set, method): tokens/s, the speedup over no speculation, the acceptance rate and the
+    mean accepted length (tokens a verify step emits), keyed 'b<batch>|<set>|<method>.<figure>'."""
     from accel.bench.ledger import figure
 
     out = {}
@@ -310,8 +315,10 @@ def spec_figures(results: list[dict]) -> dict[str, dict]:
         out[f"{key}.tok_s"] = figure(row["tokens_per_s_all"], "tok/s")
         if row.get("speedups"):
             out[f"{key}.speedup"] = figure(row["speedups"], "x", 3)
-        if isinstance(row.get("acceptance_rate"), float):
-            out[f"{key}.acceptance"] = figure([row["acceptance_rate"]], "")
+        if row.get("acceptance_rate_all"):
+            out[f"{key}.acceptance"] = figure(row["acceptance_rate_all"], "", 3)
+        if row.get("mean_acceptance_length_all"):
+            out[f"{key}.accepted_length"] = figure(row["mean_acceptance_length_all"], "tokens", 2)
     return out
 
 

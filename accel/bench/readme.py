@@ -106,8 +106,40 @@ def quality(entries: list[dict]) -> str:
                       "```"])
 
 
+def _method_label(method: str, info: dict) -> str:
+    """'ngram:num_speculative_tokens=15' -> 'n-gram lookup, k=15'; a draft model named with its quantization."""
+    name, _, opts = method.partition(":")
+    label = {"off2": "none, again (the noise floor)", "ngram": "n-gram lookup"}.get(name, name)
+    if name.startswith("draft") and info.get("draft_model"):
+        label = f"draft `{info['draft_model']}`" + (f" {info['draft_quantization']}" if info.get("draft_quantization")
+                                                    else "")
+    opts = opts.replace("num_speculative_tokens=", "k=").replace("+", ", ")
+    return label + (f", {opts}" if opts else "")
+
+
+def speculation(entries: list[dict]) -> str:
+    """`scripts/bench_spec.py` entries: per target, prompt set, batch and method, tokens/s without and with
+    speculation (same engine, same weights), the median paired speedup (its range), the acceptance rate and the
+    mean accepted length (tokens per verify step)."""
+    rows = ["| target | prompts | batch | method | tok/s, none | tok/s | speedup | acceptance | accepted length |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        info = e["info"]
+        target = f"{Path(info['target']).name} {info.get('quant', '')}".strip()
+        for key in e["figures"]:
+            base, _, side = key.rpartition(".")
+            if side != "speedup":
+                continue
+            batch, prompts, method = base.split("|")
+            rows.append(f"| {target} | {prompts} | {batch[1:]} | {_method_label(method, info)} | "
+                        f"{_cell(e, f'{batch}|{prompts}|off.tok_s')} | {_cell(e, base + '.tok_s')} | "
+                        f"{_ratio_cell(e, key)} | {_cell(e, base + '.acceptance', 1, 2)} | "
+                        f"{_cell(e, base + '.accepted_length', 1, 2)} |")
+    return "\n".join([machine_line(entries) + ":", "", *rows, "", "```bash", *commands(entries), "```"])
+
+
 RENDERERS: dict[str, Callable[[list[dict]], str]] = {"optimize_costs": optimize_costs, "peer_speed": peer_speed,
-                                                     "quality": quality}
+                                                     "quality": quality, "speculation": speculation}
 
 
 def render(text: str, directory: Path = LEDGER_DIR) -> str:

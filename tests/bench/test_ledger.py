@@ -117,3 +117,26 @@ def test_peer_speed_renders_each_pairs_absolute_figures_and_ratio(tmp_path):
     assert "| batch-1 decode, in-process (tok/s) | fp16 weights / F16 | 31.0 ± 1.0 | 21.0 ± 1.0 | 1.48x (1.46-1.50) |" \
         in text
     assert "roofline" not in text and "scripts/bench_peers.py --model m" in text
+
+
+def test_speculation_renders_each_method_against_no_speculation(tmp_path):
+    e = _entry("spec-m-input-grounded-b1")
+    e["command"] = ".venv/bin/python scripts/bench_spec.py --target m --methods off,off2,ngram:num_speculative_tokens=15"
+    e["info"] = {"target": "/models/m", "quant": "int8", "draft_model": "d", "draft_quantization": "int4"}
+    e["figures"] = {"b1|input-grounded|off.tok_s": ledger.figure([100.0, 110.0], "tok/s"),
+                    "b1|input-grounded|off2.tok_s": ledger.figure([101.0, 109.0], "tok/s"),
+                    "b1|input-grounded|off2.speedup": ledger.figure([0.99, 1.01], "x"),
+                    "b1|input-grounded|ngram:num_speculative_tokens=15.tok_s": ledger.figure([200.0, 230.0], "tok/s"),
+                    "b1|input-grounded|ngram:num_speculative_tokens=15.speedup": ledger.figure([2.0, 2.1], "x"),
+                    "b1|input-grounded|ngram:num_speculative_tokens=15.acceptance": ledger.figure([0.5, 0.6], ""),
+                    "b1|input-grounded|ngram:num_speculative_tokens=15.accepted_length":
+                        ledger.figure([3.0, 3.4], "tokens"),
+                    "b4|input-grounded|draft.tok_s": ledger.figure([50.0], "tok/s"),
+                    "b4|input-grounded|draft.speedup": ledger.figure([0.9], "x")}
+    text = RENDERERS["speculation"]([e])
+    assert ("| m int8 | input-grounded | 1 | n-gram lookup, k=15 | 105.0 ± 5.0 | 215.0 ± 15.0 | 2.05x (2.00-2.10) | "
+            "0.55 ± 0.05 | 3.20 ± 0.20 |") in text
+    assert "| m int8 | input-grounded | 1 | none, again (the noise floor) | 105.0 ± 5.0 |" in text
+    # a draft model is named with its quantization; a figure the entry lacks is a dash
+    assert "| m int8 | input-grounded | 4 | draft `d` int4 | - | 50.0 | 0.90x | - | - |" in text
+    assert "scripts/bench_spec.py --target m" in text
