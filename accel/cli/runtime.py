@@ -21,7 +21,8 @@ def _speculative_help() -> str:
 
     return ("Speculative decoding, as vLLM's flag: a JSON object of SpeculativeConfig's fields, e.g. "
             "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or '{\"draft_model\": \"runs/default/draft\"}' "
-            f"(fields: {', '.join(f.name for f in fields(SpeculativeConfig))}).")
+            f"(fields: {', '.join(f.name for f in fields(SpeculativeConfig))}). Default: an export's own drafter; "
+            "'{\"method\": \"none\"}' serves without.")
 
 
 @config_options(ServerConfig, dest="server")
@@ -49,11 +50,12 @@ def serve(
             given = {**given, "api_key": os.environ[API_KEY_ENV]}
         http = build_config(ServerConfig, given)
         quant_fields = quant_kwargs(resolve_model(model), quant, quant_group_size) if quant else {}
-        spec = None if speculative_config is None else parse_speculative_config(speculative_config)
+        if speculative_config is not None:
+            parse_speculative_config(speculative_config)  # a bad value fails here, before any weight is read
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))
     try:
-        run_server(model, server=http, speculative=spec, **settings.runtime_fields(), **quant_fields)
+        run_server(model, server=http, speculative=speculative_config, **settings.runtime_fields(), **quant_fields)
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))
 

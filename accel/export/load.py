@@ -61,6 +61,31 @@ def _safetensors_header_problem(f: Path) -> str | None:
     return None
 
 
+def export_speculative_config(path: str | Path):
+    """The drafter an export was optimized with, as the engine's SpeculativeConfig: its recipe's `speculation`
+    section from accel.json, the draft model from the export's own `draft/` when it carries one. None for a plain
+    folder or an export optimized without speculation."""
+    from accel.export.checkpoint import MANIFEST_NAME
+    from accel.speculative.config import SpeculativeConfig
+
+    manifest = Path(path) / MANIFEST_NAME
+    if not manifest.is_file():
+        return None
+    try:
+        section = (json.loads(manifest.read_text(encoding="utf-8")).get("recipe") or {}).get("speculation")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise ModelLoadError(f"{manifest} is not a readable accel manifest: {e}") from None
+    if not section:
+        return None
+    draft = Path(path) / "draft"
+    try:
+        return SpeculativeConfig.from_recipe(section, str(draft) if (draft / "config.json").is_file() else None)
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"{manifest}: its recipe's speculation section {section} does not make a drafter "
+                             f"({e}); serve it with --speculative-config '{{\"method\": \"none\"}}' or another "
+                             "drafter") from None
+
+
 def load_engine(path: str | Path, **engine_kwargs):
     """An `accel.runtime.engine.Engine` over an export or a plain HF folder (`Engine.from_pretrained`, after a
     cheap check of the folder's files); kwargs are EngineConfig fields. Raises ModelLoadError naming the file when

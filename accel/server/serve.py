@@ -60,9 +60,10 @@ def make_server(async_engine: AsyncEngine, model_name: str, host: str = "127.0.0
 
 
 def speculative_config(spec: str | dict):
-    """`--speculative-config`, a JSON object of SpeculativeConfig's fields (as vLLM's flag), -> SpeculativeConfig;
-    `draft_model` may be a registry name or a folder, and implies method "draft". Raises ValueError naming the bad
-    field or value (ModelNotFoundError for a draft that is not there)."""
+    """`--speculative-config`, a JSON object of SpeculativeConfig's fields (as vLLM's flag), -> SpeculativeConfig,
+    or None for '{"method": "none"}' (serve without speculation, an export's own drafter included); `draft_model`
+    may be a registry name or a folder, and implies method "draft". Raises ValueError naming the bad field or value
+    (ModelNotFoundError for a draft that is not there)."""
     import dataclasses
 
     from accel.speculative.config import SpeculativeConfig
@@ -80,6 +81,11 @@ def speculative_config(spec: str | dict):
     unknown = sorted(set(spec) - set(allowed))
     if unknown:
         raise ValueError(f"speculative config fields {unknown} are unknown; allowed: {', '.join(allowed)}")
+    if spec.get("method") == "none":
+        if len(spec) > 1:
+            raise ValueError(f"speculative config {json.dumps(spec)}: method 'none' takes no other fields; got "
+                             f"{sorted(set(spec) - {'method'})}")
+        return None
     if spec.get("draft_model"):
         spec = {"method": "draft", **spec, "draft_model": str(_resolve(str(spec["draft_model"])))}
     try:
@@ -91,12 +97,29 @@ def speculative_config(spec: str | dict):
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
+def serving_speculation(path: Path, speculative=None):
+    """What the served engine speculates with: `speculative` (a SpeculativeConfig, or `--speculative-config`'s JSON
+    / dict; '{"method": "none"}' serves without), else the export's own drafter (`export_speculative_config`: a
+    user who optimized a pairing gets it), else nothing."""
+    from accel.export.load import export_speculative_config
+
+    if speculative is not None:
+        return speculative_config(speculative) if isinstance(speculative, (str, dict)) else speculative
+    spec = export_speculative_config(path)
+    if spec is not None:
+        log.info("speculating with the export's own drafter (%s, %d tokens); --speculative-config "
+                 "'{\"method\": \"none\"}' serves without", spec.method if spec.method == "ngram" else
+                 f"draft {spec.draft_model}", spec.num_speculative_tokens)
+    return spec
+
+
 def run_server(model: str, server: ServerConfig | None = None, speculative=None, **engine_kwargs) -> None:
     """Serve `model` (a model name known to accel.hub, or an HF folder / exported checkpoint) until stopped.
 
     `server`: the HTTP server's settings; engine_kwargs are EngineConfig fields (max_num_seqs, max_waiting,
     num_kv_blocks, max_model_len, dtype, ...). `speculative`: a SpeculativeConfig, or its JSON / dict
-    (`speculative_config`); acceptance counters go into each response's usage and /metrics.
+    (`speculative_config`); None: the export's own drafter, if any (`serving_speculation`); acceptance counters go
+    into each response's usage and /metrics.
     An accel export (a folder with accel.json) is served only when every file matches its manifest's sha256
     (`server.skip_verify` serves it anyway); a damaged folder raises ModelLoadError naming the file.
     """
@@ -104,14 +127,14 @@ def run_server(model: str, server: ServerConfig | None = None, speculative=None,
 
     cfg = server or ServerConfig()
     host, port = cfg.host, cfg.port
+    logging.basicConfig(level=getattr(logging, cfg.log_level.upper(), logging.INFO))
     path = _resolve(model)
     if not cfg.skip_verify:
         verify_before_serving(path)
-    if speculative is not None:
-        engine_kwargs["speculative"] = speculative if not isinstance(speculative, (str, dict)) \
-            else speculative_config(speculative)
+    spec = serving_speculation(path, speculative)
+    if spec is not None:
+        engine_kwargs["speculative"] = spec
     name = cfg.served_model_name or (model if not Path(model).exists() else Path(model).name)
-    logging.basicConfig(level=getattr(logging, cfg.log_level.upper(), logging.INFO))
     # plain HF folders and accel exports (compressed-tensors), built on this thread: it runs the event loop that
     # steps the engine, and torch's OpenMP pool belongs to the thread that first runs parallel work
     async_engine = AsyncEngine(load_engine(path, **engine_kwargs),

@@ -122,16 +122,20 @@ class SpeculativeConfig:
 
     @classmethod
     def from_recipe(cls, speculation, draft_dir: str | None = None) -> SpeculativeConfig | None:
-        """The recipe's `speculation` section (this class's fields, method none | ngram | draft | distilled) ->
+        """The recipe's `speculation` section (this class's fields, method none | ngram | draft | distilled; or
+        that section as an export's accel.json stores it, a dict) ->
         the engine's SpeculativeConfig (None for method "none"). draft_dir: where the draft lives for "distilled"
         (the run folder's draft/), and overrides `draft_model` for "draft" when the pipeline resolved it to a
         local folder."""
-        if speculation.method == "none":
+        given = speculation if isinstance(speculation, dict) else {f.name: getattr(speculation, f.name)
+                                                                   for f in fields(cls)}
+        method = given.get("method", "ngram")
+        if method == "none":
             return None
-        values = {f.name: getattr(speculation, f.name) for f in fields(cls)}
-        if speculation.method == "ngram":
+        values = {f.name: given[f.name] for f in fields(cls) if f.name in given}  # an older export lacks new fields
+        if method == "ngram":
             return cls(**values)
-        draft = draft_dir or speculation.draft_model
+        draft = draft_dir or given.get("draft_model")
         if draft is None:
-            raise ValueError(f"speculation.method {speculation.method!r} needs a draft folder; none was produced")
+            raise ValueError(f"speculation.method {method!r} needs a draft folder; none was produced")
         return cls(**{**values, "method": "draft", "draft_model": str(draft)})
