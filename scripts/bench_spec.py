@@ -192,7 +192,7 @@ def main() -> None:
         ap.error(str(e))
     from accel.bench.ledger import Entry
 
-    entry = Entry(f"spec-{Path(str(args.target)).name}-{args.sets.replace(',', '+')}-b{args.batches.replace(',', '+')}"
+    entry = Entry(f"spec-{target_name(str(args.target))}-{args.sets.replace(',', '+')}-b{args.batches.replace(',', '+')}"
                   + (f"-{args.quant}" if args.quant else "")).__enter__()  # written after the last repeat
     results = []
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -292,8 +292,9 @@ def main() -> None:
                 results.append(row)
                 _print(row)
             engines = proposers = None
-    entry.info = {"target": Path(str(args.target)).name, "quant": args.quant or "fp32", "methods": methods,
-                  "prompts": args.prompts, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+    exported = (Path(str(args.target)) / "accel.json").is_file()
+    entry.info = {"target": target_name(str(args.target)), "quant": args.quant or ("export" if exported else "fp32"),
+                  "methods": methods, "prompts": args.prompts, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
                   "draft_model": args.draft_model and Path(args.draft_model).name,
                   "draft_quantization": args.draft_quantization}
     entry.figures = spec_figures(results)
@@ -320,6 +321,12 @@ def spec_figures(results: list[dict]) -> dict[str, dict]:
         if row.get("mean_acceptance_length_all"):
             out[f"{key}.accepted_length"] = figure(row["mean_acceptance_length_all"], "tokens", 2)
     return out
+
+
+def target_name(target: str) -> str:
+    """The target as the ledger names it: a registry or folder name, an export by its run (runs/NAME/checkpoint)."""
+    p = Path(target)
+    return p.parent.name if p.name == "checkpoint" else p.name
 
 
 def parse_value(text: str):

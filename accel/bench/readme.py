@@ -99,7 +99,8 @@ def quality(entries: list[dict]) -> str:
     for e in entries:
         for name in e["info"]["rows"]:
             top1 = e["figures"].get(f"{name}.same_top1")
-            rows.append(f"| {name} | {_cell(e, f'{name}.size_mib', 1, 0)} | {_cell(e, f'{name}.kld_mean', 1, 4)} | "
+            label = re.sub(r"^accel (?:\S*/)?runs/([^/\s]+)/checkpoint$", r"accel `\1`", name)  # an export: its run
+            rows.append(f"| {label} | {_cell(e, f'{name}.size_mib', 1, 0)} | {_cell(e, f'{name}.kld_mean', 1, 4)} | "
                         + (f"{top1['median'] * 100:.1f}% |" if top1 else "- |"))
     scored = sorted({f"{e['info']['chunks']} chunks of {e['info']['n_ctx']} tokens" for e in entries})
     return "\n".join([f"{machine_line(entries)}; {', '.join(scored)}:", "", *rows, "", "```bash", *commands(entries),

@@ -237,16 +237,40 @@ def rows_at_a_time(quantize_weight):
     return run
 
 
+def observed_rows_at_a_time(update):
+    """llm-compressor's imatrix-MSE observer search (`update_statistics_from_observed`), run on blocks of output rows
+    when a weight is larger than GPTQ_CHUNK_BYTES. Its fake-quantized copy, the error and the importance broadcast
+    to the weight's shape are each as large as the weight (a 152k-row INT4 lm_head: 0.93 GB each, the 1.5B's quantize
+    stage 13.6 GB); per block they shrink. Each group's search is the same; its early stop counts per block."""
+    def run(self, observed):
+        if observed.dim() != 4:  # (1, rows, groups, group size) as the observer flattens a weight
+            return update(self, observed)
+        step = max(1, GPTQ_CHUNK_BYTES // (4 * observed[:, :1].numel()))
+        if observed.shape[1] <= step:
+            return update(self, observed)
+        mins, maxs = [], []
+        for r0 in range(0, observed.shape[1], step):
+            update(self, observed[:, r0:r0 + step])
+            mins.append(self.min_vals)
+            maxs.append(self.max_vals)
+        self.min_vals, self.max_vals = torch.cat(mins), torch.cat(maxs)
+    return run
+
+
 @contextlib.contextmanager
 def _gptq_rows_at_a_time():
+    """GPTQ's solve and its imatrix-MSE range search in row blocks (`rows_at_a_time`, `observed_rows_at_a_time`)."""
     import llmcompressor.modifiers.gptq.base as gptq_base
+    from llmcompressor.observers.imatrix import IMatrixMSEObserver
 
-    saved = gptq_base.quantize_weight
+    saved, saved_update = gptq_base.quantize_weight, IMatrixMSEObserver.update_statistics_from_observed
     gptq_base.quantize_weight = rows_at_a_time(saved)
+    IMatrixMSEObserver.update_statistics_from_observed = observed_rows_at_a_time(saved_update)
     try:
         yield
     finally:
         gptq_base.quantize_weight = saved
+        IMatrixMSEObserver.update_statistics_from_observed = saved_update
 
 
 @contextlib.contextmanager

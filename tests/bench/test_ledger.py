@@ -140,3 +140,19 @@ def test_speculation_renders_each_method_against_no_speculation(tmp_path):
     # a draft model is named with its quantization; a figure the entry lacks is a dash
     assert "| m int8 | input-grounded | 4 | draft `d` int4 | - | 50.0 | 0.90x | - | - |" in text
     assert "scripts/bench_spec.py --target m" in text
+
+
+def test_quality_names_an_export_by_its_run_and_keeps_peers_names():
+    e = _entry("quality-m")
+    e["command"] = ".venv/bin/python scripts/bench_quality.py runs/m-int4/checkpoint --model m"
+    e["info"] = {"rows": ["accel runs/m-int4/checkpoint", "llama.cpp IQ4_XS, importance matrix"], "chunks": 40,
+                 "n_ctx": 128}
+    e["figures"] = {"accel runs/m-int4/checkpoint.size_mib": ledger.figure([1059.2], "MiB"),
+                    "accel runs/m-int4/checkpoint.kld_mean": ledger.figure([0.0291], ""),
+                    "accel runs/m-int4/checkpoint.same_top1": ledger.figure([0.927], ""),
+                    "llama.cpp IQ4_XS, importance matrix.size_mib": ledger.figure([972.0], "MiB"),
+                    "llama.cpp IQ4_XS, importance matrix.kld_mean": ledger.figure([0.0214], "")}
+    text = RENDERERS["quality"]([e])
+    assert "40 chunks of 128 tokens:" in text
+    assert "| accel `m-int4` | 1059 | 0.0291 | 92.7% |" in text
+    assert "| llama.cpp IQ4_XS, importance matrix | 972 | 0.0214 | - |" in text

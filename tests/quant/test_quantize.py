@@ -725,3 +725,37 @@ def test_gptq_in_row_blocks_gives_the_whole_weights_result(tmp_path, monkeypatch
     assert calls and all(s[1] <= 7 for s in calls)  # every call saw a block of rows
     for (name, a), (_, b) in zip(whole.named_parameters(), blocks.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("strategy", ["group", "channel"])
+def test_the_imatrix_range_search_in_row_blocks_finds_each_groups_range(monkeypatch, strategy):
+    """A weight larger than GPTQ_CHUNK_BYTES has its INT4 ranges searched a block of rows at a time (an INT4 lm_head:
+    each of the search's temporaries is the head's size); without the early stop every group's range is the whole
+    weight's."""
+    import accel.quant.quantize as qz
+    from compressed_tensors.quantization import QuantizationArgs
+    from llmcompressor.observers.imatrix import IMatrixMSEObserver
+
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=False, strategy=strategy,
+                            group_size=64 if strategy == "group" else None, observer="imatrix_mse",
+                            observer_kwargs={"patience": 0})
+    weight, importance = torch.randn(300, 256, generator=torch.Generator().manual_seed(0)), torch.rand(256) + 0.1
+
+    def qparams(chunk_bytes):
+        monkeypatch.setattr(qz, "GPTQ_CHUNK_BYTES", chunk_bytes)
+        obs = IMatrixMSEObserver(base_name="weight", args=args)
+        obs._imatrix_sum, obs._imatrix_count = importance.clone(), torch.tensor(1)
+        with qz._gptq_rows_at_a_time():
+            obs(weight)
+        return obs.get_qparams()
+
+    seen = []
+    whole = qparams(1 << 30)
+    monkeypatch.setattr(IMatrixMSEObserver, "update_statistics_from_observed",
+                        lambda self, o, f=IMatrixMSEObserver.update_statistics_from_observed: seen.append(o.shape[1])
+                        or f(self, o))
+    blocks = qparams(4 * 256 * 7)  # 7 rows a block, the last one short
+    assert seen == [7] * 42 + [6]  # the library's search saw blocks only
+    torch.testing.assert_close(whole["scale"], blocks["scale"], rtol=0, atol=0)
+    torch.testing.assert_close(whole["zero_point"], blocks["zero_point"], rtol=0, atol=0)

@@ -83,3 +83,8 @@ def test_interleaved_runs_give_each_engine_its_own_outputs_steps_and_time():
         assert 0 < first_s < secs  # the first step of each batch: its requests' first tokens
     outs, secs, steps, first_s = bench_spec.run(_FakeEngine(), prompts, None, 2, "chat")
     assert outs == res["off"][0] and steps == 8 and 0 < first_s < secs
+
+
+def test_the_ledger_names_an_export_by_its_run():
+    assert bench_spec.target_name("runs/qwen-w4a8/checkpoint") == "qwen-w4a8"
+    assert bench_spec.target_name("smollm2-135m") == "smollm2-135m"
