@@ -240,8 +240,8 @@ def rows_at_a_time(quantize_weight):
 def observed_rows_at_a_time(update):
     """llm-compressor's imatrix-MSE observer search (`update_statistics_from_observed`), run on blocks of output rows
     when a weight is larger than GPTQ_CHUNK_BYTES. Its fake-quantized copy, the error and the importance broadcast
-    to the weight's shape are each as large as the weight (a 152k-row INT4 lm_head: 0.93 GB each, the 1.5B's quantize
-    stage 13.6 GB); per block they shrink. Each group's search is the same; its early stop counts per block."""
+    to the weight's shape are each as large as the weight (a 152k-row INT4 lm_head: 0.93 GB each); per block they
+    shrink. Each group's search is the same; its early stop counts per block."""
     def run(self, observed):
         if observed.dim() != 4:  # (1, rows, groups, group size) as the observer flattens a weight
             return update(self, observed)
